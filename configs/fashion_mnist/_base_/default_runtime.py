@@ -1,0 +1,11 @@
+# Runtime shared by every Fashion-MNIST config: mmpretrain's default runtime,
+# the plugin imported, CPU-friendly dataloading.
+_base_ = ['mmpretrain::_base_/default_runtime.py']
+
+custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+
+default_hooks = dict(
+    logger=dict(type='LoggerHook', interval=20),
+    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=2))
+env_cfg = dict(dist_cfg=dict(backend='nccl'))  # gloo without CUDA (plugin)
+randomness = dict(seed=0, diff_rank_seed=True)

@@ -1,0 +1,21 @@
+# AdamW with MAE's parameter-wise decay rules; short cosine schedule.
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(
+        type='AdamW', lr=1.5e-4 * 256 / 256 * 10, betas=(0.9, 0.95),
+        weight_decay=0.05),
+    paramwise_cfg=dict(
+        custom_keys={
+            'ln': dict(decay_mult=0.0),
+            'bias': dict(decay_mult=0.0),
+            'pos_embed': dict(decay_mult=0.),
+            'mask_token': dict(decay_mult=0.),
+            'cls_token': dict(decay_mult=0.)
+        }))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=True, begin=0, end=1,
+         convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', T_max=4, by_epoch=True, begin=1, end=5,
+         convert_to_iter_based=True),
+]
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=5)

@@ -1,0 +1,14 @@
+"""mmae-plugin: matrix information theory for MMPretrain self-supervision.
+
+Importing the package applies the upstream workarounds and registers every
+component in mmpretrain's registries, so configs only need::
+
+    custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+"""
+from .upstream_fixes import apply_all as _apply_upstream_fixes
+
+_apply_upstream_fixes()
+
+from . import datasets, models  # noqa: E402,F401
+
+__version__ = '0.1.0'

@@ -1,0 +1,3 @@
+from .mmae import FEATURES, MMAE
+
+__all__ = ['FEATURES', 'MMAE']

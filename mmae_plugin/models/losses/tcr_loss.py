@@ -1,0 +1,61 @@
+"""M-MAE's total-coding-rate regulariser."""
+import math
+
+from mmpretrain.registry import MODELS
+from torch import Tensor
+
+from mmae_plugin.matrix_info import total_coding_rate
+from .feature_regularizer import FeatureRegularizer
+
+TCR_FORMS = ('reference', 'paper')
+
+
+@MODELS.register_module()
+class TCRLoss(FeatureRegularizer):
+    """Negative total coding rate of the l2-normalised batch features.
+
+    ``loss = -loss_weight * TCR`` with, for unit rows ``zn`` (B, d):
+
+    * ``form='reference'``: ``TCR = logdet(I_d + (mu / d) zn^T zn)``, what the
+      published M-MAE code computes;
+    * ``form='paper'``: ``TCR = logdet(mu I_d + zn^T zn)`` (paper eq. 8, 13).
+
+    The two differ by the scale of the ridge, so the same ``mu`` is not the
+    same regulariser. ``centering=True`` replaces ``zn^T zn`` by
+    ``zn^T J_B zn`` with ``J_B = I_B - 11^T / B``. The log-determinant runs in
+    float64 on the smaller of the d x d and B x B sides (Sylvester), which is
+    exact and stays finite on collapsed (rank-1) features.
+
+    Args:
+        mu: Positive coding-rate parameter.
+        form: ``'reference'`` or ``'paper'``.
+        centering: Center the features over the batch first.
+        gather: ``'global'`` (exact gradient under DDP), ``'reference'``
+            (published gather: effective weight ``loss_weight / world_size``)
+            or ``'local'``.
+        loss_weight: Weight lambda of the term (>= 0).
+    """
+
+    loss_name = 'loss_tcr'
+
+    def __init__(self, mu: float = 1.0, form: str = 'reference',
+                 centering: bool = False, gather: str = 'global',
+                 loss_weight: float = 0.01, init_cfg=None) -> None:
+        super().__init__(gather=gather, loss_weight=loss_weight,
+                         init_cfg=init_cfg)
+        if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
+            raise ValueError(f'mu must be a finite number > 0, got {mu!r}')
+        if form not in TCR_FORMS:
+            raise ValueError(f'form must be one of {TCR_FORMS}, got {form!r}')
+        self.mu = float(mu)
+        self.form = form
+        self.centering = bool(centering)
+
+    def value(self, zn: Tensor) -> Tensor:
+        if self.centering:
+            # zn^T J zn == (J zn)^T (J zn) because J is a symmetric projection.
+            zn = zn - zn.mean(dim=0, keepdim=True)
+        if self.form == 'paper':
+            return -total_coding_rate(zn, mu=self.mu)
+        scale = math.sqrt(self.mu / zn.shape[1])
+        return -total_coding_rate(zn * scale, mu=1.0)

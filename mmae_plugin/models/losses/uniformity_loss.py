@@ -1,0 +1,26 @@
+"""U-MAE's square uniformity regulariser."""
+from mmpretrain.registry import MODELS
+from torch import Tensor
+
+from .feature_regularizer import FeatureRegularizer
+
+
+@MODELS.register_module()
+class UniformityLoss(FeatureRegularizer):
+    """``loss_weight * mean_{i,j} (zn_i . zn_j)^2`` over the full B x B matrix.
+
+    The diagonal is included, as in the U-MAE reference. Because
+    ``||zn zn^T||_F = ||zn^T zn||_F`` the sum is taken on the smaller side.
+
+    Args:
+        gather: ``'global'``, ``'reference'`` or ``'local'`` (see
+            :class:`~mmae_plugin.models.losses.TCRLoss`).
+        loss_weight: Weight lambda of the term (>= 0).
+    """
+
+    loss_name = 'loss_unif'
+
+    def value(self, zn: Tensor) -> Tensor:
+        num_samples, dim = zn.shape
+        gram = zn @ zn.T if num_samples <= dim else zn.T @ zn
+        return gram.square().sum() / num_samples**2
