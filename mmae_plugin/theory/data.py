@@ -1,0 +1,187 @@
+"""Synthetic images with one dominant global area and several small local areas.
+
+This module generates data for the setting analysed in "A Theoretical Analysis
+of Self-Supervised Learning for Vision Transformers" (ICLR 2025 submission,
+abstract in ``shared/papers``): an image is a sequence of ``P`` patches that
+is partitioned into *areas*. One *global* area covers most patches, ``K - 1``
+*local* areas are small. Every area ``k`` owns a feature vector ``v_k``; the
+features of different areas are orthonormal. A sample draws one random weight
+``z_k`` per area and every patch ``p`` of area ``k`` carries ``z_k * v_k``
+(plus optional isotropic Gaussian noise)::
+
+    x_p = z_{k(p)} * v_{k(p)} + xi_p,   z_k ~ N(0, 1) i.i.d.,
+    xi_p ~ N(0, noise_std^2 / d * I_d)
+
+so ``E ||xi_p||^2 = noise_std^2``. A patch is therefore predictable from the
+other patches of its own area and from nothing else, which is what makes
+"attend to your own area" the optimal reconstruction strategy.
+
+Imbalance. Each local area has ``round(P ** local_exponent)`` patches (the
+exponent is the imbalance parameter: small exponent means tiny local areas,
+i.e. strong imbalance), and the global area gets the rest. Areas are
+contiguous ranges of patch indices: global first, then the local areas in
+order. The layout does not matter to the one-layer model in
+:mod:`mmae_plugin.theory.model`, whose positional embeddings are orthonormal
+(the model is equivariant to a permutation of patch indices).
+"""
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+GLOBAL_AREA = 0
+
+
+@dataclass(frozen=True)
+class ImbalanceSetting:
+    """Sizes and dimensions of the synthetic data.
+
+    Args:
+        num_patches (int): Number of patches ``P`` per sample.
+        num_local_areas (int): Number of small local areas (``K - 1``).
+        local_exponent (float): Imbalance parameter ``kappa`` in (0, 1); each
+            local area has ``round(P ** kappa)`` patches.
+        feature_dim (int): Dimension ``d`` of a patch; must be at least the
+            number of areas so that area features can be orthonormal.
+        noise_std (float): Root mean squared norm of the additive patch noise.
+    """
+
+    num_patches: int = 64
+    num_local_areas: int = 3
+    local_exponent: float = 0.5
+    feature_dim: int = 16
+    noise_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.num_patches >= 2, 'num_patches', self.num_patches,
+               'an integer >= 2')
+        _check(self.num_local_areas >= 1, 'num_local_areas',
+               self.num_local_areas, 'an integer >= 1')
+        _check(0.0 < self.local_exponent < 1.0, 'local_exponent',
+               self.local_exponent, 'a float in the open interval (0, 1)')
+        _check(self.feature_dim >= self.num_areas, 'feature_dim',
+               self.feature_dim,
+               f'an integer >= the number of areas ({self.num_areas})')
+        _check(self.noise_std >= 0.0, 'noise_std', self.noise_std,
+               'a float >= 0')
+        global_size = self.area_sizes[GLOBAL_AREA]
+        _check(
+            global_size >= self.local_area_size, 'local_exponent',
+            self.local_exponent,
+            f'a value for which the global area ({global_size} patches) is '
+            f'at least as large as each of the {self.num_local_areas} local '
+            f'areas ({self.local_area_size} patches) out of '
+            f'{self.num_patches} patches')
+
+    @property
+    def num_areas(self) -> int:
+        """int: Total number of areas ``K`` (global + local)."""
+        return self.num_local_areas + 1
+
+    @property
+    def local_area_size(self) -> int:
+        """int: Patches per local area, ``max(1, round(P ** kappa))``."""
+        return max(1, round(self.num_patches**self.local_exponent))
+
+    @property
+    def area_sizes(self) -> List[int]:
+        """list[int]: Patches per area, global area first."""
+        local = self.local_area_size
+        return [self.num_patches - self.num_local_areas * local
+                ] + [local] * self.num_local_areas
+
+    @property
+    def imbalance_ratio(self) -> float:
+        """float: Global area size divided by a local area size."""
+        return self.area_sizes[GLOBAL_AREA] / self.local_area_size
+
+
+def _check(condition: bool, name: str, value: object, allowed: str) -> None:
+    """Raise a ``ValueError`` naming the parameter, its value and the rule."""
+    if not condition:
+        raise ValueError(f'{name}={value!r} is invalid: expected {allowed}.')
+
+
+def area_index(setting: ImbalanceSetting) -> torch.Tensor:
+    """Area id of every patch.
+
+    Args:
+        setting (ImbalanceSetting): Data sizes.
+
+    Returns:
+        torch.Tensor: Long tensor of shape ``(P,)``; 0 is the global area,
+        ``1 .. K-1`` are the local areas, as contiguous index ranges.
+    """
+    sizes = torch.tensor(setting.area_sizes)
+    return torch.repeat_interleave(torch.arange(setting.num_areas), sizes)
+
+
+def orthonormal_features(num_areas: int, dim: int,
+                         generator: torch.Generator) -> torch.Tensor:
+    """Random orthonormal area features.
+
+    Args:
+        num_areas (int): Number of features (rows) to draw.
+        dim (int): Ambient dimension, ``>= num_areas``.
+        generator (torch.Generator): Source of randomness.
+
+    Returns:
+        torch.Tensor: ``(num_areas, dim)`` float32 matrix with orthonormal
+        rows (a uniformly random orthonormal frame, via QR with sign fix).
+    """
+    gaussian = torch.randn(dim, num_areas, generator=generator,
+                           dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    # The sign fix makes the frame Haar-distributed instead of QR-biased.
+    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+    return q.T.contiguous().float()
+
+
+class FeatureImbalanceData:
+    """Seeded sampler of synthetic images with imbalanced areas.
+
+    The area features are drawn once from ``seed``; every call to
+    :meth:`sample` draws fresh per-sample weights and noise from the
+    generator it is given (or from the sampler's own stream).
+
+    Args:
+        setting (ImbalanceSetting): Data sizes and noise level.
+        seed (int): Seed of the feature frame and of the default sample
+            stream.
+    """
+
+    def __init__(self, setting: ImbalanceSetting, seed: int = 0) -> None:
+        self.setting = setting
+        self._generator = torch.Generator().manual_seed(seed)
+        self.features = orthonormal_features(setting.num_areas,
+                                             setting.feature_dim,
+                                             self._generator)
+        self.area_index = area_index(setting)
+
+    def sample(
+        self,
+        batch_size: int,
+        generator: Optional[torch.Generator] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Draw a batch of images.
+
+        Args:
+            batch_size (int): Number of samples ``B``.
+            generator (torch.Generator, optional): Randomness for weights and
+                noise. Defaults to the sampler's own seeded stream.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: ``patches`` of shape
+            ``(B, P, d)`` and the per-sample area ``weights`` ``z`` of shape
+            ``(B, K)``.
+        """
+        _check(batch_size >= 1, 'batch_size', batch_size, 'an integer >= 1')
+        generator = generator or self._generator
+        s = self.setting
+        weights = torch.randn(batch_size, s.num_areas, generator=generator)
+        patches = (weights[:, self.area_index].unsqueeze(-1) *
+                   self.features[self.area_index].unsqueeze(0))
+        if s.noise_std > 0:
+            noise = torch.randn(patches.shape, generator=generator)
+            patches = patches + noise * (s.noise_std / s.feature_dim**0.5)
+        return patches, weights

@@ -1,0 +1,126 @@
+"""Quantities tracked while training the one-layer ViT.
+
+* Area attention mass: for a masked query ``p`` of area ``k`` and every area
+  ``j``, the attention mass ``p`` puts on the visible patches of area ``j``.
+  The masses over ``j`` sum to 1 (only visible patches are keys). The
+  diagonal ``j = k`` is the *own-area attention* ("attention correlation"
+  of the paper); at zero init it equals ``|visible patches of k| / |visible|``
+  whose expectation is ``(|D_k| - 1) / (P - 1)`` for uniform masking.
+* Reconstruction error: the MAE loss on a fixed evaluation batch.
+* Feature coefficient of area ``k``: the least-squares coefficient of the
+  output of masked queries in area ``k`` on their own feature,
+  ``beta_k = sum <y_p, v_k> z_k / sum z_k^2``. It is 1 when the area's feature
+  is fully reconstructed and 0 when it is absent from the output.
+"""
+from typing import Dict
+
+import torch
+
+from .model import OneLayerAttention
+
+
+def area_attention_mass(attention: torch.Tensor, visible: torch.Tensor,
+                        area_index: torch.Tensor,
+                        num_areas: int) -> torch.Tensor:
+    """Mean attention mass from masked queries of each area to each area.
+
+    Args:
+        attention (torch.Tensor): ``(B, P, P)`` attention probabilities.
+        visible (torch.Tensor): ``(B, P)`` bool visibility mask.
+        area_index (torch.Tensor): ``(P,)`` area id per patch.
+        num_areas (int): Number of areas ``K``.
+
+    Returns:
+        torch.Tensor: ``(K, K)``; entry ``[k, j]`` is the mass that masked
+        queries of area ``k`` put on visible keys of area ``j``, averaged
+        over all (sample, masked query) pairs of area ``k``. Rows sum to 1
+        (NaN for an area that never has a masked query).
+    """
+    key_area = torch.nn.functional.one_hot(area_index, num_areas).to(
+        attention.dtype)
+    # Masked keys carry zero probability already, so no extra key masking.
+    mass = attention @ key_area  # (B, P, K): per query, mass on each area
+    query_weight = (~visible).to(attention.dtype).unsqueeze(-1) * \
+        torch.nn.functional.one_hot(area_index, num_areas).to(
+            attention.dtype)  # (B, P, K): masked query of area k
+    total = torch.einsum('bpk,bpj->kj', query_weight, mass)
+    counts = query_weight.sum(dim=(0, 1)).unsqueeze(1)
+    return total / counts
+
+
+def own_area_attention(attention: torch.Tensor, visible: torch.Tensor,
+                       area_index: torch.Tensor,
+                       num_areas: int) -> torch.Tensor:
+    """Own-area attention of masked queries, one value per area.
+
+    Args:
+        attention (torch.Tensor): ``(B, P, P)`` attention probabilities.
+        visible (torch.Tensor): ``(B, P)`` bool visibility mask.
+        area_index (torch.Tensor): ``(P,)`` area id per patch.
+        num_areas (int): Number of areas ``K``.
+
+    Returns:
+        torch.Tensor: ``(K,)`` diagonal of :func:`area_attention_mass`.
+    """
+    return torch.diagonal(
+        area_attention_mass(attention, visible, area_index, num_areas))
+
+
+def feature_coefficients(outputs: torch.Tensor, visible: torch.Tensor,
+                         weights: torch.Tensor, features: torch.Tensor,
+                         area_index: torch.Tensor) -> torch.Tensor:
+    """How much of its own area's feature a masked query reconstructs.
+
+    Args:
+        outputs (torch.Tensor): ``(B, P, d)`` model outputs.
+        visible (torch.Tensor): ``(B, P)`` bool visibility mask.
+        weights (torch.Tensor): ``(B, K)`` per-sample area weights ``z``.
+        features (torch.Tensor): ``(K, d)`` orthonormal area features.
+        area_index (torch.Tensor): ``(P,)`` area id per patch.
+
+    Returns:
+        torch.Tensor: ``(K,)`` coefficients ``beta_k`` (module docstring).
+    """
+    own_feature = features[area_index]  # (P, d)
+    projection = (outputs * own_feature.unsqueeze(0)).sum(-1)  # (B, P)
+    own_weight = weights[:, area_index]  # (B, P)
+    masked = (~visible).to(outputs.dtype)
+    num_areas = features.shape[0]
+    area_onehot = torch.nn.functional.one_hot(area_index, num_areas).to(
+        outputs.dtype)  # (P, K)
+    numerator = ((projection * own_weight * masked) @ area_onehot).sum(0)
+    denominator = ((own_weight.pow(2) * masked) @ area_onehot).sum(0)
+    return numerator / denominator
+
+
+@torch.no_grad()
+def evaluate(model: OneLayerAttention, patches: torch.Tensor,
+             weights: torch.Tensor, visible: torch.Tensor,
+             features: torch.Tensor, area_index: torch.Tensor
+             ) -> Dict[str, torch.Tensor]:
+    """All tracked quantities on one fixed evaluation batch.
+
+    Args:
+        model (OneLayerAttention): The attention model.
+        patches (torch.Tensor): ``(B, P, d)`` patches.
+        weights (torch.Tensor): ``(B, K)`` per-sample area weights.
+        visible (torch.Tensor): ``(B, P)`` bool visibility mask.
+        features (torch.Tensor): ``(K, d)`` area features.
+        area_index (torch.Tensor): ``(P,)`` area id per patch.
+
+    Returns:
+        dict[str, torch.Tensor]: ``own_area_attention`` ``(K,)``,
+        ``area_attention_mass`` ``(K, K)``, ``reconstruction_error`` (scalar)
+        and ``feature_coefficient`` ``(K,)``.
+    """
+    outputs, attention = model(patches, visible)
+    num_areas = features.shape[0]
+    mass = area_attention_mass(attention, visible, area_index, num_areas)
+    masked = (~visible).to(patches.dtype)
+    error = ((outputs - patches).pow(2).sum(-1) * masked).sum(1) / masked.sum(1)
+    return dict(
+        own_area_attention=torch.diagonal(mass).clone(),
+        area_attention_mass=mass,
+        reconstruction_error=error.mean(),
+        feature_coefficient=feature_coefficients(outputs, visible, weights,
+                                                 features, area_index))

@@ -1,0 +1,110 @@
+"""MAE and contrastive (InfoNCE) objectives for the one-layer ViT.
+
+Written objectives (``B`` samples, ``M_b`` the masked patches of sample ``b``,
+``y_bp`` the model output of query ``p``):
+
+* MAE: ``L = 1/B sum_b 1/|M_b| sum_{p in M_b} ||y_bp - x_bp||^2``: squared
+  reconstruction of the masked patches from the visible ones.
+* CL: two independently masked views of each sample; the representation of a
+  view is the mean of its ``P`` output tokens, ``f = 1/P sum_p y_p``
+  (average pooling); with ``s_ij = <f_i^(1), f_j^(2)> / tau``,
+  ``L = -1/B sum_i log softmax_j(s_ij)[i]``: the other ``B - 1`` samples'
+  second views are the negatives.
+"""
+import torch
+import torch.nn.functional as F
+
+from .model import OneLayerAttention
+
+
+def random_visible_mask(batch_size: int, num_patches: int, mask_ratio: float,
+                        generator: torch.Generator) -> torch.Tensor:
+    """Uniformly random masks with a fixed number of masked patches.
+
+    Args:
+        batch_size (int): Number of masks.
+        num_patches (int): Patches per sample.
+        mask_ratio (float): Fraction of masked patches, in [0, 1); the count
+            ``round(P * ratio)`` is clipped so at least one patch stays
+            visible.
+        generator (torch.Generator): Source of randomness.
+
+    Returns:
+        torch.Tensor: ``(batch_size, num_patches)`` bool, True = visible.
+    """
+    if not 0.0 <= mask_ratio < 1.0:
+        raise ValueError(f'mask_ratio={mask_ratio!r} is invalid: expected a '
+                         'float in [0, 1).')
+    num_masked = min(round(num_patches * mask_ratio), num_patches - 1)
+    ranks = torch.rand(batch_size, num_patches,
+                       generator=generator).argsort(dim=1).argsort(dim=1)
+    return ranks >= num_masked
+
+
+def mae_loss(model: OneLayerAttention, patches: torch.Tensor,
+             visible: torch.Tensor) -> torch.Tensor:
+    """Mean squared reconstruction error of the masked patches.
+
+    Args:
+        model (OneLayerAttention): The attention model.
+        patches (torch.Tensor): ``(B, P, d)`` clean patches (the targets).
+        visible (torch.Tensor): ``(B, P)`` bool visibility mask; every sample
+            needs a masked patch.
+
+    Returns:
+        torch.Tensor: Scalar loss (see module docstring).
+    """
+    masked = ~visible
+    if not bool(masked.any(dim=1).all()):
+        raise ValueError('visible is invalid for MAE: every sample needs at '
+                         'least one masked patch.')
+    outputs, _ = model(patches, visible)
+    per_patch = (outputs - patches).pow(2).sum(dim=-1)
+    weights = masked.to(per_patch.dtype)
+    per_sample = (per_patch * weights).sum(1) / weights.sum(1)
+    return per_sample.mean()
+
+
+def view_representation(model: OneLayerAttention, patches: torch.Tensor,
+                        visible: torch.Tensor) -> torch.Tensor:
+    """Average-pooled output tokens of one masked view.
+
+    Args:
+        model (OneLayerAttention): The attention model.
+        patches (torch.Tensor): ``(B, P, d)`` patches.
+        visible (torch.Tensor): ``(B, P)`` bool visibility mask of the view.
+
+    Returns:
+        torch.Tensor: ``(B, d)`` representations.
+    """
+    outputs, _ = model(patches, visible)
+    return outputs.mean(dim=1)
+
+
+def infonce_loss(model: OneLayerAttention, patches: torch.Tensor,
+                 visible_1: torch.Tensor, visible_2: torch.Tensor,
+                 temperature: float) -> torch.Tensor:
+    """InfoNCE between two masked views; other samples are the negatives.
+
+    Args:
+        model (OneLayerAttention): The attention model.
+        patches (torch.Tensor): ``(B, P, d)`` patches, ``B >= 2``.
+        visible_1 (torch.Tensor): ``(B, P)`` visibility mask of view 1.
+        visible_2 (torch.Tensor): ``(B, P)`` visibility mask of view 2.
+        temperature (float): Softmax temperature ``tau > 0``.
+
+    Returns:
+        torch.Tensor: Scalar loss (see module docstring).
+    """
+    if temperature <= 0:
+        raise ValueError(f'temperature={temperature!r} is invalid: expected '
+                         'a float > 0.')
+    if patches.shape[0] < 2:
+        raise ValueError(f'batch size {patches.shape[0]} is invalid for '
+                         'InfoNCE: expected >= 2 (negatives are the other '
+                         'samples).')
+    f1 = view_representation(model, patches, visible_1)
+    f2 = view_representation(model, patches, visible_2)
+    logits = f1 @ f2.T / temperature
+    targets = torch.arange(patches.shape[0], device=patches.device)
+    return F.cross_entropy(logits, targets)

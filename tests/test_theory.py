@@ -1,0 +1,265 @@
+"""Tests of the feature-imbalance theory lab (mmae_plugin.theory)."""
+import math
+
+import pytest
+import torch
+
+from mmae_plugin.theory import (GLOBAL_AREA, FeatureImbalanceData,
+                                ImbalanceSetting, OneLayerAttention,
+                                TrainSetting, area_attention_mass, area_index,
+                                evaluate, gradient_descent_step, infonce_loss,
+                                mae_loss, objective_value, random_visible_mask,
+                                train)
+
+
+def small_setting(**kwargs) -> ImbalanceSetting:
+    values = dict(num_patches=16, num_local_areas=2, local_exponent=0.5,
+                  feature_dim=5)
+    values.update(kwargs)
+    return ImbalanceSetting(**values)
+
+
+# ---------------------------------------------------------------- generator
+@pytest.mark.parametrize('num_patches,num_local,exponent,expected', [
+    (64, 3, 0.5, [40, 8, 8, 8]),
+    (64, 3, 0.2, [58, 2, 2, 2]),
+    (64, 3, 0.65, [19, 15, 15, 15]),
+    (100, 4, 0.5, [60, 10, 10, 10, 10]),
+])
+def test_area_sizes_follow_exponent(num_patches, num_local, exponent,
+                                    expected):
+    setting = ImbalanceSetting(num_patches=num_patches,
+                               num_local_areas=num_local,
+                               local_exponent=exponent)
+    assert setting.area_sizes == expected
+    assert sum(setting.area_sizes) == num_patches
+    assert setting.imbalance_ratio == expected[0] / expected[1]
+    index = area_index(setting)
+    assert torch.bincount(index).tolist() == expected
+    # Documented layout: contiguous ranges, global area first.
+    assert torch.all(index[1:] >= index[:-1])
+    assert index[0] == GLOBAL_AREA
+
+
+def test_features_orthonormal_and_patches_carry_own_feature():
+    setting = small_setting(feature_dim=7)
+    data = FeatureImbalanceData(setting, seed=3)
+    gram = data.features @ data.features.T
+    torch.testing.assert_close(gram, torch.eye(setting.num_areas),
+                               atol=1e-6, rtol=0)
+    patches, weights = data.sample(4)
+    assert patches.shape == (4, 16, 7) and weights.shape == (4, 3)
+    for p in range(setting.num_patches):
+        k = int(data.area_index[p])
+        expected = weights[:, k:k + 1] * data.features[k]
+        torch.testing.assert_close(patches[:, p], expected)
+
+
+def test_generator_is_seeded_and_noise_has_documented_scale():
+    setting = small_setting(noise_std=0.5, feature_dim=40)
+    a = FeatureImbalanceData(setting, seed=11)
+    b = FeatureImbalanceData(setting, seed=11)
+    c = FeatureImbalanceData(setting, seed=12)
+    torch.testing.assert_close(a.features, b.features)
+    assert not torch.allclose(a.features, c.features)
+    patches_a, weights_a = a.sample(2000)
+    patches_b, _ = b.sample(2000)
+    torch.testing.assert_close(patches_a, patches_b)
+    clean = weights_a[:, a.area_index].unsqueeze(-1) * a.features[
+        a.area_index]
+    noise_power = (patches_a - clean).pow(2).sum(-1).mean()
+    assert abs(noise_power.item() - 0.25) < 0.01
+
+
+@pytest.mark.parametrize('kwargs,name', [
+    (dict(local_exponent=1.0), 'local_exponent'),
+    (dict(local_exponent=0.9), 'local_exponent'),
+    (dict(feature_dim=2), 'feature_dim'),
+    (dict(noise_std=-1.0), 'noise_std'),
+    (dict(num_local_areas=0), 'num_local_areas'),
+])
+def test_bad_settings_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        small_setting(**kwargs)
+
+
+# -------------------------------------------------------------------- model
+def test_zero_init_gives_uniform_attention_over_visible_patches():
+    setting = small_setting()
+    data = FeatureImbalanceData(setting, seed=0)
+    model = OneLayerAttention(setting.num_patches, setting.feature_dim)
+    assert torch.count_nonzero(model.qk) == 0
+    patches, _ = data.sample(3)
+    visible = random_visible_mask(3, 16, 0.75, torch.Generator().manual_seed(
+        0))
+    _, attention = model(patches, visible)
+    expected = visible.float() / visible.sum(1, keepdim=True)
+    torch.testing.assert_close(attention,
+                               expected.unsqueeze(1).expand(-1, 16, -1))
+
+
+def test_random_mask_counts_and_bad_ratio():
+    mask = random_visible_mask(50, 16, 0.75, torch.Generator().manual_seed(1))
+    assert torch.all(mask.sum(1) == 4)
+    with pytest.raises(ValueError, match='mask_ratio'):
+        random_visible_mask(1, 16, 1.0, torch.Generator())
+
+
+# --------------------------------------------------------------- objectives
+def hand_outputs(qk, patches, visible):
+    """Float64 loops over the written model: scores u_p^T Q u_q."""
+    batch, num_patches, dim = patches.shape
+    outputs = torch.zeros(batch, num_patches, dim, dtype=torch.float64)
+    for b in range(batch):
+        tokens = []
+        for p in range(num_patches):
+            content = patches[b, p] if visible[b, p] else torch.zeros(dim)
+            position = torch.zeros(num_patches)
+            position[p] = 1.0
+            tokens.append(torch.cat([content, position]).double())
+        for p in range(num_patches):
+            scores = [
+                float(tokens[p] @ qk @ tokens[q]) for q in range(num_patches)
+                if visible[b, q]
+            ]
+            keys = [q for q in range(num_patches) if visible[b, q]]
+            top = max(scores)
+            weights = [math.exp(s - top) for s in scores]
+            total = sum(weights)
+            for w, q in zip(weights, keys):
+                outputs[b, p] += w / total * patches[b, q].double()
+    return outputs
+
+
+def random_model_and_batch(seed=0, batch=3):
+    setting = small_setting()
+    data = FeatureImbalanceData(setting, seed=seed)
+    model = OneLayerAttention(setting.num_patches, setting.feature_dim)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.qk.copy_(torch.randn(model.qk.shape, generator=g) * 0.5)
+    patches, _ = data.sample(batch, g)
+    visible_1 = random_visible_mask(batch, 16, 0.75, g)
+    visible_2 = random_visible_mask(batch, 16, 0.75, g)
+    return model, patches, visible_1, visible_2
+
+
+def test_mae_loss_matches_hand_float64_computation():
+    model, patches, visible, _ = random_model_and_batch(seed=1)
+    qk = model.qk.detach().double()
+    outputs = hand_outputs(qk, patches, visible)
+    expected = 0.0
+    for b in range(patches.shape[0]):
+        masked = [p for p in range(16) if not visible[b, p]]
+        expected += sum(
+            float((outputs[b, p] - patches[b, p].double()).pow(2).sum())
+            for p in masked) / len(masked)
+    expected /= patches.shape[0]
+    assert mae_loss(model, patches, visible).item() == pytest.approx(
+        expected, rel=1e-5)
+
+
+def test_infonce_loss_matches_hand_float64_computation():
+    model, patches, visible_1, visible_2 = random_model_and_batch(seed=2,
+                                                                  batch=4)
+    qk = model.qk.detach().double()
+    f1 = hand_outputs(qk, patches, visible_1).mean(1)
+    f2 = hand_outputs(qk, patches, visible_2).mean(1)
+    tau = 0.3
+    expected = 0.0
+    for i in range(4):
+        logits = [float(f1[i] @ f2[j]) / tau for j in range(4)]
+        log_norm = math.log(sum(math.exp(v) for v in logits))
+        expected += -(logits[i] - log_norm)
+    expected /= 4
+    loss = infonce_loss(model, patches, visible_1, visible_2, tau)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize('objective', ['mae', 'cl'])
+def test_gradient_step_equals_theta_minus_lr_grad(objective):
+    model, patches, _, _ = random_model_and_batch(seed=3, batch=4)
+    setting = TrainSetting(objective=objective, temperature=0.5)
+    before = model.qk.detach().clone()
+    # Same mask stream twice: once for the reference gradient, once to step.
+    reference = model.qk.detach().double().requires_grad_(True)
+    ref_model = OneLayerAttention(16, 5).double()
+    ref_model.qk = torch.nn.Parameter(reference)
+    ref_loss = objective_value(ref_model, patches.double(), setting,
+                               torch.Generator().manual_seed(9))
+    (ref_grad, ) = torch.autograd.grad(ref_loss, [ref_model.qk])
+    assert ref_grad.abs().max() > 0
+
+    loss = objective_value(model, patches, setting,
+                           torch.Generator().manual_seed(9))
+    applied = gradient_descent_step(model, loss, lr=0.7)
+    torch.testing.assert_close(applied.double(), ref_grad, atol=1e-5,
+                               rtol=1e-4)
+    torch.testing.assert_close(model.qk.detach().double(),
+                               before.double() - 0.7 * ref_grad, atol=1e-5,
+                               rtol=1e-4)
+
+
+# ------------------------------------------------------------------ metrics
+def test_area_attention_masses_sum_to_one_and_init_closed_form():
+    setting = small_setting(num_patches=25, local_exponent=0.5)  # 15/5/5
+    data = FeatureImbalanceData(setting, seed=0)
+    model, g = OneLayerAttention(25, 5), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        model.qk.copy_(torch.randn(model.qk.shape, generator=g))
+    patches, _ = data.sample(64, g)
+    visible = random_visible_mask(64, 25, 0.6, g)
+    _, attention = model(patches, visible)
+    mass = area_attention_mass(attention, visible, data.area_index, 3)
+    torch.testing.assert_close(mass.sum(1), torch.ones(3))
+
+    # At zero init a masked query of area k puts |visible in k| / |visible|
+    # on its own area; check against a direct count.
+    zero = OneLayerAttention(25, 5)
+    _, attention = zero(patches, visible)
+    own = torch.diagonal(
+        area_attention_mass(attention, visible, data.area_index, 3))
+    for k in range(3):
+        in_area = data.area_index == k
+        per_query = []
+        for b in range(64):
+            share = (visible[b] & in_area).sum() / visible[b].sum()
+            per_query += [share.item()] * int((~visible[b] & in_area).sum())
+        assert own[k].item() == pytest.approx(
+            sum(per_query) / len(per_query), rel=1e-5)
+
+
+def test_evaluate_feature_coefficient_is_one_for_perfect_own_area_attention():
+    setting = small_setting()
+    data = FeatureImbalanceData(setting, seed=0)
+    model = OneLayerAttention(16, 5)
+    with torch.no_grad():  # large positional score inside each area
+        same = data.area_index.unsqueeze(0) == data.area_index.unsqueeze(1)
+        model.qk[5:, 5:] = 50.0 * same.float()
+    patches, weights = data.sample(32)
+    # Keep one visible patch in every area so perfect attention is possible.
+    visible = torch.zeros(32, 16, dtype=torch.bool)
+    visible[:, [0, 10, 13]] = True
+    metrics = evaluate(model, patches, weights, visible, data.features,
+                       data.area_index)
+    torch.testing.assert_close(metrics['own_area_attention'], torch.ones(3))
+    torch.testing.assert_close(metrics['feature_coefficient'], torch.ones(3))
+    assert metrics['reconstruction_error'].item() < 1e-8
+
+
+def test_short_mae_training_raises_own_area_attention():
+    data = FeatureImbalanceData(small_setting(), seed=0)
+    history = train(data, TrainSetting(objective='mae', steps=60, lr=20.0,
+                                       batch_size=16, eval_interval=30,
+                                       eval_batch_size=64))
+    assert history['step'] == [0, 30, 60]
+    own_init = torch.tensor(history['own_area_attention'][0])
+    own_final = torch.tensor(history['own_area_attention'][-1])
+    assert torch.all(own_final > own_init)
+    assert history['reconstruction_error'][-1] < \
+        history['reconstruction_error'][0]
+
+
+def test_train_setting_rejects_unknown_objective():
+    with pytest.raises(ValueError, match='objective'):
+        TrainSetting(objective='byol')
