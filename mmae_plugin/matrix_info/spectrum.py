@@ -1,0 +1,218 @@
+"""Normalised spectra of PSD matrices and entropies of distributions.
+
+The matrix quantities of the paper are functions of the eigenvalues of the
+*density matrix* ``rho = K / tr K`` (for a unit-diagonal n x n matrix,
+``tr K = n`` and ``rho = K / n`` as in Definition 1). This module turns a
+dense or factored PSD matrix into that spectrum, on the cheaper side of
+``F F^T`` / ``F^T F``, with the checks and the numerical guards shared by all
+quantities:
+
+* only eigenvalues are computed (``eigvalsh``), whose gradient
+  ``U diag(g) U^T`` stays finite at repeated eigenvalues;
+* eigenvalues are clamped at 0 (rounding makes them slightly negative);
+* probabilities below a noise floor ``n eps max(p)`` are treated as 0 inside
+  logarithms and negative powers, so values and gradients are finite at
+  singular matrices (the exact derivative of ``-p log p`` at 0 is infinite).
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .kernels import FactoredPSD, PSDInput
+from .validation import (check_eigenvalues_psd, check_square_symmetric,
+                         psd_tolerance, resolve_dtype,
+                         to_compute_dtype)
+
+
+def dense_symmetric(K: Tensor, name: str,
+                    dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Validate a dense matrix and return its symmetric part in ``dtype``.
+
+    Args:
+        K: Square, symmetric, finite matrix (any floating dtype).
+        name: Parameter name used in error messages.
+        dtype: Compute dtype (float64 by default).
+
+    Returns:
+        ``(K + K^T) / 2`` in the compute dtype.
+    """
+    check_square_symmetric(K, name)
+    k = to_compute_dtype(K, dtype)
+    return (k + k.T) / 2
+
+
+def check_psd_by_cholesky(sym: Tensor, name: str,
+                          input_dtype: torch.dtype) -> None:
+    """Raise unless ``sym`` is PSD up to rounding, without eigenvalues.
+
+    A Cholesky factorisation of ``sym + tol |sym| I`` costs a fraction of an
+    eigendecomposition; only when it fails are the eigenvalues computed, to
+    produce an exact error message (or to accept a borderline rounding case).
+
+    Args:
+        sym: Symmetric matrix in the compute dtype.
+        name: Parameter name used in the error message.
+        input_dtype: Dtype of the matrix as received (sets the tolerance).
+    """
+    n = sym.shape[0]
+    detached = sym.detach()
+    scale = float(detached.abs().max())
+    if scale == 0:
+        return
+    ridge = psd_tolerance(n, input_dtype) * scale
+    eye = torch.eye(n, dtype=sym.dtype, device=sym.device)
+    _, info = torch.linalg.cholesky_ex(detached + ridge * eye)
+    if int(info) != 0:
+        check_eigenvalues_psd(torch.linalg.eigvalsh(detached), name,
+                              input_dtype)
+
+
+def eigenvalues(K: PSDInput, name: str,
+                dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, int]:
+    """Non-negative eigenvalues of a PSD matrix, on its cheaper side.
+
+    Args:
+        K: Dense (n, n) PSD matrix or :class:`FactoredPSD`.
+        name: Parameter name used in error messages.
+        dtype: Compute dtype (float64 by default).
+
+    Returns:
+        ``(eigvals, n)``: ascending eigenvalues clamped at 0 (``min(n, r)`` of
+        them for a factor with r columns; the others are exactly 0) and the
+        matrix size n.
+    """
+    if isinstance(K, FactoredPSD):
+        small = K.to(resolve_dtype(dtype)).small_gram()
+        vals = torch.linalg.eigvalsh((small + small.T) / 2)
+        return vals.clamp_min(0), K.size
+    sym = dense_symmetric(K, name, dtype)
+    vals = torch.linalg.eigvalsh(sym)
+    check_eigenvalues_psd(vals, name, K.dtype)
+    return vals.clamp_min(0), sym.shape[0]
+
+
+def normalize_spectrum(eigvals: Tensor) -> Tensor:
+    """Eigenvalues of ``K`` -> eigenvalues of ``rho = K / tr K`` (sum 1).
+
+    The zero matrix has no density matrix; it is mapped to a pure state
+    (a single eigenvalue 1), so its entropy is 0, the value of a fully
+    collapsed representation. The result stays attached to the graph.
+
+    Args:
+        eigvals: Non-negative eigenvalues.
+
+    Returns:
+        Probabilities of the same length.
+    """
+    total = eigvals.sum()
+    if float(total.detach()) > 0:
+        return eigvals / total
+    pure = torch.zeros_like(eigvals)
+    pure[-1] = 1
+    return eigvals * 0 + pure
+
+
+def density_spectrum(K: PSDInput, name: str,
+                     dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, int]:
+    """Eigenvalues of the density matrix ``K / tr K`` and the size n.
+
+    Args:
+        K: Dense (n, n) PSD matrix or :class:`FactoredPSD`.
+        name: Parameter name used in error messages.
+        dtype: Compute dtype (float64 by default).
+
+    Returns:
+        ``(p, n)`` with ``p`` non-negative and summing to 1.
+    """
+    vals, n = eigenvalues(K, name, dtype)
+    return normalize_spectrum(vals), n
+
+
+def _noise_floor(p: Tensor) -> Tensor:
+    """``len(p) eps max(p)``: eigenvalues below it are rounding noise."""
+    floor = (p.numel() * torch.finfo(p.dtype).eps) * p.detach().max()
+    return torch.clamp_min(floor, torch.finfo(p.dtype).tiny)
+
+
+def _split_at_noise_floor(p: Tensor) -> Tuple[Tensor, Tensor]:
+    """Probabilities with noise set to 0, and a copy floored for logs.
+
+    eigvalsh resolves eigenvalues only to about ``n eps max``; below that a
+    zero eigenvalue comes out as +-1e-16 noise, which ``p ** alpha`` with
+    alpha < 1 would inflate. The floored copy keeps ``log p`` and
+    ``p ** (alpha - 1)`` finite, so values and gradients are finite at
+    singular matrices.
+
+    Args:
+        p: Non-negative probabilities summing to 1.
+
+    Returns:
+        ``(cleaned, floored)`` of the same shape.
+    """
+    floor = _noise_floor(p)
+    cleaned = torch.where(p < floor, torch.zeros_like(p), p)
+    return cleaned, torch.maximum(p, floor)
+
+
+def shannon_entropy(p: Tensor) -> Tensor:
+    """``-sum p log p`` (nats) of a probability vector, 0 log 0 = 0.
+
+    Args:
+        p: Non-negative probabilities summing to 1.
+
+    Returns:
+        Scalar tensor.
+    """
+    cleaned, floored = _split_at_noise_floor(p)
+    return -(cleaned * torch.log(floored)).sum()
+
+
+def renyi_entropy(p: Tensor, alpha: float) -> Tensor:
+    """Renyi entropy ``log(sum p^alpha) / (1 - alpha)`` (Shannon at 1).
+
+    Args:
+        p: Non-negative probabilities summing to 1.
+        alpha: Positive order.
+
+    Returns:
+        Scalar tensor.
+    """
+    if alpha == 1.0:
+        return shannon_entropy(p)
+    # p * p^(alpha-1) with the floored base keeps the alpha < 1 gradient
+    # alpha p^(alpha-1) finite at p = 0 (its exact value there is infinite).
+    cleaned, floored = _split_at_noise_floor(p)
+    power_sum = (cleaned * floored.pow(alpha - 1.0)).sum()
+    return torch.log(power_sum) / (1.0 - alpha)
+
+
+def purity(K: PSDInput, name: str,
+           dtype: Optional[torch.dtype] = None) -> Tensor:
+    """``tr(rho^2) = ||K||_F^2 / (tr K)^2`` without an eigendecomposition.
+
+    Args:
+        K: Dense (n, n) PSD matrix or :class:`FactoredPSD`.
+        name: Parameter name used in error messages.
+        dtype: Compute dtype (float64 by default).
+
+    Returns:
+        Scalar tensor in (0, 1]; 1 for the zero matrix (pure-state
+        convention of :func:`normalize_spectrum`).
+    """
+    if isinstance(K, FactoredPSD):
+        small = K.to(resolve_dtype(dtype)).small_gram()
+        frob_sq, trace = small.pow(2).sum(), torch.diagonal(small).sum()
+    else:
+        sym = dense_symmetric(K, name, dtype)
+        check_psd_by_cholesky(sym, name, K.dtype)
+        frob_sq, trace = sym.pow(2).sum(), torch.diagonal(sym).sum()
+    if float(trace.detach()) > 0:
+        return frob_sq / trace.pow(2)
+    return frob_sq * 0 + 1
+
+
+def max_entropy(n: int) -> float:
+    """``log n``: entropy of the maximally mixed state ``I_n / n``."""
+    return math.log(n)

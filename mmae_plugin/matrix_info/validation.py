@@ -1,0 +1,188 @@
+"""Input checks and dtype handling shared by the matrix-information functions.
+
+Every public function calls these first so that bad input fails with a message
+naming the parameter, what was received and what is allowed, instead of a
+cryptic LAPACK error or a silent NaN deep inside an eigendecomposition.
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+#: Floating dtype every quantity is computed in unless a caller asks otherwise.
+#: fp16/bf16 have no eigendecomposition kernels and float32 loses the small
+#: eigenvalues that dominate entropies of nearly collapsed representations.
+DEFAULT_DTYPE = torch.float64
+
+
+def check_alpha(alpha: float, name: str = 'alpha') -> float:
+    """Return ``alpha`` as a float, or raise unless it is positive and finite.
+
+    Args:
+        alpha: Order of the Renyi entropy.
+        name: Parameter name used in the error message.
+
+    Returns:
+        ``float(alpha)``.
+    """
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise TypeError(f'{name} must be a real number, got '
+                        f'{type(alpha).__name__} {alpha!r}') from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f'{name} must be a positive finite number (1 is the '
+                         f'von Neumann entropy), got {alpha!r}')
+    return value
+
+
+def check_non_negative(value: float, name: str) -> float:
+    """Return ``value`` as a float, or raise unless it is finite and >= 0.
+
+    Args:
+        value: Candidate number (a ridge, an epsilon).
+        name: Parameter name used in the error message.
+
+    Returns:
+        ``float(value)``.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f'{name} must be a real number, got '
+                        f'{type(value).__name__} {value!r}') from None
+    if not (number >= 0 and math.isfinite(number)):
+        raise ValueError(f'{name} must be a finite number >= 0, got {value!r}')
+    return number
+
+
+def check_tensor(x: Tensor, name: str) -> None:
+    """Raise unless ``x`` is a finite floating-point 2-D tensor.
+
+    Args:
+        x: Candidate tensor.
+        name: Parameter name used in the error message.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f'{name} must be a torch.Tensor, got '
+                        f'{type(x).__name__}')
+    if x.dim() != 2:
+        raise ValueError(f'{name} must be a 2-D tensor, got shape '
+                         f'{tuple(x.shape)}')
+    if not x.is_floating_point():
+        raise TypeError(f'{name} must be a real floating-point tensor, got '
+                        f'dtype {x.dtype}')
+    if x.numel() == 0:
+        raise ValueError(f'{name} is empty: shape {tuple(x.shape)}')
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f'{name} contains {bad} non-finite value(s) (NaN or '
+                         f'Inf); only finite matrices are allowed')
+
+
+def psd_tolerance(n: int, input_dtype: torch.dtype) -> float:
+    """Relative tolerance for symmetry and definiteness checks.
+
+    Rounding in the dtype the matrix was *built* in (often fp16 under autocast)
+    leaves an asymmetry and negative eigenvalues of order ``sqrt(n) eps``
+    relative to the largest entry; only violations well above that are
+    reported as errors, smaller ones are treated as rounding and clamped.
+
+    Args:
+        n: Matrix size.
+        input_dtype: Dtype of the matrix as received.
+
+    Returns:
+        Relative tolerance in (0, 0.1].
+    """
+    eps = torch.finfo(input_dtype).eps if input_dtype.is_floating_point \
+        else torch.finfo(torch.float32).eps
+    return min(0.1, max(1e-6, 10.0 * math.sqrt(n) * eps))
+
+
+def check_square_symmetric(K: Tensor, name: str) -> None:
+    """Raise unless ``K`` is a finite, square, numerically symmetric matrix.
+
+    Args:
+        K: Candidate matrix.
+        name: Parameter name used in the error message.
+    """
+    check_tensor(K, name)
+    rows, cols = K.shape
+    if rows != cols:
+        raise ValueError(f'{name} must be a square (n, n) matrix, got shape '
+                         f'{tuple(K.shape)}; to analyse features of shape '
+                         f'(B, d) build a matrix first with normalized_'
+                         f'covariance(z) or normalized_gram(z)')
+    tol = psd_tolerance(rows, K.dtype)
+    scale = float(K.detach().abs().max())
+    asym = float((K.detach() - K.detach().T).abs().max())
+    if asym > tol * scale:
+        raise ValueError(f'{name} must be symmetric: max |{name} - {name}.T| '
+                         f'= {asym:.3g} exceeds {tol:.1g} x max |{name}| '
+                         f'({scale:.3g})')
+
+
+def check_eigenvalues_psd(eigvals: Tensor, name: str,
+                          input_dtype: torch.dtype) -> None:
+    """Raise if eigenvalues show that a matrix is clearly not PSD.
+
+    Args:
+        eigvals: Eigenvalues of the (symmetrised) matrix, any order.
+        name: Parameter name used in the error message.
+        input_dtype: Dtype of the matrix as received (sets the tolerance).
+    """
+    vals = eigvals.detach()
+    largest = float(vals.abs().max())
+    smallest = float(vals.min())
+    tol = psd_tolerance(vals.numel(), input_dtype)
+    if smallest < -tol * largest:
+        raise ValueError(f'{name} must be positive semi-definite: its '
+                         f'smallest eigenvalue is {smallest:.4g} while the '
+                         f'largest magnitude is {largest:.4g} (allowed: '
+                         f'eigenvalues >= -{tol:.1g} x largest, rounding)')
+
+
+def check_same_size(n1: int, n2: int, name1: str = 'K1',
+                    name2: str = 'K2') -> None:
+    """Raise unless two matrices have the same size.
+
+    Args:
+        n1: Size of the first matrix.
+        n2: Size of the second matrix.
+        name1: Name of the first parameter.
+        name2: Name of the second parameter.
+    """
+    if n1 != n2:
+        raise ValueError(f'{name1} and {name2} must have the same size, got '
+                         f'{n1} x {n1} and {n2} x {n2}')
+
+
+def resolve_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:
+    """Return the compute dtype, float64 when ``dtype`` is None.
+
+    Args:
+        dtype: Requested dtype or None.
+
+    Returns:
+        ``torch.float32`` or ``torch.float64``.
+    """
+    dtype = DEFAULT_DTYPE if dtype is None else dtype
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f'dtype must be torch.float32 or torch.float64 (no '
+                         f'half-precision eigen kernels exist), got {dtype}')
+    return dtype
+
+
+def to_compute_dtype(x: Tensor, dtype: Optional[torch.dtype]) -> Tensor:
+    """Upcast ``x`` to the compute dtype (float64 unless given).
+
+    Args:
+        x: Tensor in any floating dtype (fp16 and bf16 included).
+        dtype: Target dtype; ``None`` means :data:`DEFAULT_DTYPE`.
+
+    Returns:
+        ``x`` in the compute dtype (differentiable cast).
+    """
+    return x.to(resolve_dtype(dtype))
