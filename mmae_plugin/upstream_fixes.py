@@ -7,10 +7,11 @@ once, by :func:`apply_all`, when ``mmae_plugin`` is imported (configs do that
 with ``custom_imports``). They only change behaviour in the situations they
 describe; on a GPU cluster with NCCL nothing changes.
 """
-import collections
 import functools
 import os
-from typing import Any, Callable, List
+import pickle
+import tempfile
+from typing import Any, Callable, List, Union
 
 import torch
 
@@ -29,6 +30,33 @@ _APPLIED = False
 # a checkpoint run arbitrary code; instead the exact classes an mmengine
 # checkpoint stores are allow-listed and the protection stays on.
 # --------------------------------------------------------------------------
+def history_buffer_statistic(owner: Any, name: str) -> Any:
+    """Stand-in for ``getattr`` that only fetches HistoryBuffer statistics.
+
+    mmengine's ``HistoryBuffer`` pickles its statistics methods (``min``,
+    ``max``, ``mean``, ``current`` and registered ones) as
+    ``getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr``
+    would let a checkpoint reach any attribute of any allowed object, so
+    ``getattr`` in a checkpoint resolves to this function instead.
+
+    Args:
+        owner: The object the pickle asks an attribute of.
+        name: The attribute name.
+
+    Returns:
+        The statistics method.
+    """
+    from mmengine.logging.history_buffer import HistoryBuffer
+    # The built-in four are registered lazily, on the first instance.
+    allowed = {'min', 'max', 'current', 'mean'} | set(
+        HistoryBuffer._statistics_methods)
+    if owner is HistoryBuffer and name in allowed:
+        return getattr(HistoryBuffer, name)
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({owner!r}, {name!r}); only '
+        'HistoryBuffer statistics methods are allowed under weights_only')
+
+
 def checkpoint_safe_globals() -> List[Any]:
     """Classes and functions an mmengine/mmpretrain checkpoint pickles.
 
@@ -39,15 +67,19 @@ def checkpoint_safe_globals() -> List[Any]:
     from mmengine.config.config import ConfigDict
     from mmengine.logging.history_buffer import HistoryBuffer
 
-    # numpy arrays inside HistoryBuffer (message hub) and in ``meta``.
-    numpy_reconstruct = getattr(np, '_core', np.core).multiarray._reconstruct
-    numpy_scalar = getattr(np, '_core', np.core).multiarray.scalar
+    # numpy arrays and scalars inside HistoryBuffer (message hub) and meta.
+    numpy_core = getattr(np, '_core', None) or np.core
+    # numpy's legacy random state (RNGStateHook) is a uint32 array.
     dtype_classes = [type(np.dtype(t)) for t in (
-        np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8,
-        np.bool_)]
+        np.float64, np.float32, np.float16, np.int64, np.int32, np.uint32,
+        np.uint8, np.bool_)]
     return [
-        HistoryBuffer, ConfigDict, collections.OrderedDict,
-        np.ndarray, np.dtype, numpy_reconstruct, numpy_scalar, *dtype_classes
+        HistoryBuffer, ConfigDict, np.ndarray, np.dtype,
+        numpy_core.multiarray._reconstruct, numpy_core.multiarray.scalar,
+        *dtype_classes,
+        # pickle protocol 2 spells the builtin module ``__builtin__``.
+        (history_buffer_statistic, '__builtin__.getattr'),
+        (history_buffer_statistic, 'builtins.getattr'),
     ]
 
 
@@ -134,6 +166,56 @@ def _has_only_cpu_params(module: torch.nn.Module) -> bool:
 
 
 # --------------------------------------------------------------------------
+# (e) Checkpoints written in place.
+#
+# Upstream: mmengine 0.10.7 ``LocalBackend.put`` / ``put_text`` open the
+# target with 'wb' / 'w' and write into it, so a job killed while saving
+# leaves a truncated ``epoch_N.pth`` (and ``last_checkpoint`` pointing at
+# it): resume then fails. Not fixed in any mmengine release as of 0.10.7.
+# Writing to a temporary file in the same folder and renaming it over the
+# target makes every save all-or-nothing.
+# --------------------------------------------------------------------------
+def write_atomically(data: Union[bytes, str], filepath: str,
+                     encoding: str = 'utf-8') -> None:
+    """Write ``data`` to ``filepath`` so readers see the old or new file only.
+
+    Args:
+        data: Bytes, or text encoded with ``encoding``.
+        filepath: Destination path; its folder is created if needed.
+        encoding: Text encoding.
+    """
+    folder = os.path.dirname(os.path.abspath(filepath))
+    os.makedirs(folder, exist_ok=True)
+    payload = data.encode(encoding) if isinstance(data, str) else data
+    fd, tmp_path = tempfile.mkstemp(
+        dir=folder, prefix=f'.{os.path.basename(filepath)}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as tmp:
+            tmp.write(payload)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_path, filepath)
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        raise
+
+
+def write_local_files_atomically() -> None:
+    """Route mmengine's local ``put`` and ``put_text`` through a rename."""
+    from mmengine.fileio.backends import LocalBackend
+
+    def put(self, obj: bytes, filepath) -> None:
+        write_atomically(obj, str(filepath))
+
+    def put_text(self, obj: str, filepath, encoding: str = 'utf-8') -> None:
+        write_atomically(obj, str(filepath), encoding)
+
+    LocalBackend.put = put
+    LocalBackend.put_text = put_text
+
+
+# --------------------------------------------------------------------------
 # (d) ``mmpretrain::`` config bases need ``pkg_resources``.
 #
 # Upstream: mmengine 0.10.7 resolves ``package::`` bases through
@@ -154,9 +236,11 @@ def require_pkg_resources() -> None:
 
 
 FIXES: List[Callable[[], None]] = [
+    require_pkg_resources,
     allow_mmengine_checkpoints,
     strip_collate_scope,
     enable_cpu_distributed,
+    write_local_files_atomically,
 ]
 
 
@@ -165,8 +249,6 @@ def apply_all() -> None:
     global _APPLIED
     if _APPLIED:
         return
-    if os.environ.get('MMAE_SKIP_PKG_RESOURCES_CHECK') != '1':
-        require_pkg_resources()
     for fix in FIXES:
         fix()
     _APPLIED = True

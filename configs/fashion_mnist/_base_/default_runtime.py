@@ -9,3 +9,5 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=2))
 env_cfg = dict(dist_cfg=dict(backend='nccl'))  # gloo without CUDA (plugin)
 randomness = dict(seed=0, diff_rank_seed=True)
+# Resumed runs draw the same masks as uninterrupted ones.
+custom_hooks = [dict(type='RNGStateHook')]

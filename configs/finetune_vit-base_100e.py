@@ -1,0 +1,7 @@
+# End-to-end fine-tuning of a ViT-B/16 pretrained with MAE, U-MAE or M-MAE:
+# mmpretrain's MAE benchmark (100 epochs, layer decay 0.65, batch 8 x 128).
+#   tools/dist_train.sh configs/finetune_vit-base_100e.py 8 \
+#       --cfg-options model.backbone.init_cfg.checkpoint=PRETRAINED.pth
+_base_ = 'mmpretrain::mae/benchmarks/vit-base-p16_8xb128-coslr-100e_in1k.py'
+
+custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)

@@ -1,0 +1,12 @@
+# Linear probe of a ViT-B/16 pretrained with MAE, U-MAE or M-MAE: mmpretrain's
+# MAE benchmark (frozen encoder, CLS token, BatchNorm(affine=False) + linear,
+# LARS, 90 epochs) at the reference batch of 8192 = 8 GPUs x 1024.
+#   tools/dist_train.sh configs/linear_vit-base_90e.py 8 \
+#       --cfg-options model.backbone.init_cfg.checkpoint=PRETRAINED.pth
+_base_ = 'mmpretrain::mae/benchmarks/vit-base-p16_8xb2048-linear-coslr-90e_in1k.py'
+
+custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+
+train_dataloader = dict(batch_size=1024)
+optim_wrapper = dict(optimizer=dict(lr=0.1 * 8192 / 256))  # blr 0.1
+auto_scale_lr = dict(base_batch_size=8192)

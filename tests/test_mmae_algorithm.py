@@ -1,0 +1,83 @@
+"""MMAE against mmpretrain's MAE, on the Fashion-MNIST model of the configs."""
+import copy
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmpretrain.registry import MODELS
+
+import mmae_plugin  # noqa: F401
+
+
+@pytest.fixture(scope='module')
+def model_cfgs(repo_root):
+    cfgs = {}
+    for name in ('mae', 'umae', 'mmae'):
+        cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
+        cfgs[name] = cfg.model
+    return cfgs
+
+
+def build(model_cfg, seed=0):
+    torch.manual_seed(seed)
+    model = MODELS.build(copy.deepcopy(model_cfg))
+    model.init_weights()
+    return model
+
+
+def losses_of(model, images, seed=1):
+    torch.manual_seed(seed)  # the same random masks for both models
+    return model.loss(images, data_samples=[])
+
+
+def test_mmae_without_regularizer_equals_mae_bit_for_bit(model_cfgs):
+    mae_cfg = model_cfgs['mae']
+    mmae_cfg = copy.deepcopy(mae_cfg)
+    mmae_cfg.update(type='MMAE', regularizer=None)
+    images = torch.randn(8, 1, 28, 28)
+    mae, mmae = build(mae_cfg), build(mmae_cfg)
+    expected = losses_of(mae, images)
+    got = losses_of(mmae, images)
+    assert set(got) == {'loss_rec'}
+    assert torch.equal(got['loss_rec'], expected['loss'])
+    got['loss_rec'].backward()
+    expected['loss'].backward()
+    for (name, p), (_, q) in zip(mmae.named_parameters(),
+                                 mae.named_parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize('name,key', [('mmae', 'loss_tcr'),
+                                      ('umae', 'loss_unif')])
+def test_regularised_losses_are_logged_separately(model_cfgs, name, key):
+    images = torch.randn(8, 1, 28, 28)
+    mae_losses = losses_of(build(model_cfgs['mae']), images)
+    losses = losses_of(build(model_cfgs[name]), images)
+    assert set(losses) == {'loss_rec', key}
+    # Same weights and masks: the reconstruction term is MAE's.
+    assert torch.equal(losses['loss_rec'], mae_losses['loss'])
+    assert torch.isfinite(losses[key])
+
+
+def test_regulariser_sees_the_cls_token_of_the_masked_pass(model_cfgs):
+    model = build(model_cfgs['mmae'])
+    captured = {}
+    model.regularizer.register_forward_pre_hook(
+        lambda module, args: captured.setdefault('z', args[0]))
+    images = torch.randn(4, 1, 28, 28)
+    torch.manual_seed(3)
+    model.loss(images, data_samples=[])
+    torch.manual_seed(3)
+    latent, _, _ = model.backbone(images)
+    assert latent.shape[1] == 1 + 49 // 4  # CLS + the 25 % visible patches
+    torch.testing.assert_close(captured['z'], latent[:, 0])
+
+
+def test_mean_visible_feature(model_cfgs):
+    cfg = copy.deepcopy(model_cfgs['mmae'])
+    cfg.feature = 'mean_visible'
+    model = build(cfg)
+    latent = torch.randn(3, 13, 128)
+    torch.testing.assert_close(model.pool(latent), latent[:, 1:].mean(1))
