@@ -1,0 +1,57 @@
+"""The Siamese configs of issue 3 load, build and fail clearly without data."""
+import os
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from mmpretrain.registry import DATASETS, MODELS
+
+import mmae_plugin  # noqa: F401
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ['simclr', 'byol', 'barlowtwins']
+CONFIGS = [f'configs/fashion_mnist/{m}_fmnist.py' for m in METHODS] + \
+    [f'configs/cifar10/{m}_cifar10.py' for m in METHODS]
+
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_config_loads_plugin_and_hook(path):
+    cfg = Config.fromfile(os.path.join(REPO, path))
+    assert cfg.custom_imports == dict(imports=['mmae_plugin'],
+                                      allow_failed_imports=False)
+    assert cfg.default_scope == 'mmpretrain'
+    hooks = [h for h in cfg.custom_hooks if h['type'] == 'MatrixInfoHook']
+    assert len(hooks) == 1
+    logger_interval = cfg.default_hooks.logger.interval
+    assert hooks[0]['interval'] % logger_interval == 0
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_cifar10_model_trains_one_step_on_32px_views(method):
+    cfg = Config.fromfile(os.path.join(REPO, f'configs/cifar10/'
+                                       f'{method}_cifar10.py'))
+    init_default_scope('mmpretrain')
+    model = MODELS.build(cfg.model)
+    model.train()
+    # Single process: what the runner does to SyncBN layers.
+    from mmengine.model import revert_sync_batchnorm
+    model = revert_sync_batchnorm(model)
+    views = [torch.randint(0, 255, (4, 3, 32, 32), dtype=torch.uint8)
+             for _ in range(2)]
+    data = model.data_preprocessor(dict(inputs=views, data_samples=None),
+                                   training=True)
+    losses = model.loss(**data)
+    assert torch.isfinite(sum(losses.values()))
+
+
+def test_cifar10_without_data_fails_with_the_folder_in_the_message(
+        tmp_path):
+    cfg = Config.fromfile(os.path.join(REPO,
+                                       'configs/cifar10/simclr_cifar10.py'))
+    init_default_scope('mmpretrain')
+    dataset_cfg = cfg.train_dataloader.dataset
+    dataset_cfg.data_root = str(tmp_path / 'no_cifar_here')
+    with pytest.raises(RuntimeError, match='Cannot find CIFAR10 dataset in '
+                       '.*no_cifar_here'):
+        DATASETS.build(dataset_cfg)
