@@ -60,10 +60,24 @@ def train(config: str, work_dir: str, batch: int = 8, iters: int = 2,
     return read_scalars(work_dir)
 
 
-@pytest.mark.parametrize('method', ['simclr', 'byol', 'barlowtwins'])
-def test_siamese_runs_log_every_quantity(method, tmp_path):
-    work_dir = str(tmp_path / method)
-    rows = train(os.path.join(FMNIST, f'{method}_fmnist.py'), work_dir)
+METHODS = ['simclr', 'byol', 'barlowtwins']
+
+
+@pytest.fixture(scope='module')
+def siamese_runs(tmp_path_factory) -> dict:
+    """Work dirs of 2-iteration SimCLR, BYOL and Barlow Twins runs."""
+    root = tmp_path_factory.mktemp('siamese')
+    work_dirs = {}
+    for method in METHODS:
+        work_dirs[method] = str(root / method)
+        train(os.path.join(FMNIST, f'{method}_fmnist.py'), work_dirs[method])
+    return work_dirs
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_siamese_runs_log_every_quantity(method, siamese_runs):
+    work_dir = siamese_runs[method]
+    rows = read_scalars(work_dir)
     assert [row['step'] for row in rows] == [1, 2]
     for row in rows:
         for key in TWO_BRANCH_KEYS:
@@ -81,6 +95,28 @@ def test_siamese_runs_log_every_quantity(method, tmp_path):
     with open(log_files[0]) as handle:
         text = handle.read()
     assert 'minfo/mutual_info:' in text and 'minfo/spectrum_js:' in text
+
+
+def test_plot_script_draws_one_curve_per_method(siamese_runs, tmp_path):
+    out_dir = tmp_path / 'figures'
+    script = os.path.join(REPO, 'tools', 'analysis', 'plot_matrix_info.py')
+    result = subprocess.run(
+        [sys.executable, script] + [siamese_runs[m] for m in METHODS] +
+        ['--out-dir', str(out_dir)], capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ('matrix_info', 'figure1_mutual_info',
+                 'figure2_joint_entropy', 'figure3a_matrix_js',
+                 'figure3b_spectrum_js'):
+        for ext in ('png', 'pdf'):
+            assert (out_dir / f'{name}.{ext}').stat().st_size > 1000
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        import plot_matrix_info
+    finally:
+        sys.path.pop(0)
+    labels = [plot_matrix_info.method_label(siamese_runs[m]) for m in METHODS]
+    assert labels == ['SimCLR', 'BYOL', 'BarlowTwins']
 
 
 def test_tensorboard_receives_the_scalars(tmp_path):
