@@ -31,4 +31,4 @@ param_scheduler = [
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=200)
 
 # Resumed runs (resume=True in the base) draw the same masks as unbroken ones.
-custom_hooks = [dict(type='RNGStateHook')]
+custom_hooks = [dict(type='ReseedHook')]

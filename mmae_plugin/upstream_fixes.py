@@ -69,10 +69,9 @@ def checkpoint_safe_globals() -> List[Any]:
 
     # numpy arrays and scalars inside HistoryBuffer (message hub) and meta.
     numpy_core = getattr(np, '_core', None) or np.core
-    # numpy's legacy random state (RNGStateHook) is a uint32 array.
     dtype_classes = [type(np.dtype(t)) for t in (
-        np.float64, np.float32, np.float16, np.int64, np.int32, np.uint32,
-        np.uint8, np.bool_)]
+        np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8,
+        np.bool_)]
     return [
         HistoryBuffer, ConfigDict, np.ndarray, np.dtype,
         numpy_core.multiarray._reconstruct, numpy_core.multiarray.scalar,

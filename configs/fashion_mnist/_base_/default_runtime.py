@@ -10,4 +10,4 @@ default_hooks = dict(
 env_cfg = dict(dist_cfg=dict(backend='nccl'))  # gloo without CUDA (plugin)
 randomness = dict(seed=0, diff_rank_seed=True)
 # Resumed runs draw the same masks as uninterrupted ones.
-custom_hooks = [dict(type='RNGStateHook')]
+custom_hooks = [dict(type='ReseedHook')]

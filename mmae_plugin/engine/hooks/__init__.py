@@ -1,4 +1,4 @@
 """Hooks registered in mmpretrain.registry.HOOKS."""
 from .attention_locality_hook import AttentionLocalityHook  # noqa: F401
 from .matrix_info_hook import MatrixInfoHook  # noqa: F401
-from .rng_state_hook import RNGStateHook  # noqa: F401
+from .reseed_hook import ReseedHook  # noqa: F401

@@ -1,0 +1,123 @@
+"""The real tools on the real data: 2-process CPU training, resume, test."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mmae_plugin  # noqa: F401  (checkpoint allow-list)
+
+SMOKE = [
+    'train_dataloader.dataset.indices=96',
+    'train_dataloader.batch_size=16',
+    # In-process loading: every random draw comes from ReseedHook's streams.
+    'train_dataloader.num_workers=0',
+    'train_dataloader.persistent_workers=False',
+    'default_hooks.logger.interval=1',
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def run(repo_root, args, **env):
+    full_env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()),
+                    **env)
+    proc = subprocess.run(args, cwd=repo_root, env=full_env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def dist_train(repo_root, work_dir, *options, resume=False):
+    args = ['bash', 'tools/dist_train.sh', 'configs/fashion_mnist/mmae_fmnist.py',
+            '2', '--work-dir', str(work_dir)]
+    if resume:
+        args.append('--resume')
+    return run(repo_root, args + ['--cfg-options', *SMOKE, *options])
+
+
+def train_losses(work_dir):
+    """(epoch, iter, loss, loss_tcr) of every logged training iteration."""
+    rows = []
+    for run_dir in sorted(os.listdir(work_dir)):
+        path = os.path.join(work_dir, run_dir, 'vis_data', 'scalars.json')
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            for line in f:
+                entry = json.loads(line)
+                if 'loss' in entry:
+                    rows.append((entry['epoch'], entry['iter'], entry['loss'],
+                                 entry['loss_tcr']))
+    return rows
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(repo_root, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp('uninterrupted')
+    dist_train(repo_root, work_dir, 'train_cfg.max_epochs=2')
+    return work_dir
+
+
+def test_two_process_cpu_training_writes_checkpoints(uninterrupted):
+    files = set(os.listdir(uninterrupted))
+    assert {'epoch_1.pth', 'epoch_2.pth', 'last_checkpoint'} <= files
+    ckpt = torch.load(uninterrupted / 'epoch_2.pth')
+    assert ckpt['meta']['epoch'] == 2
+    losses = train_losses(uninterrupted)
+    # 96 images / (2 ranks x 16) = 3 iterations per epoch.
+    assert [(e, i) for e, i, *_ in losses] == [(1, 1), (1, 2), (1, 3),
+                                               (2, 4), (2, 5), (2, 6)]
+    assert all(tcr < 0 for *_, tcr in losses)
+
+
+def test_resumed_run_matches_uninterrupted_run(repo_root, uninterrupted,
+                                               tmp_path):
+    dist_train(repo_root, tmp_path, 'train_cfg.max_epochs=1')
+    assert not (tmp_path / 'epoch_2.pth').exists()
+    dist_train(repo_root, tmp_path, 'train_cfg.max_epochs=2', resume=True)
+    expected = train_losses(uninterrupted)
+    got = train_losses(tmp_path)
+    assert [row[:2] for row in got] == [row[:2] for row in expected]
+    for (epoch, it, loss, tcr), (_, _, loss_ref, tcr_ref) in zip(got,
+                                                                 expected):
+        assert loss == pytest.approx(loss_ref, rel=1e-6, abs=1e-7), (epoch, it)
+        assert tcr == pytest.approx(tcr_ref, rel=1e-6, abs=1e-7), (epoch, it)
+    final = torch.load(tmp_path / 'epoch_2.pth')['state_dict']
+    final_ref = torch.load(uninterrupted / 'epoch_2.pth')['state_dict']
+    for key, value in final_ref.items():
+        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_probe_loads_pretrained_and_dist_test_evaluates(
+        repo_root, uninterrupted, tmp_path):
+    pretrained = uninterrupted / 'epoch_2.pth'
+    run(repo_root, [
+        sys.executable, 'tools/train.py', 'configs/fashion_mnist/linear_fmnist.py',
+        '--work-dir', str(tmp_path), '--cfg-options',
+        f'model.backbone.init_cfg.checkpoint={pretrained}',
+        'train_dataloader.dataset.indices=64', 'train_dataloader.batch_size=32',
+        'val_dataloader.dataset.indices=64', 'train_cfg.max_epochs=1',
+        'train_cfg.val_interval=1'
+    ])
+    probe = torch.load(tmp_path / 'epoch_1.pth')['state_dict']
+    backbone = torch.load(pretrained)['state_dict']
+    # The frozen encoder is exactly the pretrained one.
+    torch.testing.assert_close(probe['backbone.layers.0.attn.qkv.weight'],
+                               backbone['backbone.layers.0.attn.qkv.weight'])
+    out = tmp_path / 'metrics.json'
+    run(repo_root, [
+        'bash', 'tools/dist_test.sh', 'configs/fashion_mnist/linear_fmnist.py',
+        str(tmp_path / 'epoch_1.pth'), '2', '--work-dir', str(tmp_path),
+        '--out', str(out), '--out-item', 'metrics', '--cfg-options',
+        'test_dataloader.dataset.indices=64'
+    ])
+    metrics = json.loads(out.read_text())
+    assert 0 <= metrics['accuracy/top1'] <= 100
