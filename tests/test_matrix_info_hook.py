@@ -166,6 +166,10 @@ def test_hook_records_the_same_features_as_the_loss(tmp_path):
     z1, z2 = hook._branch_embeddings()
     torch.testing.assert_close(z1, z[0::2])
     torch.testing.assert_close(z2, z[1::2])
+    threads = torch.get_num_threads()
+    values = hook.compute([z1, z2])
+    assert torch.get_num_threads() == threads  # restored after 1 thread
+    assert values['mutual_info'].dtype == torch.float64
     hook.after_run(runner)
 
 
@@ -174,6 +178,8 @@ def test_hook_rejects_bad_arguments():
         MatrixInfoHook(interval=0)
     with pytest.raises(ValueError, match="kernel must be one of"):
         MatrixInfoHook(kernel='cosine')
+    with pytest.raises(ValueError, match='cpu_threads must be a positive'):
+        MatrixInfoHook(cpu_threads=0)
     with pytest.raises(ValueError, match='unknown branch key'):
         MatrixInfoHook(branches=[dict(module='neck', view=1)])
     with pytest.raises(ValueError, match='the two branches must have the '

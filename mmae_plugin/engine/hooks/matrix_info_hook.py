@@ -211,6 +211,12 @@ class MatrixInfoHook(Hook):
             ``'cls'``.
         mu: Ridge of the coding rate (one-branch models).
         prefix: Name prefix of the logged scalars.
+        cpu_threads: Torch threads while computing on CPU tensors (restored
+            afterwards); ``None`` keeps the training setting. One thread is
+            the default because eigendecompositions of these sizes gain
+            little from threads, and multi-threaded LAPACK eigensolvers can
+            stall for about a second at OpenMP barriers when the cores are
+            shared with dataloader workers.
     """
 
     priority = 'NORMAL'  # before LoggerHook (BELOW_NORMAL) writes the logs
@@ -222,7 +228,8 @@ class MatrixInfoHook(Hook):
                  alpha: float = 1.0,
                  pool: Optional[str] = None,
                  mu: float = 1.0,
-                 prefix: str = 'minfo') -> None:
+                 prefix: str = 'minfo',
+                 cpu_threads: Optional[int] = 1) -> None:
         if not isinstance(interval, int) or interval < 1:
             raise ValueError(f'interval must be a positive integer, got '
                              f'{interval!r}')
@@ -246,7 +253,12 @@ class MatrixInfoHook(Hook):
         self.alpha = float(alpha)
         self.pool = pool
         self.mu = float(mu)
+        if cpu_threads is not None and (not isinstance(cpu_threads, int)
+                                        or cpu_threads < 1):
+            raise ValueError(f'cpu_threads must be a positive integer or '
+                             f'None, got {cpu_threads!r}')
         self.prefix = prefix
+        self.cpu_threads = cpu_threads
         self._armed = False
         self._records: Dict[str, List[Tensor]] = {}
         self._handles: list = []
@@ -376,8 +388,14 @@ class MatrixInfoHook(Hook):
         with torch.no_grad(), torch.autocast(device_type=device_type,
                                              enabled=False):
             gathered = [gather_rows(z.contiguous()) for z in embeddings]
-            if len(gathered) == 1:
-                return one_branch_quantities(gathered[0], self.kernel,
-                                             self.alpha, self.mu)
-            return two_branch_quantities(gathered[0], gathered[1],
-                                         self.kernel, self.alpha)
+            saved_threads = torch.get_num_threads()
+            if device_type == 'cpu' and self.cpu_threads is not None:
+                torch.set_num_threads(self.cpu_threads)
+            try:
+                if len(gathered) == 1:
+                    return one_branch_quantities(gathered[0], self.kernel,
+                                                 self.alpha, self.mu)
+                return two_branch_quantities(gathered[0], gathered[1],
+                                             self.kernel, self.alpha)
+            finally:
+                torch.set_num_threads(saved_threads)
