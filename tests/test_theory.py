@@ -263,3 +263,40 @@ def test_short_mae_training_raises_own_area_attention():
 def test_train_setting_rejects_unknown_objective():
     with pytest.raises(ValueError, match='objective'):
         TrainSetting(objective='byol')
+
+
+@pytest.mark.parametrize('num_patches,area_size,num_visible', [(7, 1, 3),
+                                                               (7, 2, 3),
+                                                               (8, 3, 2),
+                                                               (9, 5, 4)])
+def test_own_area_ceiling_matches_enumeration(num_patches, area_size,
+                                              num_visible):
+    from itertools import combinations
+
+    from mmae_plugin.theory import own_area_attention_ceiling
+
+    # Query is patch 0 (masked); its area is {0, ..., area_size - 1}.
+    masks = [m for m in combinations(range(num_patches), num_visible)
+             if 0 not in m]
+    hits = sum(any(q < area_size for q in m) for m in masks)
+    assert own_area_attention_ceiling(area_size, num_patches,
+                                      num_visible) == pytest.approx(
+                                          hits / len(masks))
+
+
+def test_perfect_own_area_attention_reaches_the_ceiling():
+    from mmae_plugin.theory import own_area_attention_ceiling
+    setting = small_setting()  # areas 8 / 4 / 4 of 16 patches
+    data = FeatureImbalanceData(setting, seed=0)
+    model = OneLayerAttention(16, 5)
+    with torch.no_grad():
+        same = data.area_index.unsqueeze(0) == data.area_index.unsqueeze(1)
+        model.qk[5:, 5:] = 50.0 * same.float()
+    g = torch.Generator().manual_seed(0)
+    patches, weights = data.sample(4000, g)
+    visible = random_visible_mask(4000, 16, 0.75, g)
+    own = evaluate(model, patches, weights, visible, data.features,
+                   data.area_index)['own_area_attention']
+    for k, size in enumerate(setting.area_sizes):
+        assert own[k].item() == pytest.approx(
+            own_area_attention_ceiling(size, 16, 4), abs=0.02)

@@ -11,7 +11,15 @@
   output of masked queries in area ``k`` on their own feature,
   ``beta_k = sum <y_p, v_k> z_k / sum z_k^2``. It is 1 when the area's feature
   is fully reconstructed and 0 when it is absent from the output.
+* Own-area ceiling: a masked query can only put own-area mass on *visible*
+  own-area patches, so with probability
+  ``C(P - |D_k|, V) / C(P - 1, V)`` (no other patch of its area among the
+  ``V`` visible ones) its own-area attention is 0 whatever ``Q`` is. The
+  expected own-area attention is at most ``1 - C(P - |D_k|, V) / C(P - 1, V)``,
+  which is far below 1 for tiny areas (0.254 for a 2-patch area, P = 64,
+  V = 16).
 """
+from math import comb
 from typing import Dict
 
 import torch
@@ -64,6 +72,31 @@ def own_area_attention(attention: torch.Tensor, visible: torch.Tensor,
     """
     return torch.diagonal(
         area_attention_mass(attention, visible, area_index, num_areas))
+
+
+def own_area_attention_ceiling(area_size: int, num_patches: int,
+                               num_visible: int) -> float:
+    """Largest achievable expected own-area attention of a masked query.
+
+    Args:
+        area_size (int): Patches in the query's area, ``|D_k| >= 1``.
+        num_patches (int): Patches per sample ``P``.
+        num_visible (int): Visible patches per sample ``V < P`` (uniformly
+            random subset).
+
+    Returns:
+        float: Probability that at least one other patch of the area is
+        visible, given that the query is masked.
+    """
+    if not 1 <= area_size <= num_patches:
+        raise ValueError(f'area_size={area_size!r} is invalid: expected an '
+                         f'integer in [1, {num_patches}].')
+    if not 1 <= num_visible < num_patches:
+        raise ValueError(f'num_visible={num_visible!r} is invalid: expected '
+                         f'an integer in [1, {num_patches - 1}].')
+    none_visible = comb(num_patches - area_size, num_visible) / comb(
+        num_patches - 1, num_visible)
+    return 1.0 - none_visible
 
 
 def feature_coefficients(outputs: torch.Tensor, visible: torch.Tensor,
