@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from .kernels import FactoredPSD, PSDInput
-from .spectrum import (dense_symmetric, density_spectrum, eigenvalues,
-                       normalize_spectrum, shannon_entropy)
+from .spectrum import (dense_symmetric, eigenvalues, normalize_spectrum,
+                       prepare_input, prepared_size, prepared_spectrum,
+                       shannon_entropy)
 from .validation import (check_eigenvalues_psd, check_non_negative,
                          check_same_size, resolve_dtype)
 
@@ -64,8 +65,11 @@ class _TraceTimesLogm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A: Tensor, B: Tensor, eps: float) -> Tensor:
+    def forward(ctx, A: Tensor, B: Tensor, eps: float,
+                b_input_dtype: Optional[torch.dtype]) -> Tensor:
         mu, vecs = torch.linalg.eigh(B)
+        if b_input_dtype is not None:  # B's PSD check reuses eigh's output
+            check_eigenvalues_psd(mu, 'K2', b_input_dtype)
         mu = mu.clamp_min(0) + eps
         # A singular B with eps = 0: floor the spectrum so the value stays
         # finite (huge) rather than -inf.
@@ -86,7 +90,7 @@ class _TraceTimesLogm(torch.autograd.Function):
             gamma = _log_divided_differences(mu, log_mu)
             rotated = vecs.T @ A @ vecs
             grad_b = grad * (vecs @ (gamma * rotated) @ vecs.T)
-        return grad_a, grad_b, None
+        return grad_a, grad_b, None, None
 
 
 def _rescaled_to_trace_n(K: PSDInput, name: str,
@@ -138,20 +142,17 @@ def matrix_kl_divergence(K1: PSDInput, K2: PSDInput, eps: float = 1e-8,
     lam1 = torch.linalg.eigvalsh(k1)
     if not isinstance(K1, FactoredPSD):
         check_eigenvalues_psd(lam1, 'K1', K1.dtype)
-    if not isinstance(K2, FactoredPSD):
-        check_eigenvalues_psd(torch.linalg.eigvalsh(k2.detach()), 'K2',
-                              K2.dtype)
     lam1 = lam1.clamp_min(0)
     # tr[K1 log(K1 + eps I)] is a spectral function of K1: eigenvalues only.
     shifted = lam1 + eps
     floor = max(lam1.numel() * torch.finfo(lam1.dtype).eps *
                 float(shifted.detach().max()), torch.finfo(lam1.dtype).tiny)
     self_term = (lam1 * torch.log(shifted.clamp_min(floor))).sum()
-    return self_term - _TraceTimesLogm.apply(k1, k2, eps)
+    k2_dtype = None if isinstance(K2, FactoredPSD) else K2.dtype
+    return self_term - _TraceTimesLogm.apply(k1, k2, eps, k2_dtype)
 
 
-def _mixture(K1: PSDInput, K2: PSDInput,
-             dtype: Optional[torch.dtype]) -> PSDInput:
+def _mixture(p1: PSDInput, p2: PSDInput) -> PSDInput:
     """``(rho1 + rho2) / 2`` with ``rho = K / tr K``, on its cheaper side.
 
     Two factors ``F1``, ``F2`` give the factor ``[F1 / sqrt(t1), F2 /
@@ -159,40 +160,32 @@ def _mixture(K1: PSDInput, K2: PSDInput,
     smaller than n.
 
     Args:
-        K1: First PSD matrix, dense or factored.
-        K2: Second PSD matrix, dense or factored.
-        dtype: Compute dtype.
+        p1: First prepared matrix (see ``prepare_input``).
+        p2: Second prepared matrix of the same size.
 
     Returns:
         The mixture, dense or factored (a zero matrix contributes 0).
     """
-    compute = resolve_dtype(dtype)
-    if isinstance(K1, FactoredPSD) and isinstance(K2, FactoredPSD) and \
-            K1.inner_size + K2.inner_size < K1.size:
+    if isinstance(p1, FactoredPSD) and isinstance(p2, FactoredPSD) and \
+            p1.inner_size + p2.inner_size < p1.size:
         parts = []
-        for factored in (K1, K2):
-            factor = factored.factor.to(compute)
-            trace = factor.pow(2).sum()
-            parts.append(factor / trace.sqrt() if float(trace.detach()) > 0 else factor)
+        for factored in (p1, p2):
+            trace = factored.trace()
+            parts.append(factored.factor / trace.sqrt()
+                         if float(trace.detach()) > 0 else factored.factor)
         return FactoredPSD(torch.cat(parts, dim=1) / math.sqrt(2.0))
     densities = []
-    for K, name in ((K1, 'K1'), (K2, 'K2')):
-        sym = K.to(compute).dense() if isinstance(K, FactoredPSD) else \
-            dense_symmetric(K, name, dtype)
+    for prepared in (p1, p2):
+        sym = prepared.dense() if isinstance(prepared, FactoredPSD) \
+            else prepared
         trace = torch.diagonal(sym).sum()
         densities.append(sym / trace if float(trace.detach()) > 0 else sym)
     return (densities[0] + densities[1]) / 2
 
 
-def _sizes_match(K1: PSDInput, K2: PSDInput) -> None:
-    """Raise unless both inputs describe matrices of the same size."""
-
-    def size(K: PSDInput) -> int:
-        return K.size if isinstance(K, FactoredPSD) else K.shape[-1]
-
-    if isinstance(K1, (Tensor, FactoredPSD)) and \
-            isinstance(K2, (Tensor, FactoredPSD)):
-        check_same_size(size(K1), size(K2))
+def _input_dtype(K: PSDInput) -> Optional[torch.dtype]:
+    """Dtype a dense input was received in; None for a factor."""
+    return None if isinstance(K, FactoredPSD) else K.dtype
 
 
 def matrix_js_divergence(K1: PSDInput, K2: PSDInput,
@@ -213,12 +206,15 @@ def matrix_js_divergence(K1: PSDInput, K2: PSDInput,
     Returns:
         Scalar tensor in ``[0, log 2]``, differentiable.
     """
-    _sizes_match(K1, K2)
-    p1, _ = density_spectrum(K1, 'K1', dtype)
-    p2, _ = density_spectrum(K2, 'K2', dtype)
-    mix, _ = density_spectrum(_mixture(K1, K2, dtype), 'K1 + K2', dtype)
-    return shannon_entropy(mix) - (shannon_entropy(p1) +
-                                   shannon_entropy(p2)) / 2
+    p1, p2 = prepare_input(K1, 'K1', dtype), prepare_input(K2, 'K2', dtype)
+    check_same_size(prepared_size(p1), prepared_size(p2))
+    # Eigenvalues of the inputs also validate their definiteness; the
+    # mixture of PSD matrices is PSD and is not checked again.
+    q1 = prepared_spectrum(p1, 'K1', _input_dtype(K1))
+    q2 = prepared_spectrum(p2, 'K2', _input_dtype(K2))
+    mix = prepared_spectrum(_mixture(p1, p2))
+    return shannon_entropy(mix) - (shannon_entropy(q1) +
+                                   shannon_entropy(q2)) / 2
 
 
 def _padded_descending(p: Tensor, n: int) -> Tensor:
@@ -249,7 +245,6 @@ def spectrum_js_divergence(K1: PSDInput, K2: PSDInput,
     Returns:
         Scalar tensor in ``[0, log 2]``, differentiable.
     """
-    _sizes_match(K1, K2)
     vals1, n1 = eigenvalues(K1, 'K1', dtype)
     vals2, n2 = eigenvalues(K2, 'K2', dtype)
     check_same_size(n1, n2)

@@ -18,9 +18,34 @@ import torch
 from torch import Tensor
 
 from .kernels import FactoredPSD, PSDInput
-from .spectrum import (check_psd_by_cholesky, dense_symmetric,
-                       density_spectrum, purity, renyi_entropy)
-from .validation import check_alpha, check_same_size, resolve_dtype
+from .spectrum import (check_psd_by_cholesky, prepare_input,
+                       prepared_size, prepared_spectrum, purity,
+                       renyi_entropy)
+from .validation import check_alpha, check_same_size
+
+
+def _hadamard(p1: PSDInput, p2: PSDInput) -> PSDInput:
+    """``K1 o K2`` of prepared matrices on its cheaper representation."""
+    if isinstance(p1, FactoredPSD) and isinstance(p2, FactoredPSD) and \
+            p1.inner_size * p2.inner_size < p1.size:
+        rows = torch.einsum('ir,is->irs', p1.factor, p2.factor)
+        return FactoredPSD(rows.reshape(p1.size, -1))
+    dense1 = p1.dense() if isinstance(p1, FactoredPSD) else p1
+    dense2 = p2.dense() if isinstance(p2, FactoredPSD) else p2
+    return dense1 * dense2
+
+
+def _prepare_pair(K1: PSDInput, K2: PSDInput, dtype: Optional[torch.dtype]):
+    """Prepare two inputs and check that their sizes match."""
+    p1, p2 = prepare_input(K1, 'K1', dtype), prepare_input(K2, 'K2', dtype)
+    check_same_size(prepared_size(p1), prepared_size(p2))
+    return p1, p2
+
+
+def _check_psd_cheaply(prepared: PSDInput, K: PSDInput, name: str) -> None:
+    """Cholesky-based PSD check of a dense input (factors are PSD)."""
+    if not isinstance(prepared, FactoredPSD):
+        check_psd_by_cholesky(prepared, name, K.dtype)
 
 
 def matrix_entropy(K: PSDInput, alpha: float = 1.0,
@@ -40,8 +65,9 @@ def matrix_entropy(K: PSDInput, alpha: float = 1.0,
     alpha = check_alpha(alpha)
     if alpha == 2.0:
         return -torch.log(purity(K, 'K', dtype))
-    p, _ = density_spectrum(K, 'K', dtype)
-    return renyi_entropy(p, alpha)
+    prepared = prepare_input(K, 'K', dtype)
+    input_dtype = None if isinstance(K, FactoredPSD) else K.dtype
+    return renyi_entropy(prepared_spectrum(prepared, 'K', input_dtype), alpha)
 
 
 def hadamard_product(K1: PSDInput, K2: PSDInput,
@@ -61,36 +87,10 @@ def hadamard_product(K1: PSDInput, K2: PSDInput,
     Returns:
         The Hadamard product, dense (n, n) or :class:`FactoredPSD`.
     """
-    compute = resolve_dtype(dtype)
-    if isinstance(K1, FactoredPSD) and isinstance(K2, FactoredPSD):
-        check_same_size(K1.size, K2.size)
-        if K1.inner_size * K2.inner_size < K1.size:
-            f1, f2 = K1.factor.to(compute), K2.factor.to(compute)
-            rows = torch.einsum('ir,is->irs', f1, f2)
-            return FactoredPSD(rows.reshape(K1.size, -1))
-    dense1 = _validated_dense(K1, 'K1', dtype)
-    dense2 = _validated_dense(K2, 'K2', dtype)
-    check_same_size(dense1.shape[0], dense2.shape[0])
-    return dense1 * dense2
-
-
-def _validated_dense(K: PSDInput, name: str,
-                     dtype: Optional[torch.dtype]) -> Tensor:
-    """Dense symmetric PSD matrix in the compute dtype, checked.
-
-    Args:
-        K: Dense or factored PSD matrix.
-        name: Parameter name used in error messages.
-        dtype: Compute dtype.
-
-    Returns:
-        Dense symmetric matrix.
-    """
-    if isinstance(K, FactoredPSD):
-        return K.to(resolve_dtype(dtype)).dense()
-    sym = dense_symmetric(K, name, dtype)
-    check_psd_by_cholesky(sym, name, K.dtype)
-    return sym
+    p1, p2 = _prepare_pair(K1, K2, dtype)
+    _check_psd_cheaply(p1, K1, 'K1')
+    _check_psd_cheaply(p2, K2, 'K2')
+    return _hadamard(p1, p2)
 
 
 def matrix_joint_entropy(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
@@ -111,7 +111,10 @@ def matrix_joint_entropy(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
         Scalar tensor, differentiable.
     """
     alpha = check_alpha(alpha)
-    return matrix_entropy(hadamard_product(K1, K2, dtype), alpha, dtype)
+    # The product of PSD matrices is PSD (Schur), so only the inputs are
+    # checked, by Cholesky, which is cheaper than their eigenvalues.
+    product = hadamard_product(K1, K2, dtype)
+    return renyi_entropy(prepared_spectrum(product), alpha)
 
 
 def matrix_mutual_information(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
@@ -131,6 +134,12 @@ def matrix_mutual_information(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
         Scalar tensor, differentiable.
     """
     alpha = check_alpha(alpha)
-    joint = matrix_joint_entropy(K1, K2, alpha, dtype)
-    return matrix_entropy(K1, alpha, dtype) + \
-        matrix_entropy(K2, alpha, dtype) - joint
+    p1, p2 = _prepare_pair(K1, K2, dtype)
+    # The eigenvalues needed for H(K1), H(K2) also validate definiteness.
+    dtype1 = None if isinstance(K1, FactoredPSD) else K1.dtype
+    dtype2 = None if isinstance(K2, FactoredPSD) else K2.dtype
+    spectrum1 = prepared_spectrum(p1, 'K1', dtype1)
+    spectrum2 = prepared_spectrum(p2, 'K2', dtype2)
+    joint = prepared_spectrum(_hadamard(p1, p2))
+    return renyi_entropy(spectrum1, alpha) + \
+        renyi_entropy(spectrum2, alpha) - renyi_entropy(joint, alpha)

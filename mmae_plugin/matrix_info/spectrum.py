@@ -93,6 +93,56 @@ def eigenvalues(K: PSDInput, name: str,
     return vals.clamp_min(0), sym.shape[0]
 
 
+def prepare_input(K: PSDInput, name: str,
+             dtype: Optional[torch.dtype]) -> PSDInput:
+    """Factor cast to the compute dtype, or the checked symmetric matrix.
+
+    Args:
+        K: Dense (n, n) matrix or :class:`FactoredPSD`.
+        name: Parameter name used in error messages.
+        dtype: Compute dtype.
+
+    Returns:
+        :class:`FactoredPSD` or dense symmetric tensor in the compute dtype
+        (square, symmetric and finite; definiteness is checked by the
+        caller, once).
+    """
+    if isinstance(K, FactoredPSD):
+        return K.to(resolve_dtype(dtype))
+    return dense_symmetric(K, name, dtype)
+
+
+def prepared_size(prepared: PSDInput) -> int:
+    """Side n of a prepared matrix."""
+    if isinstance(prepared, FactoredPSD):
+        return prepared.size
+    return prepared.shape[0]
+
+
+def prepared_spectrum(prepared: PSDInput, name: str = '',
+              input_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Density-matrix eigenvalues of a prepared matrix (cheaper side).
+
+    Args:
+        prepared: Output of :func:`prepare_input` or of a Hadamard product.
+        name: Parameter name used in the PSD error message.
+        input_dtype: Dtype the dense matrix was received in; ``None`` means
+            it is PSD by construction (a factor, a Hadamard product of PSD
+            matrices) and is not checked.
+
+    Returns:
+        Probabilities summing to 1.
+    """
+    if isinstance(prepared, FactoredPSD):
+        small = prepared.small_gram()
+        vals = torch.linalg.eigvalsh((small + small.T) / 2)
+    else:
+        vals = torch.linalg.eigvalsh(prepared)
+        if input_dtype is not None:
+            check_eigenvalues_psd(vals, name, input_dtype)
+    return normalize_spectrum(vals.clamp_min(0))
+
+
 def normalize_spectrum(eigvals: Tensor) -> Tensor:
     """Eigenvalues of ``K`` -> eigenvalues of ``rho = K / tr K`` (sum 1).
 
@@ -112,22 +162,6 @@ def normalize_spectrum(eigvals: Tensor) -> Tensor:
     pure = torch.zeros_like(eigvals)
     pure[-1] = 1
     return eigvals * 0 + pure
-
-
-def density_spectrum(K: PSDInput, name: str,
-                     dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, int]:
-    """Eigenvalues of the density matrix ``K / tr K`` and the size n.
-
-    Args:
-        K: Dense (n, n) PSD matrix or :class:`FactoredPSD`.
-        name: Parameter name used in error messages.
-        dtype: Compute dtype (float64 by default).
-
-    Returns:
-        ``(p, n)`` with ``p`` non-negative and summing to 1.
-    """
-    vals, n = eigenvalues(K, name, dtype)
-    return normalize_spectrum(vals), n
 
 
 def _noise_floor(p: Tensor) -> Tensor:
