@@ -136,7 +136,7 @@ def _shrink(cfg, work_dir):
     cfg.param_scheduler = []
     cfg.default_hooks.logger.interval = 1
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=100)
-    cfg.custom_hooks[-1].num_probe_images = 8
+    cfg.default_hooks.attention_locality.num_probe_images = 8
     cfg.env_cfg = dict(dist_cfg=dict(backend='gloo'))
     cfg.log_level = 'INFO'  # the hook's summary is logged at INFO
     return cfg
@@ -190,3 +190,17 @@ def test_runner_logs_attention_locality(config, repo_root, tmp_path):
     assert runner.message_hub.get_scalar(
         'attn_locality/nmi_l3').current() == probes[-1][
             'attn_locality/nmi_l3']
+
+    # The plotting tool reads the same records back per layer.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'plot_attention_locality',
+        osp.join(repo_root, 'tools/analysis/plot_attention_locality.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    layers = tool.per_layer(tool.select(tool.load_probes(
+        tool.find_scalars(str(tmp_path))), epoch=1))
+    assert layers['nmi']['mean'] == [
+        probes[1][f'attn_locality/nmi_l{i}'] for i in range(num_layers)
+    ]
+    assert len(layers['distance']['heads'][0]) == num_heads
