@@ -444,3 +444,21 @@ def test_bad_arguments_errors():
     with pytest.raises(ValueError, match=r'dtype must be torch.float32 or '
                        r'torch.float64'):
         matrix_entropy(eye, dtype=torch.float16)
+
+
+def test_toolbox_modules_import_only_torch_and_the_standard_library():
+    import ast
+    import pathlib
+
+    import mmae_plugin.matrix_info as package
+    allowed = {'torch', 'math', 'typing'}
+    for path in pathlib.Path(package.__file__).parent.glob('*.py'):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split('.')[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = {node.module.split('.')[0]}
+            else:
+                continue
+            assert roots <= allowed, (path.name, roots)
