@@ -29,6 +29,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402,F401
 import torch  # noqa: E402
 from mmengine.utils import ProgressBar  # noqa: E402
 
@@ -69,6 +70,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--eval-interval', type=int, default=50)
     parser.add_argument('--threads', type=int, default=2,
                         help='torch CPU threads')
+    parser.add_argument('--from-json', default=None,
+                        help='skip training: recompute summaries and '
+                        'figures from the histories of an earlier '
+                        'imbalance_results.json (its sweep arguments are '
+                        'used)')
     return parser.parse_args()
 
 
@@ -227,6 +233,8 @@ def plot_phase_diagram(results: Dict, exponents: List[float],
         results[str(e)]['own_area_ceiling']['local_area'] for e in exponents
     ], '-', color='black', lw=0.8, label='ceiling, local')
     ax.set_xscale('log')
+    ax.set_xticks(ratios, [f'{r:.3g}' for r in ratios])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel('imbalance |global area| / |local area|')
     ax.set_ylabel('final own-area attention')
     ax.set_ylim(0, 1.02)
@@ -243,40 +251,34 @@ def save(fig: plt.Figure, stem: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    """Run the sweep and write results and figures."""
-    args = parse_args()
-    if args.chosen_exponent not in args.exponents:
-        raise ValueError(f'--chosen-exponent={args.chosen_exponent} is '
-                         f'invalid: expected one of --exponents '
-                         f'{args.exponents}.')
+def setting_for(args: argparse.Namespace,
+                exponent: float) -> ImbalanceSetting:
+    """Data setting of one sweep point."""
+    return ImbalanceSetting(
+        num_patches=args.num_patches,
+        num_local_areas=args.num_local_areas,
+        local_exponent=exponent,
+        feature_dim=args.feature_dim,
+        noise_std=args.noise_std)
+
+
+def train_all(args: argparse.Namespace) -> Dict[str, Dict[str, List]]:
+    """Train every (exponent, objective, seed); histories per exponent."""
     torch.set_num_threads(args.threads)
     # Attention probabilities underflow into subnormals, which are ~10x
     # slower on CPUs; flushing them to zero changes nothing measurable.
     torch.set_flush_denormal(True)
-    os.makedirs(args.out_dir, exist_ok=True)
-
     runs = len(args.exponents) * len(args.objectives) * len(args.seeds)
     progress = ProgressBar(runs)
-    results: Dict[str, Dict] = {}
+    histories: Dict[str, Dict[str, List]] = {}
     for exponent in args.exponents:
-        setting = ImbalanceSetting(
-            num_patches=args.num_patches,
-            num_local_areas=args.num_local_areas,
-            local_exponent=exponent,
-            feature_dim=args.feature_dim,
-            noise_std=args.noise_std)
-        ceiling = ceilings(setting, args.mask_ratio)
-        entry = dict(area_sizes=setting.area_sizes,
-                     imbalance_ratio=setting.imbalance_ratio,
-                     own_area_ceiling=dict(global_area=ceiling['global_'],
-                                           local_area=ceiling['local']),
-                     histories={}, summary={})
+        setting = setting_for(args, exponent)
+        histories[str(exponent)] = {}
         for objective in args.objectives:
-            histories = []
+            runs_of_objective = []
             for seed in args.seeds:
                 data = FeatureImbalanceData(setting, seed=seed)
-                histories.append(
+                runs_of_objective.append(
                     train(
                         data,
                         TrainSetting(
@@ -289,11 +291,61 @@ def main() -> None:
                             eval_interval=args.eval_interval,
                             seed=seed)))
                 progress.update()
-            entry['histories'][objective] = histories
-            entry['summary'][objective] = summarise(histories)
-        if {'mae', 'cl'} <= set(args.objectives):
+            histories[str(exponent)][objective] = runs_of_objective
+    return histories
+
+
+def analyse(args: argparse.Namespace,
+            histories: Dict[str, Dict[str, List]]) -> Dict[str, Dict]:
+    """Summaries, ceilings and the claim check for every exponent."""
+    results: Dict[str, Dict] = {}
+    for exponent in args.exponents:
+        setting = setting_for(args, exponent)
+        ceiling = ceilings(setting, args.mask_ratio)
+        entry = dict(area_sizes=setting.area_sizes,
+                     imbalance_ratio=setting.imbalance_ratio,
+                     own_area_ceiling=dict(global_area=ceiling['global_'],
+                                           local_area=ceiling['local']),
+                     histories=histories[str(exponent)], summary={})
+        for objective, runs in entry['histories'].items():
+            entry['summary'][objective] = summarise(runs)
+        if {'mae', 'cl'} <= set(entry['histories']):
             entry['claim'] = check_claim(entry['summary'], ceiling)
         results[str(exponent)] = entry
+    return results
+
+
+def load_histories(path: str, args: argparse.Namespace) -> Dict:
+    """Histories and sweep arguments of an earlier run's JSON.
+
+    The sweep arguments of the file replace those of the command line
+    (except ``--out-dir`` and ``--chosen-exponent``), so that summaries are
+    recomputed for exactly the runs that produced the histories.
+    """
+    with open(path) as f:
+        payload = json.load(f)
+    for key, value in payload['args'].items():
+        if key not in ('out_dir', 'chosen_exponent', 'from_json'):
+            setattr(args, key, value)
+    return {
+        exponent: entry['histories']
+        for exponent, entry in payload['results'].items()
+    }
+
+
+def main() -> None:
+    """Run (or reload) the sweep and write results and figures."""
+    args = parse_args()
+    if args.from_json:
+        histories = load_histories(args.from_json, args)
+    if args.chosen_exponent not in args.exponents:
+        raise ValueError(f'--chosen-exponent={args.chosen_exponent} is '
+                         f'invalid: expected one of --exponents '
+                         f'{args.exponents}.')
+    os.makedirs(args.out_dir, exist_ok=True)
+    if not args.from_json:
+        histories = train_all(args)
+    results = analyse(args, histories)
 
     payload = dict(args=vars(args), results=results)
     if 'claim' in results[str(args.chosen_exponent)]:
