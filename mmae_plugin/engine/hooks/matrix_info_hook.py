@@ -12,6 +12,7 @@ other iterations the forward hooks return after one attribute check. The
 features are then gathered over ranks and the quantities computed in float64
 under ``torch.no_grad()`` with autocast disabled.
 """
+import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -273,7 +274,7 @@ class MatrixInfoHook(Hook):
         if unknown:
             raise ValueError(f'unknown branch key(s) {sorted(unknown)} in '
                              f'{branch!r}; allowed: module, call, rows, pool')
-        spec = dict(dict(call=0, rows='all', pool='cls'), **branch)
+        spec = {**dict(call=0, rows='all', pool='cls'), **branch}
         if spec['rows'] not in ROWS:
             raise ValueError(f'branch rows must be one of {ROWS}, got '
                              f'{spec["rows"]!r}')
@@ -290,6 +291,7 @@ class MatrixInfoHook(Hook):
     # ------------------------------------------------------------------
     def before_run(self, runner) -> None:
         """Resolve the branches and register the forward hooks."""
+        self.after_run(runner)  # idempotent: never tap a module twice
         model = runner.model.module if is_model_wrapper(runner.model) \
             else runner.model
         if self.branches is None:
@@ -316,7 +318,7 @@ class MatrixInfoHook(Hook):
                     f'MatrixInfoHook interval {self.interval} is not a '
                     f'multiple of LoggerHook interval {hook.interval}: some '
                     f'values will not be written and others repeated',
-                    logger='current', level=30)
+                    logger='current', level=logging.WARNING)
 
     def after_run(self, runner) -> None:
         """Remove the forward hooks."""
