@@ -1,6 +1,6 @@
 # BYOL on Fashion-MNIST with matrix-information logging (paper figs. 1-3).
-# Branch 1 is the online predictor output, branch 2 the target projection of
-# the other view: the pair the BYOL loss aligns.
+# MatrixInfoHook compares the online projection of view 1 with the target
+# projection of view 2 (the online and momentum networks of the paper).
 _base_ = ['_siamese_/siamese_fmnist.py']
 
 model = dict(

@@ -226,8 +226,8 @@ def timed_run(config: str, iters: int, interval: int,
         if isinstance(hook, MatrixInfoHook):
             original = hook.after_train_iter
 
-            def timed(*args, _original=original, **kwargs):
-                armed = hook._armed
+            def timed(*args, _original=original, _hook=hook, **kwargs):
+                armed = _hook._armed
                 start = time.perf_counter()
                 _original(*args, **kwargs)
                 spent[0] += time.perf_counter() - start

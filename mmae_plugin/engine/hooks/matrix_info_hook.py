@@ -45,9 +45,12 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
     * ``SimCLR`` runs its projector (``neck``) once on both views interleaved
       row by row: even rows are view 1, odd rows view 2.
     * ``BarlowTwins`` runs ``neck`` on view 1, then on view 2.
-    * ``BYOL`` aligns the online predictor output of view 1 with the target
-      projection of view 2 (and the symmetric pair): branch 1 is the first
-      ``head.predictor`` call, branch 2 the second ``target_net`` call.
+    * ``BYOL``: the paper's two branches are the online network and its
+      momentum copy, the target network (same architecture). Branch 1 is the
+      online projection of view 1 (first ``neck`` call), branch 2 the target
+      projection of view 2 (second ``target_net`` call), the view the loss
+      pairs it with. The predictor output instead is
+      ``dict(module='head.predictor', call=0)``.
     * ``MAE`` and its subclasses (the plugin's ``MMAE``) have one branch, the
       masked encoder pass (``backbone`` output), pooled to one vector per
       image.
@@ -66,7 +69,7 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
     if isinstance(model, BarlowTwins):
         return [dict(module='neck', call=0), dict(module='neck', call=1)]
     if isinstance(model, BYOL):
-        return [dict(module='head.predictor', call=0),
+        return [dict(module='neck', call=0),
                 dict(module='target_net', call=1)]
     if isinstance(model, MAE):
         return [dict(module='backbone', call=0, pool=pool)]
