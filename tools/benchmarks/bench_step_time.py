@@ -52,6 +52,22 @@ def time_step(model, optim_wrapper, data: dict) -> float:
     return time.perf_counter() - start
 
 
+def regularizer_cost(model, batch: int, reps: int = 50) -> float:
+    """Seconds of one forward + backward of the model's regulariser alone.
+
+    Measured on features of the shape the encoder produces; far less noisy
+    than a difference of two step times on a shared machine.
+    """
+    dim = model.backbone.embed_dims
+    features = torch.randn(batch, dim, requires_grad=True)
+    for _ in range(3):
+        model.regularizer(features).backward()
+    start = time.perf_counter()
+    for _ in range(reps):
+        model.regularizer(features).backward()
+    return (time.perf_counter() - start) / reps
+
+
 def bench_case(name: str, rounds: int, warmup: int) -> Dict[str, float]:
     baseline_cfg, variants, shape, batch = CASES[name]
     runs = {'MAE': build_trainable(baseline_cfg)}
@@ -76,6 +92,10 @@ def bench_case(name: str, rounds: int, warmup: int) -> Dict[str, float]:
         ratios[key] = statistics.median(per_round)
         print(f'  {key} median step {med * 1e3:8.1f} ms   step-time ratio '
               f'{key}/MAE = {ratios[key]:.3f} (median of per-round ratios)')
+        reg = regularizer_cost(runs[key][0], batch)
+        print(f'  {key} regulariser alone (fwd+bwd) {reg * 1e3:.2f} ms = '
+              f'{reg / base:.2%} of the MAE step, i.e. ratio bound '
+              f'{1 + reg / base:.4f}')
     return ratios
 
 
