@@ -7,11 +7,12 @@ reference.py``) and the obvious fast one (``scipy.linalg.eigvalsh``). It
 prints times, ratios ``scipy / torch`` side by side and the largest
 difference of the values.
 
-Part 2 trains a Fashion-MNIST config twice for the same number of
-iterations, with and without ``MatrixInfoHook`` at its default interval, and
-prints the wall-clock ratio and the hook's own share of the training time
-(measured around its ``after_train_iter``; the wall-clock ratio is noisy on a
-shared machine, the share is not).
+Part 2 trains a Fashion-MNIST config for the same number of iterations with
+and without ``MatrixInfoHook`` at its default interval (alternating, each run
+in a fresh process), and prints the wall-clock ratio of the medians and the
+hook's own share of the training time (measured around its
+``after_train_iter``; the wall-clock ratio is noisy on a shared machine, the
+share is not).
 
 Example::
 
@@ -58,6 +59,10 @@ def parse_args() -> argparse.Namespace:
                         help='training iterations per overhead run')
     parser.add_argument('--interval', type=int, default=50,
                         help='MatrixInfoHook interval in the overhead run')
+    parser.add_argument('--trials', type=int, default=2,
+                        help='alternating hook-off/hook-on training runs')
+    parser.add_argument('--single-run', choices=['on', 'off'],
+                        help=argparse.SUPPRESS)  # internal: one timed run
     parser.add_argument('--skip-functions', action='store_true')
     parser.add_argument('--skip-hook', action='store_true')
     return parser.parse_args()
@@ -239,27 +244,67 @@ def timed_run(config: str, iters: int, interval: int,
     return time.perf_counter() - start, spent[0], spent[1]
 
 
-def bench_hook(config: str, iters: int, interval: int) -> None:
+def run_in_fresh_process(config: str, iters: int, interval: int,
+                         with_hook: bool) -> Tuple[float, float, int]:
+    """:func:`timed_run` in a new interpreter.
+
+    Runners in one process slow each other down (the persistent dataloader
+    workers of a finished run stay alive), so each measurement gets its own
+    process.
+    """
+    import json
+    import subprocess
+    import sys
+    command = [
+        sys.executable, osp.abspath(__file__), '--skip-functions',
+        '--config', config, '--iters', str(iters), '--interval',
+        str(interval), '--single-run', 'on' if with_hook else 'off'
+    ]
+    output = subprocess.run(command, capture_output=True, text=True,
+                            check=True).stdout
+    marker = [line for line in output.splitlines()
+              if line.startswith('SINGLE_RUN ')][-1]
+    return tuple(json.loads(marker[len('SINGLE_RUN '):]))
+
+
+def bench_hook(config: str, iters: int, interval: int, trials: int) -> None:
     print(f'\n== MatrixInfoHook overhead: {osp.relpath(config, REPO)}, '
-          f'{iters} iterations, interval {interval} ==')
-    off, _, _ = timed_run(config, iters, interval, with_hook=False)
-    on, hook_time, samples = timed_run(config, iters, interval,
-                                       with_hook=True)
-    print(f'train time without hook: {off:.2f} s')
-    print(f'train time with hook:    {on:.2f} s  (ratio {on / off:.4f})')
+          f'{iters} iterations, interval {interval}, {trials} alternating '
+          f'trials, one process each ==')
+    off_times, on_times, hook_times, samples = [], [], [], 0
+    for _ in range(trials):
+        off_times.append(run_in_fresh_process(config, iters, interval,
+                                              False)[0])
+        on, hook_time, count = run_in_fresh_process(config, iters, interval,
+                                                    True)
+        on_times.append(on)
+        hook_times.append(hook_time)
+        samples += count
+    off, on = float(np.median(off_times)), float(np.median(on_times))
+    hook_time = sum(hook_times)
+    print('train time without hook: ' +
+          ', '.join(f'{t:.2f}' for t in off_times) + f' s (median {off:.2f})')
+    print('train time with hook:    ' +
+          ', '.join(f'{t:.2f}' for t in on_times) + f' s (median {on:.2f})')
+    print(f'wall-clock ratio with/without: {on / off:.4f}')
     print(f'hook compute: {hook_time:.3f} s over {samples} samples '
           f'({hook_time / max(samples, 1) * 1e3:.1f} ms each) = '
-          f'{100 * hook_time / on:.3f} % of training time')
+          f'{100 * hook_time / sum(on_times):.3f} % of training time')
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    if not args.skip_functions:
+    if not args.skip_functions and not args.single_run:
         bench_functions(args.size, args.repeats)
-    if not args.skip_hook:
-        bench_hook(args.config or overhead_config(), args.iters,
-                   args.interval)
+    config = args.config or overhead_config()
+    if args.single_run:
+        import json
+        result = timed_run(config, args.iters, args.interval,
+                           args.single_run == 'on')
+        print('SINGLE_RUN ' + json.dumps(result))
+    elif not args.skip_hook:
+        bench_hook(config, args.iters, args.interval, args.trials)
 
 
 if __name__ == '__main__':
