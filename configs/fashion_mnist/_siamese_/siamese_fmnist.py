@@ -65,6 +65,7 @@ param_scheduler = [
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=10)
 
 default_hooks = dict(logger=dict(type='LoggerHook', interval=10))
-# Every 10 iterations: the default interval 50 is meant for long runs; here a
-# sample costs ~20 ms against ~2 s per iteration (well under 1 %).
+# Every 10 iterations, for enough points in these short runs (the default 50
+# suits long ones): a sample costs ~20 ms, 10 iterations ~3 s on 2 CPU
+# cores, so under 1 % (measured by tools/benchmarks/bench_matrix_info.py).
 custom_hooks = [dict(type='MatrixInfoHook', interval=10, kernel='covariance')]
