@@ -14,7 +14,8 @@ INSTALL_REQUIRES = [
     'setuptools<82',
 ]
 EXTRAS_REQUIRE = {
-    'tests': ['pytest==9.2.0', 'scipy==1.17.1'],
+    # tests read TensorBoard event files written by MatrixInfoHook runs.
+    'tests': ['pytest==9.2.0', 'scipy==1.17.1', 'tensorboard==2.21.0'],
     'analysis': ['matplotlib==3.11.2', 'tensorboard==2.21.0'],
 }
 EXTRAS_REQUIRE['all'] = sorted(

