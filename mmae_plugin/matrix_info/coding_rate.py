@@ -9,29 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-
-def check_features(z: Tensor, name: str = 'z', min_samples: int = 1) -> None:
-    """Raise a clear error unless ``z`` is a finite (B, d) feature matrix.
-
-    Args:
-        z: Candidate feature matrix.
-        name: Parameter name used in the error messages.
-        min_samples: Smallest allowed number of rows B.
-    """
-    if not isinstance(z, Tensor):
-        raise TypeError(f'{name} must be a torch.Tensor, got {type(z).__name__}')
-    if z.dim() != 2:
-        raise ValueError(f'{name} must be a 2-D (samples, features) tensor, '
-                         f'got shape {tuple(z.shape)}')
-    if z.shape[0] < min_samples:
-        raise ValueError(f'{name} has {z.shape[0]} sample(s); at least '
-                         f'{min_samples} are required')
-    if z.shape[1] < 1:
-        raise ValueError(f'{name} has no feature columns: shape {tuple(z.shape)}')
-    if not bool(torch.isfinite(z).all()):
-        bad = int((~torch.isfinite(z)).sum())
-        raise ValueError(f'{name} contains {bad} non-finite value(s) (NaN or '
-                         f'Inf); the features upstream have diverged')
+from .validation import check_features
 
 
 def logdet_identity_plus(a: Tensor, mu: float) -> Tensor:

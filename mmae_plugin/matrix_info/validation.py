@@ -81,6 +81,20 @@ def check_tensor(x: Tensor, name: str) -> None:
                          f'Inf); only finite matrices are allowed')
 
 
+def check_features(z: Tensor, name: str = 'z', min_samples: int = 1) -> None:
+    """Raise unless ``z`` is a finite (samples, features) matrix.
+
+    Args:
+        z: Candidate feature matrix (B, d), rows are samples.
+        name: Parameter name used in the error messages.
+        min_samples: Smallest allowed number of rows B.
+    """
+    check_tensor(z, name)
+    if z.shape[0] < min_samples:
+        raise ValueError(f'{name} has {z.shape[0]} sample(s); at least '
+                         f'{min_samples} are required')
+
+
 def psd_tolerance(n: int, input_dtype: torch.dtype) -> float:
     """Relative tolerance for symmetry and definiteness checks.
 
