@@ -1,10 +1,9 @@
 """Evaluate a checkpoint with MMEngine's Runner (mmpretrain's arguments)."""
 import argparse
-import os
-import os.path as osp
 
 import mmengine
-from mmengine.config import Config, DictAction
+from _cli import add_common_args, load_config, parse_with_local_rank
+from mmengine.config import Config
 from mmengine.evaluator import DumpResults
 from mmengine.runner import Runner
 
@@ -16,9 +15,7 @@ def parse_args() -> argparse.Namespace:
         description='Evaluate a model with MMEngine (mmpretrain-compatible)')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument(
-        '--work-dir',
-        help='the directory to save the file containing evaluation metrics')
+    add_common_args(parser)
     parser.add_argument('--out', help='the file to output results.')
     parser.add_argument(
         '--out-item',
@@ -26,35 +23,14 @@ def parse_args() -> argparse.Namespace:
         help='To output whether metrics or predictions. '
         'Defaults to output predictions.')
     parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file.')
-    parser.add_argument(
         '--no-pin-memory',
         action='store_true',
         help='whether to disable the pin_memory option in dataloaders.')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return parse_with_local_rank(parser)
 
 
 def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
-    """Fold the command-line switches into the config."""
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    """Fold the evaluation switches into the config."""
     cfg.load_from = args.checkpoint
     if args.no_pin_memory:
         cfg.test_dataloader['pin_memory'] = False
@@ -65,10 +41,7 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
 
 def main() -> None:
     args = parse_args()
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg = merge_args(cfg, args)
+    cfg = merge_args(load_config(args), args)
     runner = Runner.from_cfg(cfg)
     if args.out and args.out_item in ('pred', None):
         runner.test_evaluator.metrics.append(

@@ -4,10 +4,9 @@ Importing ``mmae_plugin`` first applies the upstream workarounds (checkpoint
 allow-list, CPU distributed training) before the runner exists.
 """
 import argparse
-import os
-import os.path as osp
 
-from mmengine.config import Config, DictAction
+from _cli import add_common_args, load_config, parse_with_local_rank
+from mmengine.config import Config
 from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401  (registers components, applies fixes)
@@ -16,7 +15,7 @@ import mmae_plugin  # noqa: F401  (registers components, applies fixes)
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Train a model')
     parser.add_argument('config', help='train config file path')
-    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    add_common_args(parser)
     parser.add_argument(
         '--resume',
         nargs='?',
@@ -47,32 +46,11 @@ def parse_args() -> argparse.Namespace:
         action='store_true',
         help='whether to disable the persistent_workers option in '
         'dataloaders.')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file.')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return parse_with_local_rank(parser)
 
 
 def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
-    """Fold the command-line switches into the config."""
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    """Fold the training switches into the config."""
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
@@ -104,10 +82,7 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
 
 def main() -> None:
     args = parse_args()
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg = merge_args(cfg, args)
+    cfg = merge_args(load_config(args), args)
     runner = Runner.from_cfg(cfg)
     runner.train()
 
