@@ -48,9 +48,8 @@ def area_attention_mass(attention: torch.Tensor, visible: torch.Tensor,
         attention.dtype)
     # Masked keys carry zero probability already, so no extra key masking.
     mass = attention @ key_area  # (B, P, K): per query, mass on each area
-    query_weight = (~visible).to(attention.dtype).unsqueeze(-1) * \
-        torch.nn.functional.one_hot(area_index, num_areas).to(
-            attention.dtype)  # (B, P, K): masked query of area k
+    # (B, P, K): 1 where the query is masked and belongs to area k.
+    query_weight = (~visible).to(attention.dtype).unsqueeze(-1) * key_area
     total = torch.einsum('bpk,bpj->kj', query_weight, mass)
     counts = query_weight.sum(dim=(0, 1)).unsqueeze(1)
     return total / counts
