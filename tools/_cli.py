@@ -1,53 +1,62 @@
-"""Command-line pieces shared by tools/train.py and tools/test.py.
+"""Run mmpretrain 1.2's own ``tools/train.py`` / ``tools/test.py``.
 
-The scripts keep mmpretrain's arguments; this module holds the parts they
-have in common so that both parse and apply them the same way.
+mmpretrain ships its command-line tools inside its package
+(``mmpretrain/.mim/tools``). The plugin's scripts import ``mmae_plugin``
+(registering its components and applying the upstream workarounds before
+any runner exists) and then execute mmpretrain's script unchanged, so the
+arguments, the order in which they are folded into the config
+(``--cfg-options`` last), the dataloader defaults and ``runner_type``
+(``FlexibleRunner`` for FSDP / DeepSpeed) are mmpretrain's by construction.
 """
-import argparse
-import os
 import os.path as osp
+import runpy
+import sys
+from typing import Any, Dict
 
-from mmengine.config import Config, DictAction
-
-
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """``--work-dir``, ``--cfg-options``, ``--launcher`` and ``--local_rank``."""
-    parser.add_argument('--work-dir', help='the dir to save logs and models')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file.')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+MMPRETRAIN_TOOLS = ('train.py', 'test.py')
 
 
-def parse_with_local_rank(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse, exporting ``LOCAL_RANK`` for launchers that pass it as a flag."""
-    args = parser.parse_args()
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+def mmpretrain_tool_path(name: str) -> str:
+    """Path of one of mmpretrain's shipped tools.
 
+    Args:
+        name: ``'train.py'`` or ``'test.py'``.
 
-def load_config(args: argparse.Namespace) -> Config:
-    """The config with ``--cfg-options``, launcher and work dir applied.
-
-    The work dir is ``--work-dir``, else the config's own, else
-    ``./work_dirs/<config name>`` as in mmpretrain.
+    Returns:
+        The absolute path of the script inside the installed mmpretrain.
     """
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
-    return cfg
+    if name not in MMPRETRAIN_TOOLS:
+        raise ValueError(f'name={name!r}: expected one of {MMPRETRAIN_TOOLS}')
+    import mmpretrain
+    path = osp.join(osp.dirname(mmpretrain.__file__), '.mim', 'tools', name)
+    if not osp.isfile(path):
+        raise FileNotFoundError(
+            f'mmpretrain {mmpretrain.__version__} has no {path}: its tools '
+            'are shipped in the package (mmpretrain/.mim/tools); reinstall '
+            "mmpretrain with 'pip install --force-reinstall mmpretrain'.")
+    return path
+
+
+def load_mmpretrain_tool(name: str) -> Dict[str, Any]:
+    """mmpretrain's script as a module namespace, without running it.
+
+    Args:
+        name: ``'train.py'`` or ``'test.py'``.
+
+    Returns:
+        The script's globals (``parse_args``, ``merge_args``, ``main``).
+    """
+    import mmae_plugin  # noqa: F401  (registers components, applies fixes)
+    return runpy.run_path(mmpretrain_tool_path(name), run_name='mmpretrain_tool')
+
+
+def run_mmpretrain_tool(name: str) -> None:
+    """Execute mmpretrain's script as ``__main__`` with this ``sys.argv``.
+
+    Args:
+        name: ``'train.py'`` or ``'test.py'``.
+    """
+    import mmae_plugin  # noqa: F401  (registers components, applies fixes)
+    path = mmpretrain_tool_path(name)
+    sys.argv[0] = path
+    runpy.run_path(path, run_name='__main__')

@@ -19,3 +19,6 @@ param_scheduler = [
          convert_to_iter_based=True),
 ]
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=5)
+# The lr above is for a total batch of 256 (1 process x 256); --auto-scale-lr
+# rescales it linearly for other totals.
+auto_scale_lr = dict(base_batch_size=256)

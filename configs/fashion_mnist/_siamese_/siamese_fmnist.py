@@ -63,6 +63,8 @@ param_scheduler = [
          convert_to_iter_based=True),
 ]
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=10)
+# The lr is for a total batch of 256; --auto-scale-lr rescales it linearly.
+auto_scale_lr = dict(base_batch_size=256)
 
 default_hooks = dict(logger=dict(type='LoggerHook', interval=10))
 # Every 10 iterations, for enough points in these short runs (the default 50
