@@ -5,69 +5,17 @@
 #   python tools/train.py configs/fashion_mnist/linear_fmnist.py \
 #       --cfg-options model.backbone.init_cfg.checkpoint=PRETRAINED.pth
 _base_ = [
-    '_base_/vit-tiny-p4_arch.py',
+    '_base_/vit-tiny-p4_classifier.py',
+    '_base_/fmnist_classification.py',
     '_base_/default_runtime.py',
 ]
 
 model = dict(
-    type='ImageClassifier',
-    backbone=dict(
-        type='VisionTransformer',
-        arch={{_base_.vit_arch}},
-        img_size={{_base_.img_size}},
-        patch_size={{_base_.patch_size}},
-        in_channels={{_base_.in_channels}},
-        frozen_stages={{_base_.vit_arch.num_layers}},
-        out_type='cls_token',
-        final_norm=True,
-        init_cfg=dict(type='Pretrained', checkpoint='', prefix='backbone.')),
+    backbone=dict(frozen_stages={{_base_.vit_arch.num_layers}}),
     neck=dict(
         type='ClsBatchNormNeck',
         input_features={{_base_.vit_arch.embed_dims}}),
-    head=dict(
-        type='VisionTransformerClsHead',
-        num_classes=10,
-        in_channels={{_base_.vit_arch.embed_dims}},
-        loss=dict(type='CrossEntropyLoss'),
-        init_cfg=[dict(type='TruncNormal', layer='Linear', std=0.01)]))
-
-data_preprocessor = dict(
-    type='ClsDataPreprocessor',
-    num_classes=10,
-    mean=[72.94],
-    std=[90.02],
-    to_rgb=False)
-
-dataset_type = 'GzipFashionMNIST'
-data_root = '/usr/share/datasets/fashion-mnist'
-train_dataloader = dict(
-    batch_size=256,
-    num_workers=1,
-    persistent_workers=True,
-    drop_last=True,
-    sampler=dict(type='DefaultSampler', shuffle=True),
-    collate_fn=dict(type='default_collate'),
-    dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        split='train',
-        pipeline=[dict(type='RandomFlip', prob=0.5),
-                  dict(type='PackInputs')]))
-val_dataloader = dict(
-    batch_size=500,
-    num_workers=1,
-    persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    collate_fn=dict(type='default_collate'),
-    dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        split='test',
-        test_mode=True,
-        pipeline=[dict(type='PackInputs')]))
-val_evaluator = dict(type='Accuracy', topk=(1, ))
-test_dataloader = val_dataloader
-test_evaluator = val_evaluator
+    head=dict(init_cfg=[dict(type='TruncNormal', layer='Linear', std=0.01)]))
 
 # LARS rescales every step by ||w|| / ||grad||, so its lr is not SGD's. On a
 # 5-epoch M-MAE encoder (10,240 probe images, 5 epochs) we measured top-1

@@ -1,0 +1,111 @@
+"""Every frozen-feature metric of one checkpoint from one feature pass.
+
+Builds the :class:`~mmae_plugin.models.KNNClassifier` of a kNN config, loads
+a checkpoint into it, extracts the training and test features once and
+computes kNN accuracy, the accuracy of a linear probe fitted on the cached
+features, and the representation statistics of the test features. For
+multi-GPU kNN use ``tools/dist_test.sh`` with the kNN config instead.
+"""
+from typing import Dict, Tuple
+
+import torch
+from mmengine.config import Config
+from mmengine.runner import Runner, load_checkpoint
+from mmpretrain.registry import MODELS
+from torch import Tensor
+
+from .knn import knn_class_scores
+from .linear_probe import LinearProbe, fit_linear_probe
+from .statistics import representation_statistics
+
+
+@torch.no_grad()
+def extract_features(model, dataloader_cfg: dict) -> Tuple[Tensor, Tensor]:
+    """Features and labels of a whole dataset, in dataset order.
+
+    Args:
+        model: A model with ``data_preprocessor`` and ``extract_feat``.
+        dataloader_cfg: Dataloader config (no shuffling).
+
+    Returns:
+        ``(features (N, d), labels (N,))``.
+    """
+    model.eval()
+    loader = Runner.build_dataloader(dataloader_cfg)
+    feats, labels = [], []
+    for batch in loader:
+        data = model.data_preprocessor(batch, False)
+        feats.append(model.extract_feat(data['inputs']))
+        labels += [int(sample.gt_label) for sample in data['data_samples']]
+    return torch.cat(feats), torch.tensor(labels)
+
+
+def accuracy(scores: Tensor, labels: Tensor, k: int = 1) -> float:
+    """Top-k accuracy in percent."""
+    top = scores.topk(k, dim=1).indices
+    return 100.0 * (top == labels[:, None]).any(dim=1).double().mean().item()
+
+
+def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
+                            linear_weight_decay: float = 1e-4
+                            ) -> Tuple[Dict[str, float], LinearProbe, dict]:
+    """kNN, cached-feature linear probe and statistics of a checkpoint.
+
+    Args:
+        knn_config: A config whose model is a ``KNNClassifier``; its
+            ``model.prototype`` is the training set and its
+            ``test_dataloader`` the evaluation set.
+        checkpoint: Pretraining or classifier checkpoint (``backbone.*``).
+        linear_weight_decay: L2 coefficient of the linear probe.
+
+    Returns:
+        ``(metrics, probe, encoder_state)``: metrics keyed ``knn/top1``,
+        ``knn/top5``, ``linear/top1``, ``linear/train_top1`` and
+        ``repr/<statistic>``; the fitted :class:`LinearProbe`; the
+        encoder's weights (see :func:`linear_probe_state_dict`).
+    """
+    model = MODELS.build(knn_config.model)
+    load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
+    train_x, train_y = extract_features(model, knn_config.model.prototype)
+    test_x, test_y = extract_features(model, knn_config.test_dataloader)
+
+    scores = knn_class_scores(test_x, train_x, train_y, model.num_classes,
+                              model.k, model.temperature)
+    metrics = {'knn/top1': accuracy(scores, test_y, 1),
+               'knn/top5': accuracy(scores, test_y, 5)}
+
+    probe = fit_linear_probe(train_x, train_y, model.num_classes,
+                             linear_weight_decay)
+    metrics['linear/top1'] = accuracy(probe.logits(test_x), test_y)
+    metrics['linear/train_top1'] = accuracy(probe.logits(train_x), train_y)
+    metrics.update({f'repr/{key}': value for key, value in
+                    representation_statistics(test_x).items()})
+    return metrics, probe, model.image_encoder.state_dict()
+
+
+def linear_probe_state_dict(probe: LinearProbe,
+                            encoder_state: dict) -> Dict[str, Tensor]:
+    """The cached-feature probe as weights of the linear-probe configs.
+
+    ``ImageClassifier`` with ``ClsBatchNormNeck`` (affine-free BatchNorm,
+    eps 1e-6) and ``VisionTransformerClsHead``: the BatchNorm's running
+    statistics are the training features' mean and (biased) variance, which
+    is exactly the standardisation the probe was fitted on.
+
+    Args:
+        probe: The fitted probe.
+        encoder_state: The encoder's ``state_dict``.
+
+    Returns:
+        A state dict for ``configs/fashion_mnist/linear_fmnist.py``.
+    """
+    state = {f'backbone.{key}': value
+             for key, value in encoder_state.items()}
+    state.update({
+        'neck.bn.running_mean': probe.mean.float(),
+        'neck.bn.running_var': probe.var.float(),
+        'neck.bn.num_batches_tracked': torch.tensor(0),
+        'head.layers.head.weight': probe.head.weight.detach().float(),
+        'head.layers.head.bias': probe.head.bias.detach().float(),
+    })
+    return state

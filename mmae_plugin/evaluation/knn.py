@@ -1,0 +1,94 @@
+"""Weighted k-nearest-neighbour classification of frozen features (pure torch).
+
+The protocol of InstDisc (Wu et al., 2018) and DINO (Caron et al., 2021):
+cosine similarity to every training feature, the ``k`` most similar
+neighbours vote for their class with weight ``exp(similarity / T)``.
+"""
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: Neighbour bank rows compared at once; bounds memory at (B, chunk).
+BANK_CHUNK = 65536
+
+
+def _check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be an integer >= 1, got {value!r}')
+    return value
+
+
+def _check_positive_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value < float('inf'):
+        raise ValueError(
+            f'{name} must be a finite real number > 0, got {value!r}')
+    return float(value)
+
+
+def check_knn_args(k: int, temperature: float, num_classes: int) -> None:
+    """Raise a ``ValueError`` naming the first invalid kNN argument."""
+    _check_positive_int(k, 'k')
+    _check_positive_real(temperature, 'temperature')
+    _check_positive_int(num_classes, 'num_classes')
+
+
+def top_k_neighbours(query: Tensor, bank: Tensor,
+                     k: int) -> tuple:
+    """Cosine similarities and indices of each query's ``k`` nearest rows.
+
+    Args:
+        query: Features (B, d).
+        bank: Features (N, d) to search.
+        k: Neighbours kept; ``min(k, N)`` are returned.
+
+    Returns:
+        ``(similarity, index)``, both (B, min(k, N)), most similar first.
+    """
+    query = F.normalize(query.float(), dim=1)
+    bank = F.normalize(bank.float(), dim=1)
+    k = min(k, bank.shape[0])
+    best_sim, best_idx = None, None
+    for start in range(0, bank.shape[0], BANK_CHUNK):
+        sim = query @ bank[start:start + BANK_CHUNK].T
+        sim, idx = sim.topk(min(k, sim.shape[1]), dim=1)
+        idx = idx + start
+        if best_sim is not None:
+            sim = torch.cat([best_sim, sim], dim=1)
+            idx = torch.cat([best_idx, idx], dim=1)
+            sim, order = sim.topk(k, dim=1)
+            idx = idx.gather(1, order)
+        best_sim, best_idx = sim, idx
+    return best_sim, best_idx
+
+
+def knn_class_scores(query: Tensor, bank: Tensor, bank_labels: Tensor,
+                     num_classes: int, k: int = 20,
+                     temperature: float = 0.07) -> Tensor:
+    """Class scores of temperature-weighted kNN voting.
+
+    Args:
+        query: Features (B, d) to classify.
+        bank: Training features (N, d).
+        bank_labels: Integer labels (N,) of ``bank``, in ``[0, num_classes)``.
+        num_classes: Number of classes.
+        k: Number of neighbours that vote.
+        temperature: T of the vote weight ``exp(cos / T)``.
+
+    Returns:
+        (B, num_classes) scores that sum to 1 per row; the argmax is the
+        predicted class.
+    """
+    check_knn_args(k, temperature, num_classes)
+    if bank.shape[0] != bank_labels.shape[0]:
+        raise ValueError(
+            f'bank has {bank.shape[0]} rows but bank_labels has '
+            f'{bank_labels.shape[0]}')
+    sim, idx = top_k_neighbours(query, bank, k)
+    # Subtracting each row's maximum leaves the normalised votes unchanged
+    # and keeps exp() finite at small temperatures.
+    weights = torch.exp((sim - sim[:, :1]) / temperature)
+    labels = bank_labels.to(query.device)[idx]
+    votes = torch.zeros(query.shape[0], num_classes, device=query.device)
+    votes.scatter_add_(1, labels, weights)
+    return votes / votes.sum(dim=1, keepdim=True)

@@ -1,0 +1,3 @@
+from .representation_statistics import RepresentationStatistics
+
+__all__ = ['RepresentationStatistics']

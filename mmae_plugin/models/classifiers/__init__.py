@@ -1,0 +1,3 @@
+from .knn_classifier import KNNClassifier
+
+__all__ = ['KNNClassifier']

@@ -1,0 +1,133 @@
+"""kNN classification of frozen features, on mmpretrain's image retriever."""
+from typing import List, Optional
+
+import torch
+from mmpretrain.models import ImageToImageRetriever
+from mmpretrain.registry import MODELS
+from mmpretrain.structures import DataSample
+from torch import Tensor
+
+from mmae_plugin.evaluation.knn import check_knn_args, knn_class_scores
+
+POOLING = ('cls', 'mean')
+
+
+@MODELS.register_module()
+class KNNClassifier(ImageToImageRetriever):
+    """Weighted kNN classifier over the frozen features of a backbone.
+
+    mmpretrain's :class:`ImageToImageRetriever` extracts the features of the
+    ``prototype`` dataset (the training set), split across ranks and summed
+    with ``all_reduce``, before the first test batch. Each test image then
+    takes the ``k`` most cosine-similar training images, which vote for
+    their class with weight ``exp(cos / temperature)`` (InstDisc / DINO).
+    Predictions are class scores, so mmpretrain's ``Accuracy`` evaluates
+    them, and each sample also carries its feature as ``frozen_feature`` for
+    :class:`~mmae_plugin.evaluation.RepresentationStatistics`.
+
+    A checkpoint of a pretraining algorithm (``MAE``, ``MMAE``) or of an
+    ``ImageClassifier`` loads as it is: its ``backbone.*`` weights go to the
+    encoder, everything else is ignored. So ``tools/test.py KNN_CONFIG
+    PRETRAINED.pth`` evaluates a pretrained encoder.
+
+    Args:
+        backbone: Config of the encoder, e.g. ``VisionTransformer`` with
+            ``out_type='cls_token'`` (CLS feature) or ``'featmap'`` (patch
+            tokens, mean-pooled here).
+        prototype: Dataloader config of the labelled training images.
+        num_classes: Number of classes.
+        k: Neighbours that vote (20 as in DINO).
+        temperature: Vote temperature T (0.07 as in InstDisc / DINO).
+        pooling: ``'cls'`` or ``'mean'``, checked against the backbone's
+            output: a (B, C, H, W) feature map is mean-pooled.
+        data_preprocessor: Config of the preprocessor
+            (``ClsDataPreprocessor`` by default).
+        init_cfg: Initialisation config.
+    """
+
+    def __init__(self, backbone: dict, prototype: dict, num_classes: int,
+                 k: int = 20, temperature: float = 0.07,
+                 pooling: str = 'cls',
+                 data_preprocessor: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        check_knn_args(k, temperature, num_classes)
+        if pooling not in POOLING:
+            raise ValueError(
+                f'pooling must be one of {POOLING}, got {pooling!r}')
+        if not isinstance(prototype, dict):
+            raise TypeError('prototype must be a dataloader config (dict), '
+                            f'got {type(prototype).__name__}')
+        super().__init__(
+            image_encoder=backbone, prototype=prototype, topk=-1,
+            data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        self.num_classes = num_classes
+        self.k = k
+        self.temperature = float(temperature)
+        self.pooling = pooling
+        self._register_load_state_dict_pre_hook(_backbone_keys_to_encoder)
+
+    def extract_feat(self, inputs: Tensor) -> Tensor:
+        """Pooled features (B, C) of the frozen encoder."""
+        feats = self.image_encoder(inputs)
+        if isinstance(feats, (tuple, list)):
+            feats = feats[-1]
+        if feats.dim() == 4:  # out_type='featmap': (B, C, H, W)
+            if self.pooling != 'mean':
+                raise ValueError(
+                    "pooling='cls' needs a backbone with out_type="
+                    "'cls_token'; this one returns a feature map")
+            return feats.mean(dim=(2, 3))
+        if self.pooling == 'mean':
+            raise ValueError("pooling='mean' needs a backbone with "
+                             "out_type='featmap'")
+        return feats
+
+    def _get_prototype_vecs_from_dataloader(self, data_loader) -> Tensor:
+        labels = torch.as_tensor(
+            data_loader.dataset.get_gt_labels(), dtype=torch.long)
+        self.register_buffer('prototype_labels', labels, persistent=False)
+        return super()._get_prototype_vecs_from_dataloader(data_loader)
+
+    def prepare_prototype(self) -> None:
+        """Extract the training features and labels (all ranks)."""
+        with torch.no_grad():
+            super().prepare_prototype()
+        self.prototype_labels = self.prototype_labels.to(
+            self.prototype_vecs.device)
+
+    @torch.no_grad()
+    def predict(self, inputs: Tensor,
+                data_samples: Optional[List[DataSample]] = None,
+                **kwargs) -> List[DataSample]:
+        """kNN class scores of a batch of images.
+
+        Args:
+            inputs: Preprocessed images (B, C, H, W).
+            data_samples: Their data samples, if any.
+
+        Returns:
+            Data samples with ``pred_score``, ``pred_label`` and
+            ``frozen_feature`` set.
+        """
+        if not self.prototype_inited:
+            self.prepare_prototype()
+        feats = self.extract_feat(inputs)
+        scores = knn_class_scores(feats, self.prototype_vecs,
+                                  self.prototype_labels, self.num_classes,
+                                  self.k, self.temperature)
+        if data_samples is None:
+            data_samples = [DataSample() for _ in range(feats.shape[0])]
+        for sample, score, feat in zip(data_samples, scores, feats):
+            sample.set_pred_score(score)
+            sample.set_field(feat, 'frozen_feature')
+        return data_samples
+
+
+def _backbone_keys_to_encoder(state_dict, prefix, *args) -> None:
+    """Load ``backbone.*`` weights of other models into ``image_encoder``."""
+    if any(key.startswith(prefix + 'image_encoder.') for key in state_dict):
+        return
+    source = prefix + 'backbone.'
+    for key in [key for key in state_dict if key.startswith(source)]:
+        new_key = prefix + 'image_encoder.' + key[len(source):]
+        state_dict[new_key] = state_dict.pop(key)

@@ -1,0 +1,201 @@
+"""Frozen-feature evaluation: kNN, cached linear probe, statistics.
+
+The numerics are checked against independent numpy float64 code; the kNN
+model runs under the real MMEngine Runner on a real pretraining checkpoint,
+in one process and in two (gloo), and must agree with numpy on the same
+features.
+"""
+import json
+import math
+import os
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.runner import Runner, load_checkpoint, save_checkpoint
+from mmpretrain.registry import MODELS
+
+import mmae_plugin  # noqa: F401
+from mmae_plugin.evaluation import (fit_linear_probe, knn, knn_class_scores,
+                                    representation_statistics)
+from mmae_plugin.evaluation.linear_probe import standardize
+
+KNN_CONFIG = 'configs/fashion_mnist/knn_fmnist.py'
+
+
+def numpy_knn_scores(query, bank, labels, num_classes, k, temperature):
+    """InstDisc/DINO weighted kNN, written independently in float64."""
+    q = query / np.linalg.norm(query, axis=1, keepdims=True)
+    b = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+    sim = q @ b.T
+    scores = np.zeros((len(q), num_classes))
+    for i, row in enumerate(sim):
+        nearest = np.argsort(-row, kind='stable')[:k]
+        for j in nearest:
+            scores[i, labels[j]] += math.exp(row[j] / temperature)
+    return scores / scores.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize('k,temperature', [(1, 0.07), (5, 0.5), (20, 0.07),
+                                           (200, 1.0)])
+def test_knn_scores_match_numpy(k, temperature):
+    gen = torch.Generator().manual_seed(k)
+    bank = torch.randn(150, 16, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 7, (150, ), generator=gen)
+    query = torch.randn(40, 16, generator=gen, dtype=torch.float64)
+    ours = knn_class_scores(query, bank, labels, 7, k, temperature)
+    ref = numpy_knn_scores(query.numpy(), bank.numpy(), labels.numpy(), 7,
+                           min(k, 150), temperature)
+    np.testing.assert_allclose(ours.double().numpy(), ref, atol=2e-5)
+
+
+def test_knn_chunked_search_equals_one_pass(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    bank = torch.randn(1000, 8, generator=gen)
+    query = torch.randn(30, 8, generator=gen)
+    labels = torch.randint(0, 3, (1000, ), generator=gen)
+    whole = knn_class_scores(query, bank, labels, 3, k=25)
+    monkeypatch.setattr(knn, 'BANK_CHUNK', 64)
+    chunked = knn_class_scores(query, bank, labels, 3, k=25)
+    torch.testing.assert_close(chunked, whole)
+
+
+@pytest.mark.parametrize('kwargs,name', [
+    (dict(k=0), 'k'), (dict(k=True), 'k'), (dict(k=2.0), 'k'),
+    (dict(temperature=0), 'temperature'),
+    (dict(temperature=float('inf')), 'temperature'),
+    (dict(temperature=True), 'temperature'),
+])
+def test_knn_rejects_bad_arguments(kwargs, name):
+    args = dict(k=20, temperature=0.07)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        knn_class_scores(torch.ones(2, 3), torch.ones(4, 3),
+                         torch.zeros(4, dtype=torch.long), 2, **args)
+
+
+def test_linear_probe_reaches_the_regularised_optimum():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(600, 12, generator=gen, dtype=torch.float64) * 3 + 1
+    w = torch.randn(12, 4, generator=gen, dtype=torch.float64)
+    y = (x @ w + torch.randn(600, 4, generator=gen,
+                              dtype=torch.float64)).argmax(dim=1)
+    probe = fit_linear_probe(x[:500], y[:500], 4, weight_decay=1e-2)
+    xs = standardize(x[:500], probe.mean, probe.var).numpy()
+    np.testing.assert_allclose(xs.mean(0), 0, atol=1e-12)
+    np.testing.assert_allclose(xs.std(0), 1, atol=1e-6)
+    # First-order optimality of the convex objective, computed in numpy.
+    weight = probe.head.weight.detach().numpy()
+    logits = xs @ weight.T + probe.head.bias.detach().numpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(500), y[:500].numpy()] -= 1
+    grad_w = p.T @ xs / 500 + 1e-2 * weight
+    assert np.abs(grad_w).max() < 1e-5 and np.abs(p.mean(0)).max() < 1e-5
+    test_acc = (probe.logits(x[500:]).argmax(1) == y[500:]).double().mean()
+    assert test_acc > 0.7
+
+
+def numpy_statistics(z, mu=1.0):
+    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+    lam = np.linalg.eigvalsh(zn.T @ zn / len(z))
+    lam = lam[lam > 1e-15]
+    entropy = float(-(lam * np.log(lam)).sum())
+    s = np.linalg.svd(z, compute_uv=False)
+    p = s / s.sum() + 1e-7
+    tcr = np.linalg.slogdet(np.eye(z.shape[1]) + mu / z.shape[1] *
+                            zn.T @ zn)[1]
+    return dict(entropy=entropy, erank=math.exp(entropy),
+                rankme=float(np.exp(-(p * np.log(p)).sum())), tcr=float(tcr))
+
+
+def test_representation_statistics_match_numpy():
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(300, 20, generator=gen, dtype=torch.float64) @ \
+        torch.randn(20, 20, generator=gen, dtype=torch.float64)
+    ours = representation_statistics(z, tcr_mu=3.0)
+    ref = numpy_statistics(z.numpy(), mu=3.0)
+    for key, value in ref.items():
+        assert ours[key] == pytest.approx(value, rel=1e-9), key
+    assert 1 <= ours['erank'] <= 20
+
+
+@pytest.fixture(scope='module')
+def pretrained(tmp_path_factory):
+    """A real (untrained, seeded) M-MAE checkpoint in mmengine's format."""
+    torch.manual_seed(0)
+    cfg = Config.fromfile('configs/fashion_mnist/mmae_fmnist.py')
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    path = str(tmp_path_factory.mktemp('ckpt') / 'mmae.pth')
+    save_checkpoint({'state_dict': model.state_dict(), 'meta': {}}, path)
+    return path
+
+
+def small_knn_cfg(work_dir, checkpoint, train_images=400, test_images=150):
+    cfg = Config.fromfile(KNN_CONFIG)
+    cfg.merge_from_dict({
+        'model.prototype.dataset.indices': train_images,
+        'test_dataloader.dataset.indices': test_images,
+        'test_dataloader.num_workers': 0,
+        'test_dataloader.persistent_workers': False,
+        'model.prototype.num_workers': 0,
+    })
+    cfg.work_dir = str(work_dir)
+    cfg.load_from = checkpoint
+    return cfg
+
+
+def reference_features(cfg, checkpoint, split_cfg):
+    """Encoder features computed outside the KNNClassifier."""
+    encoder = MODELS.build(cfg.model.backbone)
+    load_checkpoint(encoder, checkpoint, revise_keys=[(r'^backbone\.', '')])
+    encoder.eval()
+    loader = Runner.build_dataloader(split_cfg)
+    preprocess = MODELS.build(cfg.data_preprocessor)
+    feats, labels = [], []
+    with torch.no_grad():
+        for batch in loader:
+            data = preprocess(batch, False)
+            feats.append(encoder(data['inputs'])[-1])
+            labels += [int(s.gt_label) for s in data['data_samples']]
+    return torch.cat(feats).double().numpy(), np.array(labels)
+
+
+def test_knn_classifier_under_the_runner(tmp_path, pretrained):
+    cfg = small_knn_cfg(tmp_path, pretrained)
+    metrics = Runner.from_cfg(cfg.copy()).test()
+    train_x, train_y = reference_features(cfg, pretrained,
+                                          cfg.model.prototype)
+    test_x, test_y = reference_features(cfg, pretrained, cfg.test_dataloader)
+    scores = numpy_knn_scores(test_x, train_x, train_y, 10, 20, 0.07)
+    top1 = 100 * (scores.argmax(1) == test_y).mean()
+    assert metrics['accuracy/top1'] == pytest.approx(top1, abs=1e-4)
+    ref = numpy_statistics(test_x)
+    for key in ('entropy', 'erank', 'rankme', 'tcr'):
+        assert metrics[f'repr/{key}'] == pytest.approx(ref[key], rel=1e-4)
+
+
+def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,
+                                                repo_root):
+    from test_train_e2e import run
+    options = ['model.prototype.dataset.indices=300',
+               'test_dataloader.dataset.indices=101',
+               'test_dataloader.num_workers=0',
+               'test_dataloader.persistent_workers=False',
+               'model.prototype.num_workers=0']
+    results = {}
+    for gpus in (1, 2):
+        out = tmp_path / f'knn{gpus}.json'
+        run(repo_root, [
+            'bash', 'tools/dist_test.sh', KNN_CONFIG, pretrained, str(gpus),
+            '--work-dir', str(tmp_path / f'w{gpus}'), '--out', str(out),
+            '--out-item', 'metrics', '--cfg-options', *options])
+        with open(out) as f:
+            results[gpus] = json.load(f)
+    assert results[1]['accuracy/top1'] == pytest.approx(
+        results[2]['accuracy/top1'], abs=1e-6)
+    for key in ('repr/erank', 'repr/rankme'):
+        assert results[1][key] == pytest.approx(results[2][key], rel=1e-5)
