@@ -9,6 +9,6 @@ from .upstream_fixes import apply_all as _apply_upstream_fixes
 
 _apply_upstream_fixes()
 
-from . import datasets, engine, models  # noqa: E402,F401
+from . import datasets, engine, evaluation, models  # noqa: E402,F401
 
 __version__ = '0.1.0'

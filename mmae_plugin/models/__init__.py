@@ -1,9 +1,10 @@
 """MMPretrain components: algorithms and losses, registered in ``MODELS``."""
 from .algorithms import MMAE
+from .classifiers import KNNClassifier
 from .losses import FeatureRegularizer, TCRLoss, UniformityLoss
 from .utils import gather_features
 
 __all__ = [
-    'MMAE', 'FeatureRegularizer', 'TCRLoss', 'UniformityLoss',
+    'MMAE', 'KNNClassifier', 'FeatureRegularizer', 'TCRLoss', 'UniformityLoss',
     'gather_features'
 ]
