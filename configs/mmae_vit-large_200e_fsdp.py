@@ -1,0 +1,16 @@
+# M-MAE ViT-L/16, 200 epochs, sharded with PyTorch FSDP through MMEngine's
+# FlexibleRunner: the recipe of mmae_vit-large_200e.py (global batch 1024 =
+# 8 GPUs x 128, mu = 3), with parameters, gradients and optimizer states
+# sharded across GPUs. The wrap policy is mmpretrain's own ViT-L FSDP recipe
+# (mae/benchmarks/vit-large-p16_8xb128-fsdp-coslr-50e_in1k.py): every
+# submodule with at least 1e7 parameters gets its own FSDP unit.
+#   tools/dist_train.sh configs/mmae_vit-large_200e_fsdp.py 8
+_base_ = 'mmae_vit-large_200e.py'
+
+runner_type = 'FlexibleRunner'
+strategy = dict(
+    type='FSDPStrategy',
+    model_wrapper=dict(
+        auto_wrap_policy=dict(
+            type='torch.distributed.fsdp.wrap.size_based_auto_wrap_policy',
+            min_num_params=1e7)))
