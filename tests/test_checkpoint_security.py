@@ -1,0 +1,456 @@
+"""Crafted checkpoints through every load path and URL scheme run no code.
+
+Every loader mmengine 0.10.7 and mmpretrain 1.2.0 offer is tried with
+checkpoints whose unpickling would run code (``os.system``, ``exec``, a
+``pathlib`` write), and with a genuine mmengine checkpoint that must still
+load. URL schemes need no network: the file is put where torch's hub cache
+keeps the download (``$TORCH_HOME/hub/checkpoints/<file name>``), which the
+URL loaders read instead of downloading.
+"""
+import copyreg
+import os
+import pathlib
+import pickle
+import shutil
+from urllib.parse import urlparse
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.logging import HistoryBuffer, MessageHub
+from mmengine.model import BaseModel
+from mmengine.runner import CheckpointLoader, Runner, load_checkpoint
+from mmengine.runner import checkpoint as checkpoint_module
+from mmpretrain.registry import MODELS
+
+import mmae_plugin  # noqa: F401
+
+TINY_VIT = dict(
+    _scope_='mmpretrain', type='VisionTransformer',
+    arch=dict(embed_dims=16, num_layers=1, num_heads=2,
+              feedforward_channels=32),
+    img_size=8, patch_size=4, in_channels=1)
+CLASSIFIER = dict(
+    _scope_='mmpretrain', type='ImageClassifier', backbone=TINY_VIT,
+    neck=dict(type='GlobalAveragePooling'),
+    head=dict(type='LinearClsHead', num_classes=3, in_channels=16))
+
+
+# --------------------------------------------------------------------------
+# crafted and genuine checkpoints
+# --------------------------------------------------------------------------
+class SystemPayload:
+    """Unpickling this runs a shell command that creates the marker."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.marker}', ))
+
+
+class ExecPayload(SystemPayload):
+    """Unpickling this runs Python source that creates the marker."""
+
+    def __reduce__(self):
+        return (exec, (f'open({self.marker!r}, "w").close()', ))
+
+
+class PathPayload(SystemPayload):
+    """Unpickling this writes the marker through ``pathlib``."""
+
+    def __reduce__(self):
+        return (pathlib.Path(self.marker).write_text, ('pwned', ))
+
+
+PAYLOADS = {'os.system': SystemPayload, 'exec': ExecPayload,
+            'pathlib': PathPayload}
+
+
+def save_crafted(path, payload, marker):
+    """An mmengine-shaped checkpoint with the payload in its ``meta``."""
+    torch.save(dict(meta=dict(epoch=1, evil=PAYLOADS[payload](marker)),
+                    state_dict={}), path)
+
+
+class ToyModel(BaseModel):
+    """A real (tiny) mmengine model for Runner load_from/resume."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, inputs, labels=None, mode='tensor'):
+        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
+        out = self.linear(inputs)
+        if mode == 'loss':
+            labels = torch.stack(labels) if isinstance(labels, list) \
+                else labels
+            return dict(loss=((out.squeeze(1) - labels)**2).mean())
+        return out
+
+
+class ToyDataset(torch.utils.data.Dataset):
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        x = torch.tensor([float(index), 1.0])
+        return dict(inputs=x, labels=x.sum())
+
+
+def toy_runner(work_dir, max_epochs=1, **kwargs):
+    return Runner(
+        model=ToyModel(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=ToyDataset(), batch_size=2,
+                              sampler=dict(type='DefaultSampler',
+                                           shuffle=False),
+                              num_workers=0),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+        default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
+        log_level='WARNING', **kwargs)
+
+
+@pytest.fixture(scope='module')
+def genuine(tmp_path_factory):
+    """A checkpoint written by a real Runner (message hub, optimizer, meta)."""
+    work_dir = tmp_path_factory.mktemp('genuine')
+    runner = toy_runner(work_dir)
+    runner.train()
+    path = work_dir / 'epoch_1.pth'
+    assert path.is_file()
+    return path, {k: v.clone() for k, v in runner.model.state_dict().items()}
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """torch's hub cache, empty, in a temporary folder; no network."""
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    assert torch.hub._hub_dir is None, 'a test set torch.hub.set_dir'
+    folder = tmp_path / 'torch_home' / 'hub' / 'checkpoints'
+    folder.mkdir(parents=True)
+    return folder
+
+
+def cache_as(url, source, cache_folder):
+    """Put ``source`` where loading ``url`` finds it without downloading."""
+    shutil.copyfile(source, cache_folder / os.path.basename(
+        urlparse(url).path))
+
+
+def scheme_urls():
+    """One real name per URL scheme, and the URL mmengine maps it to."""
+    torchvision_urls = checkpoint_module.get_torchvision_models()
+    external = checkpoint_module.get_external_models()
+    openmmlab_name = next(k for k, v in external.items()
+                          if v.startswith('https://'))
+    mmcls_name, mmcls_url = next(
+        iter(checkpoint_module.get_mmcls_models().items()))
+    return {
+        'http://127.0.0.1:9/ckpt/http-model.pth':
+        'http://127.0.0.1:9/ckpt/http-model.pth',
+        'https://example.invalid/ckpt/https-model.pth':
+        'https://example.invalid/ckpt/https-model.pth',
+        'torchvision://resnet18': torchvision_urls['resnet18'],
+        'modelzoo://resnet18': torchvision_urls['resnet18'],
+        f'open-mmlab://{openmmlab_name}': external[openmmlab_name],
+        f'openmmlab://{openmmlab_name}': external[openmmlab_name],
+        f'mmcls://{mmcls_name}': mmcls_url,
+    }
+
+
+SCHEME_URLS = scheme_urls()
+URL = 'https://example.invalid/ckpt/model.pth'
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / 'PWNED'
+    yield path
+    assert not path.exists(), 'a crafted checkpoint ran code'
+
+
+def refused(call, marker):
+    """Run ``call``; it must raise a clear unpickling error and run nothing."""
+    with pytest.raises(pickle.UnpicklingError, match='weights_only|global'):
+        call()
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------
+# every load path
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize('payload', PAYLOADS)
+def test_local_loads_refuse_crafted(tmp_path, marker, payload):
+    path = tmp_path / 'evil.pth'
+    save_crafted(path, payload, marker)
+    refused(lambda: torch.load(path), marker)
+    refused(lambda: load_checkpoint(ToyModel(), str(path)), marker)
+    refused(lambda: CheckpointLoader.load_checkpoint(str(path)), marker)
+
+
+def test_local_loads_refuse_crafted_despite_torch_opt_out(
+        tmp_path, marker, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD does not reach mmengine's loaders."""
+    path = tmp_path / 'evil.pth'
+    save_crafted(path, 'os.system', marker)
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    refused(lambda: load_checkpoint(ToyModel(), str(path)), marker)
+
+
+@pytest.mark.parametrize('payload', PAYLOADS)
+@pytest.mark.parametrize('scheme', SCHEME_URLS)
+def test_url_schemes_refuse_crafted(tmp_path, hub_cache, marker, scheme,
+                                    payload):
+    path = tmp_path / 'evil.pth'
+    save_crafted(path, payload, marker)
+    cache_as(SCHEME_URLS[scheme], path, hub_cache)
+    refused(lambda: CheckpointLoader.load_checkpoint(scheme), marker)
+    refused(lambda: load_checkpoint(ToyModel(), scheme), marker)
+
+
+@pytest.mark.parametrize('scheme', SCHEME_URLS)
+def test_url_schemes_load_genuine(hub_cache, genuine, scheme):
+    path, state = genuine
+    cache_as(SCHEME_URLS[scheme], path, hub_cache)
+    checkpoint = CheckpointLoader.load_checkpoint(scheme)
+    if scheme.startswith('mmcls://'):
+        # mmengine keeps only ``backbone.*`` weights; the toy model has none.
+        assert checkpoint == dict(state_dict={})
+        return
+    assert checkpoint['meta']['epoch'] == 1
+    assert isinstance(checkpoint['message_hub']['log_scalars']['train/loss'],
+                      HistoryBuffer)
+    for key, value in state.items():
+        assert torch.equal(checkpoint['state_dict'][key], value)
+
+
+def test_open_mmlab_local_name_refuses_crafted(tmp_path, marker, monkeypatch):
+    """``open-mmlab://`` names mapped to files under $MMENGINE_HOME."""
+    home = tmp_path / 'mmengine_home'
+    home.mkdir()
+    (home / 'open_mmlab.json').write_text('{"mmae_local": "local.pth"}')
+    monkeypatch.setenv('MMENGINE_HOME', str(home))
+    save_crafted(home / 'local.pth', 'os.system', marker)
+    refused(lambda: CheckpointLoader.load_checkpoint(
+        'open-mmlab://mmae_local'), marker)
+
+
+@pytest.mark.parametrize('where', ['local', 'url'])
+def test_runner_load_from_and_resume_refuse_crafted(
+        tmp_path, hub_cache, marker, where):
+    path = tmp_path / 'evil.pth'
+    save_crafted(path, 'os.system', marker)
+    cache_as(URL, path, hub_cache)
+    source = str(path) if where == 'local' else URL
+    for resume in (False, True):
+        runner = toy_runner(tmp_path / f'work_{resume}', load_from=source,
+                            resume=resume)
+        refused(runner.load_or_resume, marker)
+
+
+def test_runner_resumes_genuine_from_url(tmp_path, hub_cache, genuine):
+    path, state = genuine
+    cache_as(URL, path, hub_cache)
+    runner = toy_runner(tmp_path / 'work', max_epochs=2, load_from=URL,
+                        resume=True)
+    runner.train()
+    assert runner.epoch == 2
+    loaded = toy_runner(tmp_path / 'work_load', load_from=URL)
+    loaded.load_or_resume()
+    for key, value in state.items():
+        assert torch.equal(loaded.model.state_dict()[key], value)
+
+
+@pytest.mark.parametrize('where', ['local', 'url'])
+def test_pretrained_init_cfg(tmp_path, hub_cache, marker, where):
+    model = MODELS.build(CLASSIFIER)
+    genuine_path = tmp_path / 'genuine.pth'
+    torch.save(dict(state_dict=model.backbone.state_dict(), meta={}),
+               genuine_path)
+    evil_path = tmp_path / 'evil.pth'
+    save_crafted(evil_path, 'exec', marker)
+    sources = {}
+    for name, path in (('genuine', genuine_path), ('evil', evil_path)):
+        url = f'https://example.invalid/{name}.pth'
+        cache_as(url, path, hub_cache)
+        sources[name] = str(path) if where == 'local' else url
+
+    def backbone_from(source):
+        return MODELS.build(dict(TINY_VIT, init_cfg=dict(
+            type='Pretrained', checkpoint=source)))
+
+    refused(backbone_from(sources['evil']).init_weights, marker)
+    backbone = backbone_from(sources['genuine'])
+    backbone.init_weights()
+    for key, value in model.backbone.state_dict().items():
+        assert torch.equal(backbone.state_dict()[key], value), key
+
+
+def test_mmpretrain_get_model(tmp_path, hub_cache, marker):
+    from mmpretrain import get_model
+    cfg = Config(dict(model=CLASSIFIER))
+    model = MODELS.build(CLASSIFIER)
+    torch.save(dict(state_dict=model.state_dict()), tmp_path / 'ok.pth')
+    save_crafted(tmp_path / 'evil.pth', 'pathlib', marker)
+    for name in ('ok', 'evil'):
+        cache_as(f'https://example.invalid/{name}.pth',
+                 tmp_path / f'{name}.pth', hub_cache)
+    for evil in (str(tmp_path / 'evil.pth'),
+                 'https://example.invalid/evil.pth'):
+        refused(lambda: get_model(cfg, pretrained=evil), marker)
+    for ok in (str(tmp_path / 'ok.pth'), 'https://example.invalid/ok.pth'):
+        loaded = get_model(cfg, pretrained=ok)
+        for key, value in model.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_mmpretrain_model_zoo_name_with_pretrained_true(
+        tmp_path, hub_cache, marker):
+    """``get_model(name, pretrained=True)`` downloads the zoo's weights URL."""
+    from mmpretrain import get_model
+    from mmpretrain.apis import ModelHub
+    name = 'resnet18_8xb32_in1k'
+    save_crafted(tmp_path / 'evil.pth', 'os.system', marker)
+    cache_as(ModelHub.get(name).weights, tmp_path / 'evil.pth', hub_cache)
+    refused(lambda: get_model(name, pretrained=True), marker)
+
+
+# --------------------------------------------------------------------------
+# the restricted getattr and HistoryBuffer's class-level state
+# --------------------------------------------------------------------------
+class CraftedHistoryBuffer:
+    """Pickles as a HistoryBuffer whose state the test chooses."""
+
+    def __init__(self, statistics, **extra):
+        buffer = HistoryBuffer([1.0, 4.0], [1, 1])
+        self.state = dict(vars(buffer), statistics_methods=statistics,
+                          **extra)
+
+    @property
+    def __class__(self):  # pickle checks it against __newobj__'s class
+        return HistoryBuffer
+
+    def __reduce__(self):
+        return (copyreg.__newobj__, (HistoryBuffer, ), self.state)
+
+
+class GetattrPayload:
+    """Asks the checkpoint ``getattr`` for ``owner.name``."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return (getattr, (self.owner, self.name))
+
+
+def save_hub_with(path, buffer):
+    torch.save(dict(meta={}, state_dict={}, message_hub=dict(
+        log_scalars={'train/loss': buffer}, runtime_info={},
+        resumed_keys={})), path)
+
+
+@pytest.fixture
+def statistics_snapshot():
+    HistoryBuffer()  # the built-in four exist in any process that logs
+    before = dict(HistoryBuffer._statistics_methods)
+    yield before
+    changed = dict(HistoryBuffer._statistics_methods)
+    HistoryBuffer._statistics_methods.clear()
+    HistoryBuffer._statistics_methods.update(before)
+    assert changed == before, 'a checkpoint changed HistoryBuffer statistics'
+
+
+@pytest.mark.parametrize('name', ['__init__', '__class__', '__subclasses__'])
+def test_checkpoint_cannot_widen_restricted_getattr(tmp_path, name,
+                                                    statistics_snapshot):
+    widen = tmp_path / 'widen.pth'
+    save_hub_with(widen, CraftedHistoryBuffer(
+        {name: HistoryBuffer.min, 'mean': HistoryBuffer.mean}))
+    with pytest.raises(pickle.UnpicklingError, match=repr(name)):
+        torch.load(widen)  # rejected, and changes nothing
+    assert name not in HistoryBuffer._statistics_methods
+    fetch = tmp_path / 'fetch.pth'
+    torch.save({'x': GetattrPayload(HistoryBuffer, name)}, fetch)
+    with pytest.raises(pickle.UnpicklingError, match='getattr'):
+        torch.load(fetch)
+
+
+def test_checkpoint_cannot_redefine_mean(tmp_path, statistics_snapshot):
+    path = tmp_path / 'mean_is_min.pth'
+    save_hub_with(path, CraftedHistoryBuffer({'mean': HistoryBuffer.min}))
+    with pytest.raises(pickle.UnpicklingError, match="'mean'"):
+        load_checkpoint(ToyModel(), str(path))
+    assert HistoryBuffer._statistics_methods['mean'] is HistoryBuffer.mean
+    assert HistoryBuffer([1.0, 4.0], [1, 1]).statistics('mean') == 2.5
+
+
+def test_checkpoint_cannot_set_history_buffer_internals(
+        tmp_path, statistics_snapshot):
+    path = tmp_path / 'shadow.pth'
+    save_hub_with(path, CraftedHistoryBuffer(
+        {}, _statistics_methods={'mean': HistoryBuffer.min}))
+    with pytest.raises(pickle.UnpicklingError, match='_statistics_methods'):
+        torch.load(path)
+
+
+def test_loaded_history_buffer_is_plain_and_changes_no_class_state(
+        tmp_path, genuine, statistics_snapshot):
+    path, _ = genuine
+    checkpoint = torch.load(path)
+    buffer = checkpoint['message_hub']['log_scalars']['train/loss']
+    assert type(buffer) is HistoryBuffer
+    assert 'statistics_methods' not in vars(buffer)
+    hub = MessageHub.get_instance('security-test')
+    hub.load_state_dict(checkpoint['message_hub'])
+    assert hub.get_scalar('train/loss').mean() == buffer.mean()
+    assert dict(HistoryBuffer._statistics_methods) == statistics_snapshot
+
+
+def median_of_window(self, window_size=None):
+    """A statistic user code registers (module level, picklable by path)."""
+    import numpy as np
+    return np.median(self._log_history[-(window_size or 0):])
+
+
+class Statistics:
+
+    @staticmethod
+    def spread(self):
+        return self._log_history.max() - self._log_history.min()
+
+
+def test_statistics_registered_by_code_keep_checkpoints_loadable(
+        tmp_path, statistics_snapshot):
+    for method in (median_of_window, Statistics.spread):
+        HistoryBuffer.register_statistics(method)
+    hub = MessageHub.get_instance('registered-stat-test')
+    for value in (1.0, 2.0, 9.0):
+        hub.update_scalar('train/loss', value)
+    path = tmp_path / 'ckpt.pth'
+    torch.save(dict(message_hub=hub.state_dict()), path)
+    loaded = torch.load(path)['message_hub']['log_scalars']['train/loss']
+    assert loaded.statistics('median_of_window') == 2.0
+    assert loaded.statistics('spread') == 8.0
+    # The stand-ins cannot be called from a checkpoint.
+    evil = tmp_path / 'call.pth'
+    torch.save({'x': GetattrPayload(Statistics, 'spread')}, evil)
+    stand_in = torch.load(evil)['x']
+    assert stand_in is not Statistics.spread and not callable(stand_in)
+    # Remove them again (the snapshot fixture checks the class state).
+    for name in ('median_of_window', 'spread'):
+        del HistoryBuffer._statistics_methods[name]
+        statistics_snapshot.pop(name, None)
+
+
+def test_statistic_registered_by_a_checkpoint_is_refused(
+        tmp_path, statistics_snapshot):
+    """A name this process did not register cannot come from a checkpoint."""
+    path = tmp_path / 'new_stat.pth'
+    save_hub_with(path, CraftedHistoryBuffer({'total': HistoryBuffer.max}))
+    with pytest.raises(pickle.UnpicklingError, match="'total'"):
+        torch.load(path)
+    assert 'total' not in HistoryBuffer._statistics_methods
