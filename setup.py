@@ -1,35 +1,116 @@
-"""mmae-plugin: matrix information theory for MMPretrain self-supervision."""
-from setuptools import find_packages, setup
+"""mmae-plugin: matrix information theory for MMPretrain self-supervision.
 
-# Exact pins: this stack is what the plugin is tested on (see README for
-# using full mmcv on GPU machines instead of mmcv-lite).
+Requirements are compatible ranges (oldest tested version up to the next
+major), so the plugin installs next to an existing OpenMMLab stack without
+replacing its torch or its mmcv; the exact versions the test suite runs on
+are in constraints.txt (``pip install -c constraints.txt ...``, as
+tools/setup_env.sh does).
+
+Like mmpretrain, the package carries its configs, tools and model index
+under ``mmae_plugin/.mim/`` (what ``mim`` and a non-editable install use):
+symbolic links into the repository for an editable install, copies in a
+wheel.
+"""
+import os
+import os.path as osp
+import shutil
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+ROOT = osp.dirname(osp.abspath(__file__))
+MIM_DIR = osp.join('mmae_plugin', '.mim')
+# What the `.mim` folder holds: repository paths, shipped as they are.
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
+MIM_IGNORE = shutil.ignore_patterns('__pycache__', '*.pyc', 'work_dirs')
+
 INSTALL_REQUIRES = [
-    'torch==2.14.1',
-    'torchvision==0.29.1',
-    'mmengine==0.10.7',
-    'mmcv-lite==2.2.0',
-    'mmpretrain==1.2.0',
-    'timm==1.0.31',
-    # mmengine 0.10.7 resolves `mmpretrain::` bases through pkg_resources.
+    'torch>=2.13,<3',
+    'torchvision>=0.28,<1',
+    'mmengine>=0.10.7,<1',
+    'mmpretrain>=1.2.0,<2',
+    # mmengine 0.10.7 resolves `mmpretrain::` bases through pkg_resources,
+    # which setuptools 82 removed.
     'setuptools<82',
+    # mmcv is left out on purpose, as in mmpretrain: full mmcv (with CUDA
+    # ops) or mmcv-lite both work; `[lite]` installs the latter.
 ]
 EXTRAS_REQUIRE = {
-    # tests read TensorBoard event files written by MatrixInfoHook runs.
-    'tests': ['pytest==9.2.0', 'scipy==1.17.1', 'tensorboard==2.21.0'],
-    'analysis': ['matplotlib==3.11.2', 'tensorboard==2.21.0'],
+    'lite': ['mmcv-lite>=2.2.0,<2.4'],  # mmpretrain 1.2 wants mmcv < 2.4
+    # tests read TensorBoard event files written by MatrixInfoHook runs and
+    # check the checkpoint converter against timm's ViT.
+    'tests': ['pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
+              'timm>=1.0.31,<2'],
+    'analysis': ['matplotlib>=3.11,<4', 'tensorboard>=2.21,<3'],
 }
 EXTRAS_REQUIRE['all'] = sorted(
     {req for reqs in EXTRAS_REQUIRE.values() for req in reqs})
+
+
+def _remove(path: str) -> None:
+    if osp.islink(path) or osp.isfile(path):
+        os.remove(path)
+    elif osp.isdir(path):
+        shutil.rmtree(path)
+
+
+def link_mim_items() -> None:
+    """Point ``mmae_plugin/.mim/*`` at the repository (editable installs)."""
+    mim_dir = osp.join(ROOT, MIM_DIR)
+    os.makedirs(mim_dir, exist_ok=True)
+    for item in MIM_ITEMS:
+        target = osp.join(ROOT, item)
+        link = osp.join(mim_dir, item)
+        if not osp.exists(target):
+            continue
+        relative = osp.relpath(target, mim_dir)
+        if osp.islink(link) and os.readlink(link) == relative:
+            continue
+        _remove(link)
+        os.symlink(relative, link)
+
+
+def copy_mim_items(package_dir: str) -> None:
+    """Copy configs, tools and the model index into a built package."""
+    mim_dir = osp.join(package_dir, '.mim')
+    os.makedirs(mim_dir, exist_ok=True)
+    for item in MIM_ITEMS:
+        source = osp.join(ROOT, item)
+        dest = osp.join(mim_dir, item)
+        _remove(dest)
+        if osp.isdir(source):
+            shutil.copytree(source, dest, ignore=MIM_IGNORE)
+        elif osp.isfile(source):
+            shutil.copy2(source, dest)
+
+
+class BuildPyWithMim(build_py):
+    """``build_py`` that also lays out ``mmae_plugin/.mim``."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, 'editable_mode', False):
+            link_mim_items()
+        else:
+            copy_mim_items(osp.join(self.build_lib, 'mmae_plugin'))
+
 
 setup(
     name='mmae-plugin',
     version='0.1.0',
     description='M-MAE, U-MAE and matrix-information tools for MMPretrain',
-    long_description=open('README.md', encoding='utf-8').read(),
+    long_description=open(osp.join(ROOT, 'README.md'), encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mmae_plugin', 'mmae_plugin.*']),
-    python_requires='>=3.9',
+    cmdclass={'build_py': BuildPyWithMim},
+    python_requires='>=3.11',
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     license='Apache-2.0',
+    license_files=['LICENSE'],
+    classifiers=[
+        'Programming Language :: Python :: 3',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+    ],
+    zip_safe=False,
 )

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Set up everything mmae-plugin needs on a fresh machine, idempotently:
-#   1. a virtual environment in <repo>/.venv with the pinned packages of
-#      setup.py (re-installed whenever setup.py changes);
+#   1. a virtual environment in <repo>/.venv with the plugin (editable) and
+#      the exact tested versions of constraints.txt: torch, torchvision,
+#      mmengine, mmcv-lite, mmpretrain, and the test / analysis extras
+#      (re-installed whenever setup.py or constraints.txt changes);
 #   2. Fashion-MNIST in /usr/share/datasets/fashion-mnist (Debian package
 #      dataset-fashion-mnist) unless FMNIST_ROOT points at the IDX files.
+# A first run downloads several GB (torch with its CUDA libraries; about 6 GB
+# installed); pip prints each package as it goes. A re-run with nothing changed takes a
+# second; after a change it keeps every installed package that already
+# matches, so the environment stays usable while it runs.
 # Usage: bash tools/setup_env.sh
 set -euo pipefail
 
@@ -20,12 +26,17 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 stamp="$VENV/.mmae-plugin-setup"
-want="$(sha256sum "$ROOT/setup.py" | cut -d' ' -f1)"
+want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "installing pinned packages (torch, mmengine, mmpretrain, ...)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip 'setuptools<82' wheel
-  "$VENV/bin/python" -m pip install -q --no-build-isolation -e "$ROOT[all]"
+  log "installing mmae-plugin[all] (editable) with the pinned versions of constraints.txt:"
+  grep -E '^(torch|torchvision|mmengine|mmcv-lite|mmpretrain|timm)==' \
+    "$ROOT/constraints.txt" | sed 's/^/[setup]   /'
+  "$VENV/bin/python" -m pip install --progress-bar on -c "$ROOT/constraints.txt" \
+    --upgrade pip setuptools wheel
+  "$VENV/bin/python" -m pip install --progress-bar on -c "$ROOT/constraints.txt" \
+    --no-build-isolation -e "$ROOT[all]"
   echo "$want" > "$stamp"
+  log "virtual environment ready"
 else
   log "virtual environment up to date"
 fi
