@@ -1,0 +1,101 @@
+"""The built wheel carries configs and tools and runs outside the repository.
+
+The wheel is built from a copy of the working tree, installed with
+``--no-deps`` into a fresh virtual environment layered on this one (its
+site-packages come after the new environment's own, so the wheel's
+``mmae_plugin`` shadows the editable one), and a Fashion-MNIST config is
+trained from the installed copy in a folder outside the repository.
+"""
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import pytest
+
+COPIED = ('setup.py', 'README.md', 'LICENSE', 'MANIFEST.in',
+          'model-index.yml', 'mmae_plugin', 'configs', 'tools')
+IGNORED = shutil.ignore_patterns('__pycache__', '*.pyc', '.mim', 'work_dirs')
+
+
+def run(args, **kwargs):
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                          **kwargs)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def tracked_files(repo_root, *paths):
+    out = run(['git', 'ls-files', '--', *paths], cwd=repo_root).stdout
+    return [path for path in out.splitlines()
+            if osp.exists(osp.join(repo_root, path))]
+
+
+@pytest.fixture(scope='module')
+def wheel(repo_root, tmp_path_factory):
+    source = tmp_path_factory.mktemp('source')
+    for item in COPIED:
+        path = osp.join(repo_root, item)
+        if osp.isdir(path):
+            shutil.copytree(path, source / item, ignore=IGNORED)
+        elif osp.isfile(path):
+            shutil.copy2(path, source / item)
+    dist = tmp_path_factory.mktemp('dist')
+    run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+         '--no-build-isolation', '-w', str(dist), str(source)])
+    (wheel_path, ) = dist.glob('mmae_plugin-*.whl')
+    return wheel_path
+
+
+def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    shipped = tracked_files(repo_root, 'configs', 'tools', 'model-index.yml')
+    assert 'configs/mmae_vit-base_200e.py' in shipped
+    missing = [p for p in shipped if f'mmae_plugin/.mim/{p}' not in names]
+    assert not missing, missing
+    assert not [n for n in names if '__pycache__' in n]
+    metadata = next(n for n in names if n.endswith('.dist-info/METADATA'))
+    with zipfile.ZipFile(wheel) as archive:
+        requires = [line for line in archive.read(metadata).decode().splitlines()
+                    if line.startswith('Requires-Dist:')]
+    # Ranges, never pins; mmcv only through the optional [lite] extra.
+    assert not [r for r in requires if '==' in r.split(';')[0]], requires
+    assert {r.split(';')[1].strip() for r in requires if 'mmcv' in r} == {
+        'extra == "lite"', 'extra == "all"'}
+
+
+def test_installed_wheel_trains_a_config_outside_the_repo(
+        repo_root, wheel, tmp_path):
+    venv = tmp_path / 'venv'
+    run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
+    python = str(venv / 'bin' / 'python')
+    site = run([python, '-c', 'import sysconfig; '
+                'print(sysconfig.get_paths()["purelib"])']).stdout.strip()
+    # Layer this environment (torch, mmpretrain, pip, ...) under the new one.
+    with open(osp.join(site, 'project_env.pth'), 'w') as f:
+        f.write(sysconfig.get_paths()['purelib'] + '\n')
+    outside = tmp_path / 'elsewhere'
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    run([python, '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)],
+        cwd=outside, env=env)
+    mim = osp.join(site, 'mmae_plugin', '.mim')
+    located = run([python, '-c', 'import mmae_plugin; print(mmae_plugin.__file__)'],
+                  cwd=outside, env=env).stdout.strip()
+    assert located == osp.join(site, 'mmae_plugin', '__init__.py')
+    assert not osp.islink(osp.join(mim, 'configs'))
+    run([
+        python,
+        osp.join(mim, 'tools', 'train.py'),
+        osp.join(mim, 'configs', 'fashion_mnist', 'mmae_fmnist.py'),
+        '--work-dir', 'run', '--cfg-options',
+        'train_dataloader.dataset.indices=32', 'train_dataloader.batch_size=16',
+        'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False', 'train_cfg.max_epochs=1'
+    ], cwd=outside, env=env)
+    assert (outside / 'run' / 'epoch_1.pth').is_file()
+    assert not str(outside).startswith(repo_root)
