@@ -18,6 +18,7 @@ from typing import Dict, List
 import torch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
@@ -36,6 +37,7 @@ CASES = {
 
 
 def build_trainable(config_path: str, seed: int = 0):
+    init_default_scope('mmpretrain')  # the configs name mmpretrain types
     cfg = Config.fromfile(config_path)
     torch.manual_seed(seed)
     model = MODELS.build(cfg.model)

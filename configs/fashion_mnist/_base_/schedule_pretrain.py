@@ -1,6 +1,10 @@
 # AdamW with MAE's parameter-wise decay rules; short cosine schedule.
+# MergedGroupsOptimWrapperConstructor: mmengine's constructor, then the 84
+# one-tensor parameter groups it makes here merged into the 2 distinct ones
+# (decay / no decay); exact under every param scheduler.
 optim_wrapper = dict(
     type='OptimWrapper',
+    constructor='MergedGroupsOptimWrapperConstructor',
     optimizer=dict(
         type='AdamW', lr=1.5e-4 * 256 / 256 * 10, betas=(0.9, 0.95),
         weight_decay=0.05),
