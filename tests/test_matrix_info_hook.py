@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
@@ -18,8 +19,10 @@ from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401  (registers datasets, models, fixes)
 import mmae_plugin.engine  # noqa: F401  (registers MatrixInfoHook)
-from mmae_plugin.engine.hooks.matrix_info_hook import (MatrixInfoHook,
-                                                       two_branch_quantities)
+from mmae_plugin.engine.hooks.matrix_info_hook import (
+    FALLBACK_TCR, MatrixInfoHook, one_branch_quantities, two_branch_quantities)
+from mmae_plugin.matrix_info import (effective_rank, matrix_entropy,
+                                     normalized_covariance, rankme)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = os.path.join(REPO, 'configs', 'fashion_mnist')
@@ -174,19 +177,175 @@ def test_hook_records_the_same_features_as_the_loss(tmp_path):
     hook.after_run(runner)
 
 
-def test_hook_rejects_bad_arguments():
-    with pytest.raises(ValueError, match='interval must be a positive'):
-        MatrixInfoHook(interval=0)
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        MatrixInfoHook(kernel='cosine')
-    with pytest.raises(ValueError, match='cpu_threads must be a positive'):
-        MatrixInfoHook(cpu_threads=0)
-    with pytest.raises(ValueError, match='unknown branch key'):
-        MatrixInfoHook(branches=[dict(module='neck', view=1)])
+BAD_ARGUMENTS = [
+    # (keyword arguments, error type, words the message must contain)
+    (dict(interval=0), ValueError, ['interval', '>= 1', '0']),
+    (dict(interval=True), TypeError, ['interval', 'integer', 'True']),
+    (dict(interval=2.0), TypeError, ['interval', 'integer', '2.0']),
+    (dict(kernel='cosine'), ValueError, ['kernel', 'covariance', 'cosine']),
+    (dict(alpha=1e308), ValueError, ['alpha', '<= 50', '1e+308']),
+    (dict(alpha=0), ValueError, ['alpha', '> 0', '0']),
+    (dict(alpha=float('nan')), ValueError, ['alpha', 'finite', 'nan']),
+    (dict(alpha=True), TypeError, ['alpha', 'real number', 'True']),
+    (dict(alpha='2'), TypeError, ['alpha', 'real number', "'2'"]),
+    (dict(pool='max'), ValueError, ['pool', 'cls', 'max']),
+    (dict(tcr='logdet'), ValueError, ['tcr', 'objective', 'logdet']),
+    (dict(mu=2.0), ValueError, ['objective', 'mu=2.0', "tcr='paper'"]),
+    (dict(centering=True), ValueError, ['objective', 'centering=True']),
+    (dict(tcr='paper', mu=True), TypeError, ['mu', 'real number', 'True']),
+    (dict(tcr='paper', mu=-1.0), ValueError, ['mu', '> 0', '-1.0']),
+    (dict(tcr='paper', mu=float('inf')), ValueError, ['mu', 'finite']),
+    (dict(tcr='reference', centering='no'), TypeError,
+     ['centering', 'True or False', "'no'"]),
+    (dict(prefix=None), TypeError, ['prefix', 'non-empty string', 'None']),
+    (dict(prefix=''), TypeError, ['prefix', 'non-empty string']),
+    (dict(cpu_threads=0), ValueError, ['cpu_threads', '>= 1', '0']),
+    (dict(cpu_threads=True), TypeError, ['cpu_threads', 'integer']),
+    (dict(branches=[]), ValueError, ['branches', '1 or 2']),
+    (dict(branches=dict(module='neck')), ValueError, ['branches', 'list']),
+    (dict(branches=[dict(module='neck', view=1)]), ValueError,
+     ['unknown branch key', 'view']),
+    (dict(branches=[dict(module='neck', call=True)]), TypeError,
+     ['branch call', 'integer', 'True']),
+    (dict(branches=[dict(module='neck', call=-1)]), ValueError,
+     ['branch call', '>= 0']),
+    (dict(branches=[dict(module='neck', tap='grad')]), ValueError,
+     ['branch tap', 'input', 'grad']),
+    (dict(branches=[dict(module=3)]), TypeError, ['branch module', '3']),
+]
+
+
+@pytest.mark.parametrize('kwargs,error,words', BAD_ARGUMENTS,
+                         ids=[repr(row[0]) for row in BAD_ARGUMENTS])
+def test_hook_rejects_bad_arguments(kwargs, error, words):
+    with pytest.raises(error) as info:
+        MatrixInfoHook(**kwargs)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_branches_of_different_shapes_are_refused():
     with pytest.raises(ValueError, match='the two branches must have the '
                        'same shape'):
         two_branch_quantities(torch.randn(8, 4), torch.randn(8, 5),
                               'covariance', 1.0)
+
+
+# --------------------------------------------------------------------------
+# one-branch quantities against float64 numpy
+# --------------------------------------------------------------------------
+def numpy_one_branch(z, kernel, alpha, form, mu, centering):
+    """Independent float64 numpy version of the one-branch quantities."""
+    z = np.asarray(z, dtype=np.float64)
+    if kernel == 'covariance':
+        zb = (z - z.mean(0)) / z.std(0)  # biased variance, as BatchNorm
+        matrix = zb.T @ zb / z.shape[0]
+    else:
+        zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+        matrix = zn @ zn.T
+    lam = np.clip(np.linalg.eigvalsh(matrix), 0, None)
+    p = lam / lam.sum()
+    p = p[p > 1e-15]
+    shannon = -(p * np.log(p)).sum()
+    renyi = shannon if alpha == 1 else np.log((p**alpha).sum()) / (1 - alpha)
+    s = np.linalg.svd(z, compute_uv=False)
+    q = s / s.sum() + 1e-7
+    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+    if centering:
+        zn = zn - zn.mean(0)
+    d = z.shape[1]
+    if form == 'paper':
+        tcr = np.linalg.slogdet(mu * np.eye(d) + zn.T @ zn)[1]
+    else:
+        tcr = np.linalg.slogdet(np.eye(d) + (mu / d) * zn.T @ zn)[1]
+    return dict(entropy=renyi, erank=np.exp(shannon),
+                rankme=np.exp(-(q * np.log(q)).sum()), tcr=tcr)
+
+
+@pytest.mark.parametrize('kernel,alpha,form,mu,centering', [
+    ('covariance', 1.0, 'reference', 1.0, False),
+    ('covariance', 2.0, 'paper', 1.0, False),
+    ('gram', 1.0, 'reference', 3.0, True),
+    ('gram', 0.5, 'paper', 0.1, True),
+])
+def test_one_branch_quantities_match_numpy(kernel, alpha, form, mu,
+                                           centering):
+    torch.manual_seed(0)
+    z = torch.randn(48, 16) @ torch.randn(16, 32) + 0.3  # rank 16 of 32
+    values = one_branch_quantities(
+        z, kernel, alpha, dict(form=form, mu=mu, centering=centering))
+    expected = numpy_one_branch(z.numpy(), kernel, alpha, form, mu,
+                                centering)
+    for name, value in expected.items():
+        assert float(values[name]) == pytest.approx(value, rel=1e-10), name
+
+
+def test_erank_is_the_papers_effective_rank_not_rankme():
+    """erank = exp(matrix entropy) of the unit-diagonal kernel (Def. 6)."""
+    torch.manual_seed(1)
+    z = torch.randn(64, 24) * torch.linspace(0.1, 3, 24)
+    values = one_branch_quantities(z, 'covariance', 1.0, FALLBACK_TCR)
+    dense = normalized_covariance(z)
+    assert float(values['erank']) == pytest.approx(
+        float(effective_rank(dense)), rel=1e-10)
+    assert float(values['erank']) == pytest.approx(
+        math.exp(float(matrix_entropy(dense))), rel=1e-12)
+    # The raw-feature spectrum measure (the old 'erank') is another number.
+    assert abs(float(values['erank']) - float(effective_rank(z))) > 0.1
+    assert float(values['rankme']) == pytest.approx(float(rankme(z)))
+
+
+@pytest.mark.parametrize('regularizer', [
+    dict(mu=1.0, form='reference', centering=False),
+    dict(mu=3.0, form='paper', centering=True)])
+def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path,
+                                                       regularizer):
+    cfg = shrink_for_test(
+        Config.fromfile(os.path.join(FMNIST, 'mmae_fmnist.py')),
+        str(tmp_path), batch=8, iters=1)
+    cfg.model.regularizer.update(regularizer)
+    runner = Runner.from_cfg(cfg)
+    hook = next(h for h in runner.hooks if isinstance(h, MatrixInfoHook))
+    hook.before_run(runner)
+    assert hook.branches == [dict(module='regularizer', call=0,
+                                  tap='input', rows='all', pool='cls')]
+    model = runner.model
+    data = model.data_preprocessor(next(iter(runner.train_dataloader)),
+                                   training=True)
+    hook._armed = True
+    with torch.no_grad():
+        losses = model.loss(**data)
+    (z, ) = hook._branch_embeddings()
+    values = hook.compute([z])
+    # The tapped features are the ones the loss term was computed on ...
+    assert torch.equal(model.regularizer(z), losses['loss_tcr'])
+    # ... and the logged tcr is the coding rate that term maximises.
+    zn = torch.nn.functional.normalize(z.double(), dim=1)
+    assert float(values['tcr']) == pytest.approx(
+        -float(model.regularizer.value(zn)), rel=1e-12)
+    expected = numpy_one_branch(z.numpy(), 'covariance', 1.0,
+                                regularizer['form'], regularizer['mu'],
+                                regularizer['centering'])['tcr']
+    assert float(values['tcr']) == pytest.approx(expected, rel=1e-10)
+    # The paper form with its own mu is an option.
+    paper = MatrixInfoHook(tcr='paper', mu=2.0)
+    paper.before_run(runner)
+    assert paper._tcr == dict(form='paper', mu=2.0, centering=False)
+    paper.after_run(runner)
+    hook.after_run(runner)
+
+
+def test_model_without_tcr_loss_logs_the_published_objective(tmp_path):
+    cfg = shrink_for_test(
+        Config.fromfile(os.path.join(FMNIST, 'mae_fmnist.py')),
+        str(tmp_path), batch=8, iters=1)
+    runner = Runner.from_cfg(cfg)
+    hook = next(h for h in runner.hooks if isinstance(h, MatrixInfoHook))
+    hook.before_run(runner)
+    assert hook._tcr == FALLBACK_TCR == dict(form='reference', mu=1.0,
+                                             centering=False)
+    assert hook.branches[0]['module'] == 'backbone'
+    hook.after_run(runner)
 
 
 # --------------------------------------------------------------------------

@@ -13,9 +13,11 @@ features are then gathered over ranks and the quantities computed in float64
 under ``torch.no_grad()`` with autocast disabled.
 """
 import logging
+import math
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from mmengine.dist import all_gather, get_world_size
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
@@ -23,17 +25,29 @@ from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
 from torch import Tensor, nn
 
-from mmae_plugin.matrix_info import (effective_rank, matrix_entropy,
+from mmae_plugin.matrix_info import (matrix_entropy,
                                      matrix_joint_entropy,
                                      matrix_js_divergence,
                                      matrix_mutual_information,
                                      normalized_covariance, normalized_gram,
                                      rankme, spectrum_js_divergence,
                                      total_coding_rate)
+from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
+                                                check_int, check_real)
 
 KERNELS = {'covariance': normalized_covariance, 'gram': normalized_gram}
 ROWS = ('all', 'even', 'odd')
 POOLS = ('cls', 'mean')
+TAPS = ('output', 'input')
+TCR_CHOICES = ('objective', 'reference', 'paper')
+#: Largest Renyi order: beyond it ``p ** alpha`` underflows float64 for the
+#: smallest top eigenvalue a d x d matrix can have (``p_max >= 1/d``) once
+#: ``alpha log d > 745``, i.e. for d above 3e6 at alpha 50; the entropy is
+#: then within ``log(d) / (alpha - 1)`` of its limit ``-log p_max``.
+MAX_ALPHA = 50.0
+#: What ``tcr='objective'`` logs for a model without a ``TCRLoss``: the
+#: published M-MAE objective (reference form, ViT-B's mu).
+FALLBACK_TCR = dict(form='reference', mu=1.0, centering=False)
 
 
 def default_branches(model: nn.Module, pool: str) -> List[dict]:
@@ -53,11 +67,16 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
       ``dict(module='head.predictor', call=0)``.
     * ``MAE`` and its subclasses (the plugin's ``MMAE``) have one branch, the
       masked encoder pass (``backbone`` output), pooled to one vector per
-      image.
+      image. A model with a ``regularizer`` submodule (``MMAE`` with
+      ``TCRLoss`` or ``UniformityLoss``) and ``pool=None`` instead taps that
+      regulariser's input: exactly the features its loss term sees (the
+      pooling and any extra norm the model applies before it).
 
     Args:
         model: The unwrapped algorithm.
-        pool: Pooling of token outputs, ``'cls'`` or ``'mean'``.
+        pool: Pooling of token outputs, ``'cls'`` or ``'mean'``, or
+            ``None`` to follow the model (its regulariser's input, else
+            ``MMAE.feature``, else ``'cls'``).
 
     Returns:
         List of one or two branch specifications.
@@ -72,6 +91,12 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
         return [dict(module='neck', call=0),
                 dict(module='target_net', call=1)]
     if isinstance(model, MAE):
+        if pool is None and isinstance(
+                getattr(model, 'regularizer', None), nn.Module):
+            return [dict(module='regularizer', call=0, tap='input')]
+        if pool is None:
+            pool = 'mean' if getattr(model, 'feature', 'cls') == \
+                'mean_visible' else 'cls'
         return [dict(module='backbone', call=0, pool=pool)]
     raise TypeError(
         f'MatrixInfoHook has no default branches for '
@@ -133,26 +158,71 @@ def gather_rows(x: Tensor) -> Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 
+def objective_tcr(model: nn.Module) -> Optional[dict]:
+    """Form, mu and centering of the model's ``TCRLoss``, if it has one.
+
+    Args:
+        model: The unwrapped algorithm.
+
+    Returns:
+        ``dict(form=, mu=, centering=)`` or ``None``.
+    """
+    from mmae_plugin.models.losses import TCRLoss
+    regularizer = getattr(model, 'regularizer', None)
+    if isinstance(regularizer, TCRLoss):
+        return dict(form=regularizer.form, mu=regularizer.mu,
+                    centering=regularizer.centering)
+    return None
+
+
+def coding_rate(z: Tensor, form: str, mu: float,
+                centering: bool = False) -> Tensor:
+    """Total coding rate of l2-normalised rows, as ``TCRLoss`` defines it.
+
+    Args:
+        z: Features (B, d).
+        form: ``'reference'``: ``logdet(I + (mu/d) zn^T zn)`` (published
+            M-MAE code); ``'paper'``: ``logdet(mu I + zn^T zn)`` (eq. 8, 13).
+        mu: Positive coding-rate parameter.
+        centering: Use ``zn^T J_B zn`` (batch-centred) instead of
+            ``zn^T zn``.
+
+    Returns:
+        Scalar float64 tensor.
+    """
+    zn = F.normalize(z.to(torch.float64), dim=1)
+    if centering:
+        zn = zn - zn.mean(dim=0, keepdim=True)
+    if form == 'paper':
+        return total_coding_rate(zn, mu)
+    return total_coding_rate(zn * math.sqrt(mu / zn.shape[1]), 1.0)
+
+
 def one_branch_quantities(z: Tensor, kernel: str, alpha: float,
-                          mu: float) -> Dict[str, Tensor]:
+                          tcr: dict) -> Dict[str, Tensor]:
     """Entropy, effective rank, RankMe and TCR of one batch of embeddings.
 
     Args:
         z: Embeddings (B, C).
-        kernel: ``'covariance'`` or ``'gram'`` (matrix of the entropy).
+        kernel: ``'covariance'`` or ``'gram'`` (matrix of the entropy and of
+            the effective rank).
         alpha: Renyi order of the entropy.
-        mu: Ridge of the coding rate, computed on l2-normalised rows
-            (``logdet(mu I + zn^T zn)``, the paper's M-MAE form).
+        tcr: ``dict(form=, mu=, centering=)`` of :func:`coding_rate`.
 
     Returns:
-        Scalars by name.
+        ``entropy`` (order ``alpha``); ``erank``, the paper's effective rank
+        (Definition 6) of the unit-diagonal kernel, ``exp`` of its von
+        Neumann entropy; ``rankme``, RankMe (eps 1e-7) of the raw
+        embeddings; ``tcr``.
     """
     matrix = KERNELS[kernel](z, factored=True)
+    entropy = matrix_entropy(matrix, alpha)
+    von_neumann = entropy if alpha == 1.0 else matrix_entropy(matrix, 1.0)
     return dict(
-        entropy=matrix_entropy(matrix, alpha),
-        erank=effective_rank(z),
+        entropy=entropy,
+        erank=torch.exp(von_neumann),
         rankme=rankme(z),
-        tcr=total_coding_rate(normalized_gram(z, factored=True).factor, mu))
+        tcr=coding_rate(z, **tcr))
 
 
 def two_branch_quantities(z1: Tensor, z2: Tensor, kernel: str,
@@ -188,33 +258,49 @@ class MatrixInfoHook(Hook):
 
     Every ``interval`` training iterations the hook takes the embeddings the
     training forward pass produced (see the module docstring), gathers them
-    over ranks, and logs, as ``train/<prefix>/<name>`` scalars of the message
-    hub (hence the text log, ``vis_data/scalars.json`` and TensorBoard):
+    over ranks, and puts them in the message hub as ``train/<prefix>/<name>``
+    scalars; the ``LoggerHook`` drops the ``train/`` mode prefix, so the text
+    log, ``vis_data/scalars.json`` and TensorBoard show ``<prefix>/<name>``
+    (``minfo/erank``):
 
     * two branches (SimCLR, BYOL, Barlow Twins): ``entropy_1``,
       ``entropy_2``, ``mutual_info``, ``joint_entropy``, ``matrix_js``,
       ``spectrum_js`` of the batch-normalised covariances (paper figures
       1-3);
-    * one branch (MAE, MMAE): ``entropy``, ``erank``, ``rankme`` and ``tcr``
-      of the pooled encoder features.
+    * one branch (MAE, MMAE): ``entropy`` (Renyi order ``alpha`` of the
+      kernel), ``erank`` (the paper's effective rank, Definition 6: ``exp``
+      of the von Neumann entropy of the unit-diagonal kernel), ``rankme``
+      (RankMe, eps 1e-7, of the raw embeddings) and ``tcr``, the total coding
+      rate of the l2-normalised embeddings. By default (``tcr='objective'``)
+      ``tcr`` is the one the model's ``TCRLoss`` maximises, with its form,
+      ``mu`` and centering; a model without one gets the published M-MAE
+      objective ``logdet(I + (1/d) zn^T zn)``.
 
     The values are written by the ``LoggerHook`` at its own interval, which
     should divide ``interval`` (a warning says otherwise).
 
     Args:
         interval: Sample every ``interval`` iterations (of the epoch, as the
-            ``LoggerHook`` counts them).
+            ``LoggerHook`` counts them); an integer >= 1.
         branches: Branch specifications (see :func:`default_branches`), or
             ``None`` to pick them from the algorithm's class.
-        kernel: Matrix the quantities use: ``'covariance'`` (d x d, features
-            standardised over the batch) or ``'gram'`` (B x B, l2-normalised
-            rows).
-        alpha: Renyi order of entropies and mutual information.
+        kernel: Matrix the entropies and ``erank`` use: ``'covariance'``
+            (d x d, features standardised over the batch) or ``'gram'``
+            (B x B, l2-normalised rows).
+        alpha: Renyi order of entropies and mutual information, in
+            ``(0, 50]`` (see :data:`MAX_ALPHA`).
         pool: Pooling of token outputs for the default MAE branch, ``'cls'``
-            or ``'mean'``; ``None`` follows ``MMAE.feature`` if present, else
-            ``'cls'``.
-        mu: Ridge of the coding rate (one-branch models).
-        prefix: Name prefix of the logged scalars.
+            or ``'mean'``; ``None`` follows the model (see
+            :func:`default_branches`).
+        tcr: Which coding rate ``tcr`` is: ``'objective'`` (the model's
+            ``TCRLoss``), ``'reference'`` (``logdet(I + (mu/d) zn^T zn)``) or
+            ``'paper'`` (``logdet(mu I + zn^T zn)``).
+        mu: Coding-rate parameter (> 0) for ``tcr='reference'``/``'paper'``
+            (default 1); must be None with ``'objective'``.
+        centering: Batch-centre the normalised features first, for
+            ``tcr='reference'``/``'paper'`` (default False); must be None
+            with ``'objective'``.
+        prefix: Non-empty name prefix of the logged scalars.
         cpu_threads: Torch threads while computing on CPU tensors (restored
             afterwards); ``None`` keeps the training setting. One thread is
             the default because eigendecompositions of these sizes gain
@@ -231,41 +317,60 @@ class MatrixInfoHook(Hook):
                  kernel: str = 'covariance',
                  alpha: float = 1.0,
                  pool: Optional[str] = None,
-                 mu: float = 1.0,
+                 tcr: str = 'objective',
+                 mu: Optional[float] = None,
+                 centering: Optional[bool] = None,
                  prefix: str = 'minfo',
                  cpu_threads: Optional[int] = 1) -> None:
-        if not isinstance(interval, int) or interval < 1:
-            raise ValueError(f'interval must be a positive integer, got '
-                             f'{interval!r}')
-        if kernel not in KERNELS:
-            raise ValueError(f'kernel must be one of {tuple(KERNELS)}, got '
-                             f'{kernel!r}')
-        if pool is not None and pool not in POOLS:
-            raise ValueError(f'pool must be one of {POOLS} or None, got '
-                             f'{pool!r}')
-        if not (isinstance(alpha, (int, float)) and alpha > 0):
-            raise ValueError(f'alpha must be a positive number, got {alpha!r}')
-        if not (isinstance(mu, (int, float)) and mu > 0):
-            raise ValueError(f'mu must be a positive number, got {mu!r}')
-        self.interval = interval
-        self.branches = None if branches is None else \
-            [self._checked_branch(b) for b in branches]
-        if self.branches is not None and len(self.branches) not in (1, 2):
-            raise ValueError(f'branches must hold 1 or 2 specifications, got '
-                             f'{len(self.branches)}')
-        self.kernel = kernel
-        self.alpha = float(alpha)
-        self.pool = pool
-        self.mu = float(mu)
-        if cpu_threads is not None and (not isinstance(cpu_threads, int)
-                                        or cpu_threads < 1):
-            raise ValueError(f'cpu_threads must be a positive integer or '
-                             f'None, got {cpu_threads!r}')
-        self.prefix = prefix
-        self.cpu_threads = cpu_threads
+        self.interval = check_int(interval, 'interval', minimum=1)
+        self.kernel = check_choice(kernel, 'kernel', tuple(KERNELS))
+        self.alpha = check_real(alpha, 'alpha', minimum=0, strict=True,
+                                maximum=MAX_ALPHA)
+        self.pool = None if pool is None else check_choice(
+            pool, 'pool', POOLS)
+        self.tcr = self._checked_tcr(tcr, mu, centering)
+        self._tcr = self.tcr or FALLBACK_TCR  # resolved again in before_run
+        if not isinstance(prefix, str) or not prefix.strip('/'):
+            raise TypeError(f'prefix must be a non-empty string, got '
+                            f'{type(prefix).__name__} {prefix!r}')
+        self.prefix = prefix.strip('/')
+        self.cpu_threads = None if cpu_threads is None else check_int(
+            cpu_threads, 'cpu_threads', minimum=1)
+        self.branches = self._checked_branches(branches)
         self._armed = False
-        self._records: Dict[str, List[Tensor]] = {}
+        self._records: Dict[tuple, List[Tensor]] = {}
         self._handles: list = []
+
+    @staticmethod
+    def _checked_tcr(tcr: str, mu: Optional[float],
+                     centering: Optional[bool]) -> Optional[dict]:
+        """The coding-rate settings, or None to take them from the model."""
+        check_choice(tcr, 'tcr', TCR_CHOICES)
+        if tcr == 'objective':
+            if mu is not None or centering is not None:
+                raise ValueError(
+                    f"with tcr='objective' mu and centering come from the "
+                    f"model's TCRLoss; got mu={mu!r}, centering="
+                    f"{centering!r}. Use tcr='reference' or tcr='paper' to "
+                    f"set them")
+            return None
+        return dict(
+            form=tcr,
+            mu=1.0 if mu is None else check_real(mu, 'mu', minimum=0,
+                                                 strict=True),
+            centering=False if centering is None else check_bool(
+                centering, 'centering'))
+
+    @classmethod
+    def _checked_branches(cls, branches: Any) -> Optional[List[dict]]:
+        """Validate the branch list (None: chosen from the model)."""
+        if branches is None:
+            return None
+        if not isinstance(branches, (list, tuple)) or \
+                len(branches) not in (1, 2):
+            raise ValueError(f'branches must be None or a list of 1 or 2 '
+                             f'dicts, got {branches!r}')
+        return [cls._checked_branch(b) for b in branches]
 
     @staticmethod
     def _checked_branch(branch: dict) -> dict:
@@ -273,35 +378,34 @@ class MatrixInfoHook(Hook):
         if not isinstance(branch, dict) or 'module' not in branch:
             raise ValueError(f'each branch must be a dict with a "module" '
                              f'key, got {branch!r}')
-        unknown = set(branch) - {'module', 'call', 'rows', 'pool'}
+        unknown = set(branch) - {'module', 'call', 'rows', 'pool', 'tap'}
         if unknown:
             raise ValueError(f'unknown branch key(s) {sorted(unknown)} in '
-                             f'{branch!r}; allowed: module, call, rows, pool')
-        spec = {**dict(call=0, rows='all', pool='cls'), **branch}
-        if spec['rows'] not in ROWS:
-            raise ValueError(f'branch rows must be one of {ROWS}, got '
-                             f'{spec["rows"]!r}')
-        if spec['pool'] not in POOLS:
-            raise ValueError(f'branch pool must be one of {POOLS}, got '
-                             f'{spec["pool"]!r}')
-        if not isinstance(spec['call'], int) or spec['call'] < 0:
-            raise ValueError(f'branch call must be an integer >= 0, got '
-                             f'{spec["call"]!r}')
+                             f'{branch!r}; allowed: module, call, rows, '
+                             f'pool, tap')
+        spec = {**dict(call=0, rows='all', pool='cls', tap='output'),
+                **branch}
+        if not isinstance(spec['module'], str):
+            raise TypeError(f'branch module must be a dotted submodule name, '
+                            f'got {spec["module"]!r}')
+        check_choice(spec['rows'], 'branch rows', ROWS)
+        check_choice(spec['pool'], 'branch pool', POOLS)
+        check_choice(spec['tap'], 'branch tap', TAPS)
+        check_int(spec['call'], 'branch call', minimum=0)
         return spec
 
     # ------------------------------------------------------------------
     # set-up and tear-down
     # ------------------------------------------------------------------
     def before_run(self, runner) -> None:
-        """Resolve the branches and register the forward hooks."""
+        """Resolve the branches and the TCR; register the forward hooks."""
         self.after_run(runner)  # idempotent: never tap a module twice
         model = runner.model.module if is_model_wrapper(runner.model) \
             else runner.model
         if self.branches is None:
-            pool = self.pool or ('mean' if getattr(model, 'feature', 'cls')
-                                 == 'mean_visible' else 'cls')
             self.branches = [self._checked_branch(b)
-                             for b in default_branches(model, pool)]
+                             for b in default_branches(model, self.pool)]
+        self._tcr = self.tcr or objective_tcr(model) or FALLBACK_TCR
         for name in {b['module'] for b in self.branches}:
             try:
                 module = model.get_submodule(name)
@@ -330,13 +434,16 @@ class MatrixInfoHook(Hook):
         self._handles = []
 
     def _recorder(self, name: str):
-        """Forward hook keeping ``name``'s outputs while armed."""
+        """Forward hook keeping ``name``'s inputs/outputs while armed."""
+        taps = {b['tap'] for b in self.branches if b['module'] == name}
 
         def record(module: nn.Module, args: Any, output: Any) -> None:
             if self._armed:
                 # Clone: later in-place ops of the model must not alter it.
-                kept = _first_tensor(output).detach().clone()
-                self._records.setdefault(name, []).append(kept)
+                for tap in taps:
+                    kept = _first_tensor(args if tap == 'input' else output)
+                    self._records.setdefault((name, tap), []).append(
+                        kept.detach().clone())
 
         return record
 
@@ -367,7 +474,7 @@ class MatrixInfoHook(Hook):
         """The local embeddings of each branch from the recorded outputs."""
         embeddings = []
         for spec in self.branches:
-            calls = self._records.get(spec['module'], [])
+            calls = self._records.get((spec['module'], spec['tap']), [])
             if spec['call'] >= len(calls):
                 raise RuntimeError(
                     f'MatrixInfoHook expected call {spec["call"]} of '
@@ -399,7 +506,7 @@ class MatrixInfoHook(Hook):
             try:
                 if len(gathered) == 1:
                     return one_branch_quantities(gathered[0], self.kernel,
-                                                 self.alpha, self.mu)
+                                                 self.alpha, self._tcr)
                 return two_branch_quantities(gathered[0], gathered[1],
                                              self.kernel, self.alpha)
             finally:
