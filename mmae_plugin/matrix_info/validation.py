@@ -5,7 +5,7 @@ naming the parameter, what was received and what is allowed, instead of a
 cryptic LAPACK error or a silent NaN deep inside an eigendecomposition.
 """
 import math
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -16,22 +16,174 @@ from torch import Tensor
 DEFAULT_DTYPE = torch.float64
 
 
+def _describe(value: Any) -> str:
+    return f'{type(value).__name__} {value!r}'
+
+
+def _is_numpy_scalar(value: Any, kinds: str) -> bool:
+    """Whether ``value`` is a numpy scalar of one of the dtype ``kinds``."""
+    dtype = getattr(value, 'dtype', None)
+    return (not isinstance(value, Tensor) and getattr(value, 'ndim', 1) == 0
+            and getattr(dtype, 'kind', '') in kinds)
+
+
+def _is_real(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) or _is_numpy_scalar(value, 'iuf')
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or _is_numpy_scalar(value, 'iu')
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` if it is a bool, else raise a clear ``TypeError``.
+
+    Strings such as ``'no'`` and numbers are refused: they are truthy or
+    falsy by accident, not by the user's intent.
+
+    Args:
+        value: Candidate flag.
+        name: Parameter name used in the error message.
+
+    Returns:
+        ``value``.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f'{name} must be True or False, got '
+                        f'{_describe(value)}')
+    return value
+
+
+def check_real(value: Any, name: str, *, minimum: Optional[float] = None,
+               strict: bool = False, maximum: Optional[float] = None) -> float:
+    """Return ``value`` as a float, or raise unless it is an allowed number.
+
+    Booleans, strings, tensors and complex numbers are refused
+    (``TypeError``); NaN, infinities and values outside the bounds are
+    refused (``ValueError``).
+
+    Args:
+        value: Candidate number.
+        name: Parameter name used in the error message.
+        minimum: Smallest allowed value (None: no bound).
+        strict: The minimum itself is excluded.
+        maximum: Largest allowed value, included (None: no bound).
+
+    Returns:
+        ``float(value)``.
+    """
+    if not _is_real(value):
+        raise TypeError(f'{name} must be a real number, got '
+                        f'{_describe(value)}')
+    number = float(value)
+    low_ok = minimum is None or (number > minimum if strict
+                                 else number >= minimum)
+    high_ok = maximum is None or number <= maximum
+    if not (math.isfinite(number) and low_ok and high_ok):
+        bounds = []
+        if minimum is not None:
+            bounds.append(f'{">" if strict else ">="} {minimum:g}')
+        if maximum is not None:
+            bounds.append(f'<= {maximum:g}')
+        allowed = ' and '.join(bounds) or 'finite'
+        raise ValueError(f'{name} must be a finite number {allowed}, got '
+                         f'{value!r}')
+    return number
+
+
+def check_int(value: Any, name: str, minimum: Optional[int] = None) -> int:
+    """Return ``value`` as an int, or raise unless it is an allowed integer.
+
+    Args:
+        value: Candidate integer (bools and floats are refused).
+        name: Parameter name used in the error message.
+        minimum: Smallest allowed value (None: no bound).
+
+    Returns:
+        ``int(value)``.
+    """
+    if not _is_integer(value):
+        raise TypeError(f'{name} must be an integer, got {_describe(value)}')
+    if minimum is not None and value < minimum:
+        raise ValueError(f'{name} must be an integer >= {minimum}, got '
+                         f'{value!r}')
+    return int(value)
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise.
+
+    Args:
+        value: Candidate string.
+        name: Parameter name used in the error message.
+        choices: The allowed strings.
+
+    Returns:
+        ``value``.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f'{name} must be one of {tuple(choices)}, got '
+                         f'{_describe(value)}')
+    return value
+
+
+def check_init_cfg(init_cfg: Any, name: str = 'init_cfg') -> Any:
+    """Return ``init_cfg`` if mmengine can use it, else raise.
+
+    Allowed: ``None``, a mapping with a ``'type'`` key, or a list of such
+    mappings (as mmengine's ``BaseModule`` takes).
+
+    Args:
+        init_cfg: Candidate initialisation config.
+        name: Parameter name used in the error message.
+
+    Returns:
+        ``init_cfg``.
+    """
+    if init_cfg is None:
+        return init_cfg
+    items = init_cfg if isinstance(init_cfg, list) else [init_cfg]
+    if not items or not all(
+            isinstance(item, dict) and 'type' in item for item in items):
+        raise TypeError(f'{name} must be None, a dict with a "type" key or a '
+                        f'non-empty list of such dicts, got '
+                        f'{_describe(init_cfg)}')
+    return init_cfg
+
+
+def check_finite_result(value: Tensor, what: str, hint: str = '') -> Tensor:
+    """Return ``value`` if every entry is finite, else raise.
+
+    Args:
+        value: A computed result.
+        what: What the result is (used in the message).
+        hint: Which setting to change (appended to the message).
+
+    Returns:
+        ``value``.
+    """
+    if not bool(torch.isfinite(value.detach()).all()):
+        raise ValueError(f'{what} is not finite ({value.detach()}); {hint}'
+                         .rstrip('; '))
+    return value
+
+
 def check_alpha(alpha: float, name: str = 'alpha') -> float:
     """Return ``alpha`` as a float, or raise unless it is positive and finite.
 
     Args:
-        alpha: Order of the Renyi entropy.
+        alpha: Order of the Renyi entropy (1 is the von Neumann entropy).
         name: Parameter name used in the error message.
 
     Returns:
         ``float(alpha)``.
     """
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise TypeError(f'{name} must be a real number, got '
-                        f'{type(alpha).__name__} {alpha!r}') from None
-    if not (value > 0 and math.isfinite(value)):
+    value = check_real(alpha, name)
+    if not value > 0:
         raise ValueError(f'{name} must be a positive finite number (1 is the '
                          f'von Neumann entropy), got {alpha!r}')
     return value
@@ -47,14 +199,7 @@ def check_non_negative(value: float, name: str) -> float:
     Returns:
         ``float(value)``.
     """
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f'{name} must be a real number, got '
-                        f'{type(value).__name__} {value!r}') from None
-    if not (number >= 0 and math.isfinite(number)):
-        raise ValueError(f'{name} must be a finite number >= 0, got {value!r}')
-    return number
+    return check_real(value, name, minimum=0)
 
 
 def check_tensor(x: Tensor, name: str) -> None:
@@ -173,19 +318,21 @@ def check_same_size(n1: int, n2: int, name1: str = 'K1',
                          f'{n1} x {n1} and {n2} x {n2}')
 
 
-def resolve_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:
+def resolve_dtype(dtype: Optional[torch.dtype],
+                  name: str = 'dtype') -> torch.dtype:
     """Return the compute dtype, float64 when ``dtype`` is None.
 
     Args:
         dtype: Requested dtype or None.
+        name: Parameter name used in the error message.
 
     Returns:
         ``torch.float32`` or ``torch.float64``.
     """
     dtype = DEFAULT_DTYPE if dtype is None else dtype
     if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f'dtype must be torch.float32 or torch.float64 (no '
-                         f'half-precision eigen kernels exist), got {dtype}')
+        raise ValueError(f'{name} must be torch.float32 or torch.float64 (no '
+                         f'half-precision eigen kernels exist), got {dtype!r}')
     return dtype
 
 

@@ -1,52 +1,208 @@
 """Random state as a function of the training position, so resume is exact."""
 import random
+from contextlib import contextmanager
+from typing import Iterator, List
 
 import numpy as np
 import torch
+from mmengine.dataset import Compose
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
+from mmengine.logging import print_log
 from mmpretrain.registry import HOOKS
 
+from mmae_plugin.matrix_info.validation import check_bool
 
-def seed_everything(*keys: int) -> None:
-    """Seed Python, numpy and torch (all devices) from a tuple of integers.
+#: Value of the shared epoch while the training loop is not running: the
+#: pipeline then draws from the caller's streams (e.g. a hook's fixed seed).
+INACTIVE = -1
+
+
+def derive_seed(*keys: int) -> int:
+    """A 32-bit seed mixed from a tuple of integers.
 
     ``numpy.random.SeedSequence`` mixes the keys, so neighbouring positions
     get unrelated streams.
     """
-    seed = int(np.random.SeedSequence(list(keys)).generate_state(1)[0])
+    return int(np.random.SeedSequence(list(keys)).generate_state(1)[0])
+
+
+def seed_everything(*keys: int) -> None:
+    """Seed Python, numpy and torch (all devices) from a tuple of integers."""
+    seed = derive_seed(*keys)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
+@contextmanager
+def seeded_cpu_streams(seed: int) -> Iterator[None]:
+    """Seed Python, numpy and torch's CPU generator; restore them on exit.
+
+    Restoring keeps the draws of whoever called the pipeline (the main
+    process when ``num_workers=0``) independent of how many samples were
+    loaded.
+    """
+    states = (random.getstate(), np.random.get_state(),
+              torch.random.default_generator.get_state())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.random.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.default_generator.set_state(states[2])
+
+
+class SampleSeededCompose(Compose):
+    """A pipeline whose random draws depend on (seed, epoch, sample index).
+
+    Every call seeds Python's, numpy's and torch's CPU generators from
+    ``(seed, epoch, results['sample_idx'])`` before the transforms run. The
+    epoch lives in a one-element tensor in shared memory, so dataloader
+    workers (persistent ones included, forked or spawned) read the value the
+    main process wrote before it handed them the epoch's indices.
+
+    Args:
+        transforms: The transforms of the wrapped pipeline.
+        seed: Base seed of the data pipeline (the same on every rank).
+    """
+
+    def __init__(self, transforms, seed: int) -> None:
+        super().__init__(transforms)
+        self.seed = int(seed)
+        self.epoch = torch.full((1, ), INACTIVE,
+                                dtype=torch.int64).share_memory_()
+
+    def __call__(self, results: dict):
+        epoch = int(self.epoch[0])
+        if epoch == INACTIVE:
+            return super().__call__(results)
+        seed = derive_seed(self.seed, epoch, int(results['sample_idx']))
+        with seeded_cpu_streams(seed):
+            return super().__call__(results)
+
+
+def leaf_datasets(dataset) -> List:
+    """The datasets that own a pipeline, looking through mmengine wrappers.
+
+    ``ConcatDataset`` keeps ``datasets``; ``RepeatDataset``,
+    ``ClassBalancedDataset`` and similar keep ``dataset``.
+    """
+    if isinstance(getattr(dataset, 'pipeline', None), Compose):
+        return [dataset]
+    children = getattr(dataset, 'datasets', None)
+    if children is None and getattr(dataset, 'dataset', None) is not None:
+        children = [dataset.dataset]
+    return [leaf for child in children or [] for leaf in leaf_datasets(child)]
+
+
 @HOOKS.register_module()
 class ReseedHook(Hook):
-    """Derive every random draw from (seed, rank, epoch, iteration).
+    """Derive every random draw of training from the training position.
 
-    mmengine 0.10.7 seeds once at start-up and does not store generator
-    states in checkpoints, so after ``--resume`` MAE's random masks and the
-    augmentations drawn in the main process differ from those of an
-    uninterrupted run. Re-seeding at the start of every epoch (before the
-    dataloader iterator and its worker seeds are created) and of every
-    iteration from the run's seed and the position makes a resumed run draw
-    exactly what an unbroken run draws, with nothing added to checkpoints
-    and no collective communication. Ranks get different streams when the
-    config's ``randomness.diff_rank_seed`` is true, the same ones otherwise.
-    Dataloader workers keep their own generators, which mmengine re-seeds
-    identically each epoch unless ``persistent_workers=True``.
+    mmengine 0.10.7 seeds once at start-up and stores no generator states in
+    checkpoints, and it seeds dataloader workers from (seed, rank, worker id)
+    with no epoch: persistent workers carry one stream across epochs (which a
+    resumed run restarts), non-persistent ones draw the same augmentations
+    by position every epoch. This hook makes every draw a function of the
+    position instead, with nothing added to checkpoints and no collective
+    communication:
+
+    * the main process (MAE's masks, batched augmentations in a data
+      preprocessor) is re-seeded from (seed, rank, epoch) before each epoch
+      and from (seed, rank, iteration) before each iteration;
+    * the training dataset's pipeline (in the workers or, with
+      ``num_workers=0``, in the main process) is re-seeded before each sample
+      from (seed, epoch, sample index), whichever worker or rank loads it.
+
+    So every epoch draws fresh augmentations, a resumed run draws exactly
+    what an unbroken run drew, and this holds for any ``num_workers``,
+    persistent or not, any world size, and any pipeline (Fashion-MNIST's,
+    mmpretrain's ImageNet ``RandomResizedCrop``...). Ranks get different main
+    process streams when the config's ``randomness.diff_rank_seed`` is true.
+
+    Remaining limits:
+
+    * Only Python's ``random``, numpy's global generator and torch's CPU
+      default generator are seeded per sample; a transform with a private
+      generator (e.g. its own ``np.random.default_rng()``) is not covered.
+    * Under ``RepeatDataset`` / ``ClassBalancedDataset`` a sample shown
+      several times in one epoch gets the same augmentation each time (the
+      key is the index in the wrapped dataset).
+    * ``IterBasedTrainLoop`` builds its dataloader iterator, and so its
+      workers, before any hook runs: with ``num_workers > 0`` the first pass
+      uses mmengine's worker seeds, and all passes share epoch 0 of the key
+      (iteration-based resume replays the loader, which stays exact).
+    * The key uses ``sample_idx`` from mmengine's ``BaseDataset``; a dataset
+      without it is refused when training starts.
+    * A run resumed from a checkpoint written mid-epoch restarts that epoch
+      (as mmengine's epoch loop does).
+
+    Args:
+        reseed_pipeline: Also re-seed the training dataset's pipeline per
+            sample. Defaults to True.
     """
 
     priority = 'HIGHEST'
+
+    def __init__(self, reseed_pipeline: bool = True) -> None:
+        self.reseed_pipeline = check_bool(reseed_pipeline, 'reseed_pipeline')
+        self._pipelines: List[SampleSeededCompose] = []
 
     def _keys(self, runner) -> list:
         randomness = runner.cfg.get('randomness', None) or {}
         rank = get_rank() if randomness.get('diff_rank_seed', False) else 0
         return [int(runner.seed), rank]
 
+    def _data_seed(self, runner) -> int:
+        """The run's seed without mmengine's per-rank offset."""
+        randomness = runner.cfg.get('randomness', None) or {}
+        if randomness.get('diff_rank_seed', False):
+            return int(runner.seed) - get_rank()
+        return int(runner.seed)
+
+    def before_train(self, runner) -> None:
+        """Wrap the pipelines before the epoch loop creates any worker."""
+        if not self.reseed_pipeline:
+            return
+        dataset = runner.train_dataloader.dataset
+        leaves = leaf_datasets(dataset)
+        if not leaves:
+            print_log(
+                f'ReseedHook: {type(dataset).__name__} has no mmengine '
+                'pipeline; its augmentations keep mmengine worker seeds.',
+                logger='current', level='WARNING')
+        self._pipelines = [self._wrap(leaf, runner) for leaf in leaves]
+
+    def _wrap(self, dataset, runner) -> SampleSeededCompose:
+        if len(dataset) and 'sample_idx' not in dataset.get_data_info(0):
+            raise ValueError(
+                f'ReseedHook(reseed_pipeline=True) needs the sample_idx that '
+                f"mmengine's BaseDataset.get_data_info adds; "
+                f'{type(dataset).__name__} does not provide it. Set '
+                'reseed_pipeline=False to keep mmengine worker seeds.')
+        pipeline = dataset.pipeline
+        if isinstance(pipeline, SampleSeededCompose):
+            pipeline.seed = self._data_seed(runner)
+        else:
+            pipeline = SampleSeededCompose(pipeline.transforms,
+                                           self._data_seed(runner))
+            dataset.pipeline = pipeline
+        return pipeline
+
     def before_train_epoch(self, runner) -> None:
+        # Workers receive the epoch's indices only after this returns.
+        for pipeline in self._pipelines:
+            pipeline.epoch.fill_(runner.epoch)
         seed_everything(*self._keys(runner), 0, runner.epoch)
 
     def before_train_iter(self, runner, batch_idx: int,
                           data_batch=None) -> None:
         seed_everything(*self._keys(runner), 1, runner.iter)
+
+    def after_train(self, runner) -> None:
+        for pipeline in self._pipelines:
+            pipeline.epoch.fill_(INACTIVE)
