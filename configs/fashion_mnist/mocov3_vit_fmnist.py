@@ -44,7 +44,13 @@ train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 model = dict(
     type='MoCoV3',
     base_momentum=0.01,
-    data_preprocessor={{_base_.data_preprocessor}},
+    # Each view is flipped in its pipeline: no second, batched flip.
+    data_preprocessor=dict(
+        type='BatchFlipDataPreprocessor',
+        flip_prob=0.0,
+        mean={{_base_.data_preprocessor.mean}},
+        std={{_base_.data_preprocessor.std}},
+        to_rgb=False),
     backbone=dict(
         type='MoCoV3ViT',
         arch={{_base_.vit_arch}},

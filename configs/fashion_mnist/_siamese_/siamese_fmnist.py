@@ -29,6 +29,8 @@ train_pipeline = [
 train_dataloader = dict(
     batch_size=256,
     dataset=dict(pipeline=train_pipeline, indices=12800))
+# Each view is flipped in its pipeline: no second, batched flip.
+data_preprocessor = dict(flip_prob=0.0)
 
 # ResNet-18 at 1/4 width (stem 16, stages 16-32-64-128 channels): the
 # stride-2 stem and max-pool bring 28 x 28 to 7 x 7, which keeps a step at
