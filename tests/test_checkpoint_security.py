@@ -454,3 +454,25 @@ def test_statistic_registered_by_a_checkpoint_is_refused(
     with pytest.raises(pickle.UnpicklingError, match="'total'"):
         torch.load(path)
     assert 'total' not in HistoryBuffer._statistics_methods
+
+
+def test_tools_test_py_refuses_crafted_url_checkpoint(tmp_path, hub_cache,
+                                                      marker, repo_root):
+    """``python tools/test.py CONFIG https://...`` fails and runs nothing."""
+    import subprocess
+    import sys
+    url = 'https://example.invalid/ckpt/linear.pth'
+    save_crafted(tmp_path / 'evil.pth', 'os.system', marker)
+    cache_as(url, tmp_path / 'evil.pth', hub_cache)
+    result = subprocess.run(
+        [sys.executable, os.path.join(repo_root, 'tools', 'test.py'),
+         os.path.join(repo_root, 'configs', 'fashion_mnist',
+                      'linear_fmnist.py'), url,
+         '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+         'test_dataloader.dataset.indices=8', 'test_dataloader.num_workers=0',
+         'test_dataloader.persistent_workers=False'],
+        cwd=repo_root, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert result.returncode != 0
+    assert 'weights only load failed' in result.stderr.lower()
+    assert not marker.exists()
