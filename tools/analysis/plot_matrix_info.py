@@ -1,4 +1,4 @@
-"""Draw the information-flow paper's figures 1-3 from MatrixInfoHook logs.
+"""Draw MatrixInfoHook's logged quantities over training.
 
 Example::
 
@@ -7,10 +7,18 @@ Example::
         work_dirs/barlowtwins_fmnist --out-dir work_dirs/figures
 
 reads every work dir's ``<timestamp>/vis_data/scalars.json`` (the newest run
-with MatrixInfoHook values) and writes ``matrix_info.{png,pdf}`` (all four
-panels) plus one file per quantity: ``mutual_info`` (figure 1),
-``joint_entropy`` (figure 2), ``matrix_js`` (figure 3a) and ``spectrum_js``
-(figure 3b), one curve per method.
+with MatrixInfoHook values) and writes ``matrix_info.{png,pdf}`` (all panels)
+plus one file per quantity, one curve per run. Without ``--keys`` it draws
+every quantity the runs logged:
+
+* two-branch runs (SimCLR, BYOL, Barlow Twins): ``mutual_info`` (the
+  information-flow paper's figure 1), ``joint_entropy`` (figure 2),
+  ``matrix_js`` (figure 3a), ``spectrum_js`` (figure 3b), ``entropy_1``,
+  ``entropy_2``;
+* one-branch runs (MAE, U-MAE, M-MAE): ``entropy``, ``erank``, ``rankme``,
+  ``tcr``.
+
+It exits with status 1 and says why when there is nothing to draw.
 """
 import argparse
 import glob
@@ -24,12 +32,21 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
+# Drawing order and axis labels of every quantity MatrixInfoHook logs.
 QUANTITIES = {
     'mutual_info': 'Matrix mutual information (nats)',
     'joint_entropy': 'Matrix joint entropy (nats)',
     'matrix_js': 'Matrix JS divergence (nats)',
     'spectrum_js': 'Eigen-spectrum JS divergence (nats)',
+    'entropy_1': 'Matrix entropy, branch 1 (nats)',
+    'entropy_2': 'Matrix entropy, branch 2 (nats)',
+    'entropy': 'Matrix entropy (nats)',
+    'erank': 'Effective rank',
+    'rankme': 'RankMe',
+    'tcr': 'Total coding rate (nats)',
 }
+# The information-flow paper's figures keep their names; others are
+# `minfo_<key>`.
 FIGURE_NAMES = {
     'mutual_info': 'figure1_mutual_info',
     'joint_entropy': 'figure2_joint_entropy',
@@ -51,8 +68,8 @@ def parse_args() -> argparse.Namespace:
         '--labels', nargs='+', help='legend label per work dir (default: '
         'the model type from the dumped config, else the folder name)')
     parser.add_argument(
-        '--keys', nargs='+', default=list(QUANTITIES),
-        choices=sorted(QUANTITIES), help='quantities to draw')
+        '--keys', nargs='+', default=None, choices=list(QUANTITIES),
+        help='quantities to draw (default: every one the runs logged)')
     parser.add_argument(
         '--prefix', default='minfo', help='scalar prefix of MatrixInfoHook')
     parser.add_argument(
@@ -182,8 +199,35 @@ def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
     for key in keys:
         fig, ax = plt.subplots(figsize=(6, 4))
         draw(ax, runs, key, smooth)
-        written += save(fig, out_dir, FIGURE_NAMES[key])
+        written += save(fig, out_dir, FIGURE_NAMES.get(key, f'minfo_{key}'))
     return written
+
+
+def keys_to_draw(runs: List[Tuple[str, Series]],
+                 requested: Optional[List[str]]) -> List[str]:
+    """The quantities to draw: ``requested``, else every one logged.
+
+    Args:
+        runs: ``(label, series)`` per run.
+        requested: ``--keys``, or None.
+
+    Returns:
+        Keys in drawing order, each logged by at least one run.
+
+    Raises:
+        SystemExit: none of them was logged (nothing to draw).
+    """
+    logged = {key for _, series in runs for key in series}
+    wanted = requested if requested else list(QUANTITIES)
+    keys = [key for key in wanted if key in logged]
+    if not keys:
+        raise SystemExit(
+            f'plot_matrix_info: nothing to draw: no run logged '
+            f'{wanted}; the runs logged {sorted(logged)}')
+    for key in wanted:
+        if requested and key not in logged:
+            print(f'warning: no run logged {key!r}; it is left out')
+    return keys
 
 
 def main() -> None:
@@ -193,14 +237,14 @@ def main() -> None:
                          f'{len(args.labels)} for {len(args.work_dirs)}')
     runs = []
     for index, work_dir in enumerate(args.work_dirs):
-        series = read_series(find_scalars(work_dir, args.prefix),
-                             args.prefix)
-        missing = [k for k in args.keys if k not in series]
-        if missing:
-            print(f'warning: {work_dir} has no {missing} (one-branch model?)')
+        try:
+            path = find_scalars(work_dir, args.prefix)
+        except FileNotFoundError as error:
+            raise SystemExit(f'plot_matrix_info: {error}') from None
         label = args.labels[index] if args.labels else method_label(work_dir)
-        runs.append((label, series))
-    for path in plot(runs, args.keys, args.out_dir, args.smooth, args.title):
+        runs.append((label, read_series(path, args.prefix)))
+    keys = keys_to_draw(runs, args.keys)
+    for path in plot(runs, keys, args.out_dir, args.smooth, args.title):
         print(f'saved {path}')
 
 
