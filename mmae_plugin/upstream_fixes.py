@@ -302,7 +302,7 @@ class TorchWithWeightsOnlyLoad(types.ModuleType):
 
 
 def load_checkpoints_weights_only() -> None:
-    """Make every mmengine checkpoint scheme load with ``weights_only=True``."""
+    """Make every mmengine checkpoint scheme load with weights_only=True."""
     import mmengine.runner.checkpoint as checkpoint_module
     import mmengine.utils.dl_utils as dl_utils
     import mmengine.utils.dl_utils.hub as hub

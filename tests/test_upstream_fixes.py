@@ -161,7 +161,8 @@ class ToyModel(BaseModel):
     def forward(self, inputs, labels=None, mode='tensor'):
         out = self.linear(torch.stack(inputs))
         if mode == 'loss':
-            return dict(loss=((out.squeeze(1) - torch.stack(labels))**2).mean())
+            error = out.squeeze(1) - torch.stack(labels)
+            return dict(loss=(error**2).mean())
         return out
 
 
