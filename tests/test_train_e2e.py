@@ -36,8 +36,24 @@ def run(repo_root, args, **env):
     return proc
 
 
-def dist_train(repo_root, work_dir, *options, resume=False):
-    args = ['bash', 'tools/dist_train.sh', CONFIG, '2', '--work-dir', str(work_dir)]
+@pytest.fixture(scope='module')
+def config(repo_root, tmp_path_factory):
+    """The shipped M-MAE config with a random flip in the worker pipeline.
+
+    The flip may also run batched in the main process (data preprocessor);
+    adding one to the pipeline makes the worker's draws part of the test
+    whatever the shipped pipeline holds.
+    """
+    path = tmp_path_factory.mktemp('config') / 'mmae_fmnist_worker_flip.py'
+    path.write_text(
+        f"_base_ = [{os.path.join(repo_root, CONFIG)!r}]\n"
+        "train_dataloader = dict(dataset=dict(pipeline=[\n"
+        "    dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')]))\n")
+    return str(path)
+
+
+def dist_train(repo_root, config, work_dir, *options, resume=False):
+    args = ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir)]
     if resume:
         args.append('--resume')
     return run(repo_root, args + ['--cfg-options', *SMOKE, *options])
@@ -60,9 +76,9 @@ def train_losses(work_dir):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(repo_root, tmp_path_factory):
+def uninterrupted(repo_root, config, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp('uninterrupted')
-    dist_train(repo_root, work_dir, 'train_cfg.max_epochs=2')
+    dist_train(repo_root, config, work_dir, 'train_cfg.max_epochs=2')
     return work_dir
 
 
@@ -79,8 +95,8 @@ def test_two_process_cpu_training_writes_checkpoints(uninterrupted):
     assert all(tcr < 0 for *_, tcr in losses)
 
 
-def test_the_resume_test_runs_at_the_shipped_dataloader_settings(repo_root):
-    cfg = Config.fromfile(os.path.join(repo_root, CONFIG))
+def test_the_resume_test_runs_at_the_shipped_dataloader_settings(config):
+    cfg = Config.fromfile(config)
     assert cfg.train_dataloader.num_workers == 1
     assert cfg.train_dataloader.persistent_workers is True
     assert not any(option.startswith(('train_dataloader.num_workers',
@@ -89,11 +105,12 @@ def test_the_resume_test_runs_at_the_shipped_dataloader_settings(repo_root):
 
 
 def test_resumed_run_matches_uninterrupted_run_bit_for_bit(
-        repo_root, uninterrupted, tmp_path):
+        repo_root, config, uninterrupted, tmp_path):
     """Stopped after epoch 1 and resumed, 2 processes, persistent worker."""
-    dist_train(repo_root, tmp_path, 'train_cfg.max_epochs=1')
+    dist_train(repo_root, config, tmp_path, 'train_cfg.max_epochs=1')
     assert not (tmp_path / 'epoch_2.pth').exists()
-    dist_train(repo_root, tmp_path, 'train_cfg.max_epochs=2', resume=True)
+    dist_train(repo_root, config, tmp_path, 'train_cfg.max_epochs=2',
+               resume=True)
     assert train_losses(tmp_path) == train_losses(uninterrupted)
     final = torch.load(tmp_path / 'epoch_2.pth')['state_dict']
     final_ref = torch.load(uninterrupted / 'epoch_2.pth')['state_dict']
