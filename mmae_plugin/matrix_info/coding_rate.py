@@ -9,7 +9,36 @@ import math
 import torch
 from torch import Tensor
 
-from .validation import check_features
+from .gram_logdet import ridge_gram_logdet
+from .validation import (check_features, check_finite_result, check_real,
+                         resolve_dtype)
+
+
+def unit_rows(z: Tensor, name: str = 'z') -> Tensor:
+    """l2-normalise the rows of ``z`` at any scale.
+
+    ``F.normalize`` divides by ``max(norm, 1e-12)``, so rows of norm below
+    1e-12 come out shorter than 1 (features at scale 1e-20 give a TCR of 0).
+    Dividing first by the row's largest magnitude brings every row to a
+    norm in [1, sqrt(d)] without under- or overflow; the direction, and so
+    the result, is the same. That scale is held constant in the backward
+    pass, which changes nothing: the result does not depend on it.
+
+    Args:
+        z: Features (B, d), rows are samples.
+        name: Parameter name used in the error message.
+
+    Returns:
+        Rows of unit norm, same dtype.
+    """
+    magnitude = z.detach().abs().amax(dim=1, keepdim=True)
+    zero = (magnitude == 0).flatten()
+    if bool(zero.any()):
+        rows = zero.nonzero().flatten().tolist()
+        raise ValueError(f'{name} has all-zero row(s) {rows[:10]}: a zero '
+                         'vector has no direction to normalise')
+    scaled = z / magnitude
+    return scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
 
 
 def logdet_identity_plus(a: Tensor, mu: float) -> Tensor:
@@ -47,19 +76,30 @@ def total_coding_rate(z: Tensor, mu: float = 1.0,
     Args:
         z: Features (B, d), rows are samples.
         mu: Positive ridge of the coding rate.
-        dtype: Floating dtype the computation runs in (float64 by default).
+        dtype: ``torch.float64`` (default) or ``torch.float32``, the dtype
+            the computation runs in.
 
     Returns:
         Scalar tensor in ``dtype``.
     """
-    if not mu > 0 or not math.isfinite(mu):
-        raise ValueError(f'mu must be a positive finite number, got {mu!r}')
+    mu = check_real(mu, 'mu', minimum=0, strict=True)
+    dtype = resolve_dtype(dtype)
     check_features(z)
     num_samples, dim = z.shape
+    largest = float(z.detach().abs().max())
+    if largest * largest * max(num_samples, dim) > torch.finfo(dtype).max:
+        raise ValueError(
+            f'z is too large for total_coding_rate in {dtype}: its largest '
+            f'magnitude {largest:.3g} overflows the Gram matrix; rescale z')
     with torch.autocast(device_type=z.device.type, enabled=False):
         z = z.to(dtype)
-        if num_samples < dim:
-            small = z @ z.T
-            return (dim - num_samples) * math.log(mu) + \
-                logdet_identity_plus(small, mu)
-        return logdet_identity_plus(z.T @ z, mu)
+        samples_side = num_samples < dim
+        offset = (dim - num_samples) * math.log(mu) if samples_side else 0.0
+        # Closed-form gradient (half the cost); autograd where Cholesky fails.
+        value = ridge_gram_logdet(z, mu, samples_side)
+        if value is None:
+            value = logdet_identity_plus(
+                z @ z.T if samples_side else z.T @ z, mu)
+        value = offset + value
+    return check_finite_result(
+        value, f'total_coding_rate(mu={mu!r}, dtype={dtype})')
