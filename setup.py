@@ -43,8 +43,12 @@ EXTRAS_REQUIRE = {
               'timm>=1.0.31,<2'],
     'analysis': ['matplotlib>=3.11,<4', 'tensorboard>=2.21,<3'],
 }
-EXTRAS_REQUIRE['all'] = sorted(
-    {req for reqs in EXTRAS_REQUIRE.values() for req in reqs})
+# `all` leaves mmcv alone: `pip install 'mmae-plugin[all]'` into an
+# environment with full mmcv must not lay mmcv-lite over it.
+EXTRAS_REQUIRE['all'] = sorted({
+    req for extra, reqs in EXTRAS_REQUIRE.items() if extra != 'lite'
+    for req in reqs
+})
 
 
 def _remove(path: str) -> None:

@@ -28,13 +28,13 @@ fi
 stamp="$VENV/.mmae-plugin-setup"
 want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "installing mmae-plugin[all] (editable) with the pinned versions of constraints.txt:"
+  log "installing mmae-plugin[all,lite] (editable) with the pinned versions of constraints.txt:"
   grep -E '^(torch|torchvision|mmengine|mmcv-lite|mmpretrain|timm)==' \
     "$ROOT/constraints.txt" | sed 's/^/[setup]   /'
   "$VENV/bin/python" -m pip install --progress-bar on -c "$ROOT/constraints.txt" \
     --upgrade pip setuptools wheel
   "$VENV/bin/python" -m pip install --progress-bar on -c "$ROOT/constraints.txt" \
-    --no-build-isolation -e "$ROOT[all]"
+    --no-build-isolation -e "$ROOT[all,lite]"
   echo "$want" > "$stamp"
   log "virtual environment ready"
 else
