@@ -10,5 +10,8 @@ from .upstream_fixes import apply_all as _apply_upstream_fixes
 _apply_upstream_fixes()
 
 from . import datasets, engine, evaluation, models  # noqa: E402,F401
+from .model_zoo import register_model_zoo  # noqa: E402
+
+register_model_zoo()
 
 __version__ = '0.1.0'

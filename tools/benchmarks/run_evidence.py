@@ -90,7 +90,7 @@ class Budget:
     probe_check_epochs: int
 
 
-FULL = Budget(images=10240, epochs=4, seeds=(0, 1, 2), bank_images=10000,
+FULL = Budget(images=7680, epochs=3, seeds=(0, 1, 2), bank_images=10000,
               test_images=None, probe_check_epochs=5)
 QUICK = Budget(images=256, epochs=2, seeds=(0, 1), bank_images=500,
                test_images=500, probe_check_epochs=1)
@@ -315,6 +315,124 @@ def main_child(args) -> None:
                 osp.join(args.out_dir, 'configs'))
 
 
+# ----------------------------------------------------------------------------
+# Model zoo export (seed-0 encoders of the zoo cells, evaluated on all data)
+# ----------------------------------------------------------------------------
+ZOO_DIR = osp.join(REPO, 'checkpoints', 'fmnist')
+ZOO_METAFILE = osp.join(REPO, 'configs', 'fashion_mnist', 'metafile.yml')
+
+
+def zoo_name(cell: Cell) -> str:
+    return f'{cell.method}_vit-tiny-p4_fmnist'
+
+
+def export_zoo(out_dir: str, budget: Budget, zoo_dir: str = ZOO_DIR,
+               metafile: str = ZOO_METAFILE) -> None:
+    """Write the zoo checkpoints and the Fashion-MNIST metafile.
+
+    Each zoo cell's seed-0 encoder is evaluated with the shipped kNN config
+    (all 60,000 training images as neighbours, all 10,000 test images) and a
+    linear probe fitted on the cached features of all 60,000 training images;
+    the probe becomes the linear-classifier checkpoint of M-MAE. (With the
+    quick budget, the quick evaluation sizes are used instead.)
+    """
+    import torch
+    import yaml
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    import mmae_plugin  # noqa: F401
+    from mmae_plugin.datasets import GzipFashionMNIST
+    from mmae_plugin.evaluation import (evaluate_frozen_encoder,
+                                        linear_probe_state_dict)
+
+    init_default_scope('mmpretrain')
+    os.makedirs(zoo_dir, exist_ok=True)
+    seed = budget.seeds[0]
+    dataset_meta = {'classes': list(GzipFashionMNIST.METAINFO['classes'])}
+    models = []
+    grid = quick_grid() if budget is QUICK else full_grid()
+    for method, cell in ZOO_CELLS.items():
+        if cell not in grid:
+            continue
+        run_dir = run_dir_of(out_dir, cell, seed)
+        checkpoint = osp.join(run_dir, f'epoch_{budget.epochs}.pth')
+        if not osp.isfile(checkpoint):
+            raise SystemExit(f'[evidence] {checkpoint} is missing: run the '
+                             'sweep before --export-zoo')
+        name = zoo_name(cell)
+        print(f'[evidence] exporting {name} (evaluating on all data)')
+        eval_cfg = evaluation_config(budget) if budget is QUICK else \
+            Config.fromfile(osp.join(REPO, KNN_CONFIG))
+        metrics, probe, encoder = evaluate_frozen_encoder(eval_cfg, checkpoint)
+        provenance = dict(cell=cell.name, seed=seed, images=budget.images,
+                          epochs=budget.epochs)
+        state = torch.load(checkpoint, map_location='cpu',
+                           weights_only=True)['state_dict']
+        torch.save({'state_dict': state,
+                    'meta': dict(mmae_zoo=provenance)},
+                   osp.join(zoo_dir, f'{name}.pth'))
+        common = {'Epochs': budget.epochs, 'Batch Size': 256,
+                  'Training Data': f'Fashion-MNIST (first {budget.images} '
+                  'training images)', 'Seed': seed,
+                  'Results Source': 'measured by tools/benchmarks/'
+                  'run_evidence.py --export-zoo'}
+        weights = f'mmae-zoo://fmnist/{name}.pth'
+        models += [
+            {'Name': name, 'In Collection': COLLECTIONS[method],
+             'Metadata': common, 'Results': None, 'Weights': weights,
+             'Config': PRETRAIN_CONFIGS[method]},
+            {'Name': f'{name}_knn', 'In Collection': COLLECTIONS[method],
+             'Metadata': dict(common, **{'kNN': 'k=20, T=0.07, 60,000 '
+                                         'neighbours'}),
+             'Results': [result(metrics['knn/top1'])],
+             'Weights': weights, 'Config': KNN_CONFIG}]
+        if method == 'mmae':
+            linear = f'{name}_linear'
+            torch.save({'state_dict': linear_probe_state_dict(probe, encoder),
+                        'meta': dict(mmae_zoo=provenance,
+                                     dataset_meta=dataset_meta)},
+                       osp.join(zoo_dir, f'{linear}.pth'))
+            models.append(
+                {'Name': linear, 'In Collection': COLLECTIONS[method],
+                 'Metadata': dict(common, **{
+                     'Probe': 'BatchNorm + linear fitted on cached features '
+                     'of all 60,000 training images'}),
+                 'Results': [result(metrics['linear/top1'])],
+                 'Weights': f'mmae-zoo://fmnist/{linear}.pth',
+                 'Config': PROBE_CONFIG})
+    header = ('# Fashion-MNIST models, written by\n'
+              '#   python tools/benchmarks/run_evidence.py --export-zoo\n'
+              "# from the sweep's seed-0 runs; results measured on the "
+              '10,000 test images.\n')
+    with open(metafile, 'w') as f:
+        f.write(header)
+        yaml.safe_dump({'Models': models}, f, sort_keys=False,
+                       allow_unicode=True)
+    add_to_model_index(metafile)
+    print(f'[evidence] wrote {metafile} and {zoo_dir}')
+
+
+def add_to_model_index(metafile: str) -> None:
+    """List ``metafile`` in the repository's model-index.yml if it is inside."""
+    index = osp.join(REPO, 'model-index.yml')
+    relative = osp.relpath(osp.abspath(metafile), REPO)
+    if relative.startswith('..'):
+        return
+    with open(index) as f:
+        text = f.read()
+    if relative not in text:
+        with open(index, 'a') as f:
+            f.write(f'  - {relative}\n')
+
+
+COLLECTIONS = {'mae': 'MAE', 'umae': 'U-MAE', 'mmae': 'M-MAE'}
+
+
+def result(top1: float) -> dict:
+    return {'Task': 'Image Classification', 'Dataset': 'Fashion-MNIST',
+            'Metrics': {'Top 1 Accuracy': round(top1, 2)}}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out-dir', default=osp.join(REPO, 'work_dirs',
@@ -330,6 +448,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--no-probe-check', action='store_true',
                         help='skip training the full probe config on MAE and '
                         'M-MAE seed 0')
+    parser.add_argument('--export-zoo', action='store_true',
+                        help='write the Fashion-MNIST model-zoo checkpoints '
+                        'and metafile from the finished sweep')
+    parser.add_argument('--zoo-dir', default=ZOO_DIR,
+                        help='where --export-zoo writes the checkpoints')
+    parser.add_argument('--zoo-metafile', default=ZOO_METAFILE,
+                        help='where --export-zoo writes the metafile')
     parser.add_argument('--child', nargs=2, metavar=('CELL', 'SEED'),
                         help=argparse.SUPPRESS)
     parser.add_argument('--probe-check', action='store_true',
@@ -351,6 +476,9 @@ def main(argv=None) -> None:
     cells = quick_grid() if args.quick else full_grid()
     command = 'python tools/benchmarks/run_evidence.py ' + ' '.join(
         sys.argv[1:] if argv is None else argv)
+    if args.export_zoo:
+        return export_zoo(args.out_dir, budget, args.zoo_dir,
+                          args.zoo_metafile)
     if not args.report_only:
         run_sweep(args, cells, budget)
         if not args.no_probe_check:
