@@ -15,7 +15,7 @@ from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
-from mmae_plugin.upstream_fixes import write_atomically
+from mmae_plugin.upstream_fixes import atomic_write_target, write_atomically
 
 TINY_VIT = dict(
     type='VisionTransformer',
@@ -294,8 +294,10 @@ def test_wrong_data_type_is_refused_like_upstream(tmp_path, put, obj):
 
 
 def test_special_files_get_upstream_in_place_write(tmp_path):
-    LocalBackend().put(b'discarded', '/dev/null')
-    LocalBackend().put_text('discarded', '/dev/null')
+    # Never written to here: a regression would replace the machine's
+    # /dev/null with a regular file (the old patch did). The FIFO below
+    # exercises the same decision through a real write.
+    assert atomic_write_target('/dev/null') is None
     assert stat.S_ISCHR(os.stat('/dev/null').st_mode)
     fifo = tmp_path / 'fifo'
     os.mkfifo(fifo)
