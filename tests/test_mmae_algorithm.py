@@ -81,3 +81,52 @@ def test_mean_visible_feature(model_cfgs):
     model = build(cfg)
     latent = torch.randn(3, 13, 128)
     torch.testing.assert_close(model.pool(latent), latent[:, 1:].mean(1))
+
+
+def hand_layer_norm(x, weight, bias, eps):
+    """LayerNorm over the last axis, written out (biased variance)."""
+    x = x.double()
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean)**2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight.double() + bias.double()
+
+
+@pytest.mark.parametrize('feature', ['cls', 'mean_visible'])
+def test_final_norm_twice_applies_the_encoder_norm_again(model_cfgs, feature):
+    cfg = copy.deepcopy(model_cfgs['mmae'])
+    cfg.update(feature=feature, final_norm_twice=True)
+    model = build(cfg)
+    norm = model.backbone.norm1
+    assert isinstance(norm, torch.nn.LayerNorm)
+    with torch.no_grad():  # non-trivial affine parameters
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    captured = {}
+    model.regularizer.register_forward_pre_hook(
+        lambda module, args: captured.setdefault('z', args[0]))
+    images = torch.randn(4, 1, 28, 28)
+    torch.manual_seed(3)
+    model.loss(images, data_samples=[])
+    torch.manual_seed(3)
+    latent, _, _ = model.backbone(images)  # normed once by MAEViT
+    pooled = latent[:, 0] if feature == 'cls' else latent[:, 1:].mean(1)
+    expected = hand_layer_norm(pooled, norm.weight, norm.bias, norm.eps)
+    torch.testing.assert_close(captured['z'].double(), expected,
+                               rtol=1e-5, atol=1e-5)
+    # Normed twice is not normed once (unit affine would make it idempotent).
+    assert not torch.allclose(captured['z'], pooled, atol=1e-3)
+
+
+def test_shipped_configs_norm_the_feature_once(repo_root):
+    for name in ('mmae', 'umae'):
+        cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
+        assert cfg.model.get('final_norm_twice', False) is False
+        assert build(cfg.model).final_norm_twice is False
+
+
+def test_batch_of_one_skips_the_regulariser_and_keeps_the_graph(model_cfgs):
+    model = build(model_cfgs['mmae'])
+    losses = model.loss(torch.randn(1, 1, 28, 28), data_samples=[])
+    assert losses['loss_tcr'].item() == 0.0
+    sum(losses.values()).backward()  # the zero term is part of the graph
+    assert model.backbone.cls_token.grad is not None

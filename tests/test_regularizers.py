@@ -139,3 +139,12 @@ def test_loss_is_negative_weighted_tcr():
     weighted = TCRLoss(mu=1.0, gather='local', loss_weight=0.01)(z)
     assert plain.item() < 0
     assert weighted.item() == pytest.approx(0.01 * plain.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize('scale', [1e-20, 1e-150, 1e150])
+@pytest.mark.parametrize('cls', [TCRLoss, UniformityLoss])
+def test_regularizers_are_scale_invariant_at_any_scale(cls, scale):
+    z = torch.randn(6, 5, dtype=torch.float64)
+    loss_fn = cls(gather='local', loss_weight=1.0)
+    torch.testing.assert_close(loss_fn(z * scale), loss_fn(z))
+    assert loss_fn(z).item() != 0.0

@@ -131,11 +131,33 @@ def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
     return value
 
 
+def _is_config(value: Any) -> bool:
+    return isinstance(value, dict) and 'type' in value
+
+
+def check_config(cfg: Any, name: str, optional: bool = False) -> Any:
+    """Return ``cfg`` if it is a registry config (a dict with ``'type'``).
+
+    Args:
+        cfg: Candidate config.
+        name: Parameter name used in the error message.
+        optional: ``None`` is allowed too.
+
+    Returns:
+        ``cfg``.
+    """
+    if (cfg is None and optional) or _is_config(cfg):
+        return cfg
+    allowed = 'None or ' if optional else ''
+    raise TypeError(f'{name} must be {allowed}a config dict with a "type" '
+                    f'key, got {_describe(cfg)}')
+
+
 def check_init_cfg(init_cfg: Any, name: str = 'init_cfg') -> Any:
     """Return ``init_cfg`` if mmengine can use it, else raise.
 
-    Allowed: ``None``, a mapping with a ``'type'`` key, or a list of such
-    mappings (as mmengine's ``BaseModule`` takes).
+    Allowed: ``None``, a dict with a ``'type'`` key, or a non-empty list of
+    such dicts (as mmengine's ``BaseModule`` takes).
 
     Args:
         init_cfg: Candidate initialisation config.
@@ -144,15 +166,14 @@ def check_init_cfg(init_cfg: Any, name: str = 'init_cfg') -> Any:
     Returns:
         ``init_cfg``.
     """
-    if init_cfg is None:
+    if init_cfg is None or _is_config(init_cfg):
         return init_cfg
-    items = init_cfg if isinstance(init_cfg, list) else [init_cfg]
-    if not items or not all(
-            isinstance(item, dict) and 'type' in item for item in items):
-        raise TypeError(f'{name} must be None, a dict with a "type" key or a '
-                        f'non-empty list of such dicts, got '
-                        f'{_describe(init_cfg)}')
-    return init_cfg
+    if isinstance(init_cfg, list) and init_cfg and all(
+            _is_config(item) for item in init_cfg):
+        return init_cfg
+    raise TypeError(f'{name} must be None, a dict with a "type" key or a '
+                    f'non-empty list of such dicts, got '
+                    f'{_describe(init_cfg)}')
 
 
 def check_finite_result(value: Tensor, what: str, hint: str = '') -> Tensor:

@@ -1,4 +1,5 @@
 """Random state as a function of the training position, so resume is exact."""
+import logging
 import random
 from contextlib import contextmanager
 from typing import Iterator, List
@@ -174,7 +175,7 @@ class ReseedHook(Hook):
             print_log(
                 f'ReseedHook: {type(dataset).__name__} has no mmengine '
                 'pipeline; its augmentations keep mmengine worker seeds.',
-                logger='current', level='WARNING')
+                logger='current', level=logging.WARNING)
         self._pipelines = [self._wrap(leaf, runner) for leaf in leaves]
 
     def _wrap(self, dataset, runner) -> SampleSeededCompose:

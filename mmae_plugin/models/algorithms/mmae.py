@@ -1,10 +1,14 @@
 """M-MAE and U-MAE: MAE with a regulariser on the encoder's batch features."""
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 from mmpretrain.models import MAE
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 from torch import Tensor
+
+from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
+                                                check_config, check_init_cfg)
+from ..losses import FeatureRegularizer
 
 FEATURES = ('cls', 'mean_visible')
 
@@ -24,30 +28,81 @@ class MMAE(MAE):
         backbone: Config of the encoder (``MAEViT``).
         neck: Config of the decoder (``MAEPretrainDecoder``).
         head: Config of the reconstruction head (``MAEPretrainHead``).
-        regularizer: Config of a batch-feature loss, or ``None``.
+        regularizer: Config of a :class:`FeatureRegularizer` (``TCRLoss``,
+            ``UniformityLoss``), or ``None``.
         feature: Which representation is regularised: ``'cls'``, the CLS
             token of the masked encoder pass (as the reference code), or
-            ``'mean_visible'``, the mean of the visible patch tokens. Both are
-            taken after the encoder's final norm.
+            ``'mean_visible'``, the mean of the visible patch tokens (needs
+            at least one visible patch). Both are taken after the encoder's
+            final norm.
+        final_norm_twice: Apply the encoder's final LayerNorm (the same
+            module, same weights) a second time to the pooled feature before
+            the regulariser, as the published M-MAE / U-MAE code does to the
+            CLS token. Every shipped config keeps the default ``False``: the
+            feature is normed once, as mmpretrain's ``MAEViT`` returns it.
+            The reconstruction path is the same either way.
+        init_cfg: mmengine initialisation config.
         **kwargs: Other arguments of :class:`mmpretrain.models.MAE`.
     """
 
     def __init__(self, backbone: dict, neck: dict, head: dict,
                  regularizer: Optional[dict] = None, feature: str = 'cls',
+                 final_norm_twice: bool = False,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
                  **kwargs) -> None:
-        if feature not in FEATURES:
-            raise ValueError(
-                f'feature must be one of {FEATURES}, got {feature!r}')
-        super().__init__(backbone=backbone, neck=neck, head=head, **kwargs)
+        for name, cfg in (('backbone', backbone), ('neck', neck),
+                          ('head', head)):
+            check_config(cfg, name)
+        check_config(regularizer, 'regularizer', optional=True)
+        check_choice(feature, 'feature', FEATURES)
+        check_bool(final_norm_twice, 'final_norm_twice')
+        super().__init__(backbone=backbone, neck=neck, head=head,
+                         init_cfg=check_init_cfg(init_cfg), **kwargs)
         self.feature = feature
-        self.regularizer = MODELS.build(regularizer) \
-            if regularizer is not None else None
+        self.final_norm_twice = final_norm_twice
+        self._check_feature_is_defined()
+        self.regularizer = self._build_regularizer(regularizer)
+
+    def _check_feature_is_defined(self) -> None:
+        """Refuse settings whose pooled feature cannot be computed."""
+        if self.feature == 'mean_visible':
+            mask_ratio = self.backbone.mask_ratio
+            num_patches = self.backbone.num_patches
+            # MAEViT.random_masking keeps int(L * (1 - mask_ratio)) patches.
+            if int(num_patches * (1 - mask_ratio)) < 1:
+                raise ValueError(
+                    "feature='mean_visible' needs at least one visible patch,"
+                    f' but backbone.mask_ratio={mask_ratio!r} leaves none of '
+                    f"the {num_patches} patches visible; use feature='cls' "
+                    'or a smaller mask_ratio')
+        if self.final_norm_twice and not getattr(self.backbone, 'final_norm',
+                                                 False):
+            raise ValueError(
+                'final_norm_twice=True needs an encoder with a final norm, '
+                'but backbone.final_norm is False')
+
+    @staticmethod
+    def _build_regularizer(cfg: Optional[dict]
+                           ) -> Optional[FeatureRegularizer]:
+        if cfg is None:
+            return None
+        regularizer = MODELS.build(cfg)
+        if not isinstance(regularizer, FeatureRegularizer):
+            raise TypeError(
+                'regularizer must be the config of a FeatureRegularizer '
+                f'(TCRLoss, UniformityLoss...), got type={cfg["type"]!r} '
+                f'({type(regularizer).__name__})')
+        return regularizer
 
     def pool(self, latent: Tensor) -> Tensor:
         """Representation (B, C) of the masked encoder output (B, 1 + L, C)."""
         if self.feature == 'cls':
-            return latent[:, 0]
-        return latent[:, 1:].mean(dim=1)
+            pooled = latent[:, 0]
+        else:
+            pooled = latent[:, 1:].mean(dim=1)
+        if self.final_norm_twice:
+            pooled = self.backbone.norm1(pooled)
+        return pooled
 
     def loss(self, inputs: Tensor, data_samples: List[DataSample],
              **kwargs) -> Dict[str, Tensor]:

@@ -1,14 +1,20 @@
 """Shared parts of the batch-level feature regularisers (TCR, uniformity)."""
-import math
+import logging
 from abc import abstractmethod
 
 import torch
-import torch.nn.functional as F
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from mmae_plugin.matrix_info import check_features
+from mmae_plugin.matrix_info.coding_rate import unit_rows
+from mmae_plugin.matrix_info.validation import (check_finite_result,
+                                                check_init_cfg, check_real)
 from ..utils import check_gather_mode, gather_features
+
+#: Largest weight whose float32 loss can be finite for a non-zero term.
+MAX_LOSS_WEIGHT = float(torch.finfo(torch.float32).max)
 
 
 class FeatureRegularizer(BaseModule):
@@ -17,13 +23,22 @@ class FeatureRegularizer(BaseModule):
     Subclasses implement :meth:`value` on the normalised, gathered features;
     this class validates arguments and input, gathers across ranks and runs
     the arithmetic in float64 with autocast disabled (the reference runs took
-    the Gram matrix under fp16 autocast; we do not).
+    the Gram matrix under fp16 autocast; we do not). Rows are normalised at
+    any scale (:func:`~mmae_plugin.matrix_info.coding_rate.unit_rows`);
+    an all-zero row is refused.
+
+    A batch of fewer than 2 samples (after the gather), e.g. the last batch
+    of an epoch with ``drop_last=False``, has no batch statistics: the term
+    is skipped for that step with a logged warning and a zero that keeps the
+    autograd graph (and, under DDP, the gather's collectives) is returned.
 
     Args:
         gather: How features of other ranks enter the loss: ``'global'``,
             ``'reference'`` or ``'local'``
             (see :mod:`mmae_plugin.models.utils.gather`).
-        loss_weight: Non-negative weight of the term.
+        loss_weight: Weight of the term, a real number in
+            [0, float32 max].
+        init_cfg: mmengine initialisation config (None, a dict or a list).
     """
 
     #: key under which :class:`~mmae_plugin.models.MMAE` logs the term.
@@ -31,13 +46,10 @@ class FeatureRegularizer(BaseModule):
 
     def __init__(self, gather: str = 'global', loss_weight: float = 0.01,
                  init_cfg=None) -> None:
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(init_cfg=check_init_cfg(init_cfg))
         self.gather = check_gather_mode(gather)
-        if not (isinstance(loss_weight, (int, float))
-                and math.isfinite(loss_weight) and loss_weight >= 0):
-            raise ValueError('loss_weight must be a finite number >= 0, '
-                             f'got {loss_weight!r}')
-        self.loss_weight = float(loss_weight)
+        self.loss_weight = check_real(loss_weight, 'loss_weight', minimum=0,
+                                      maximum=MAX_LOSS_WEIGHT)
 
     @abstractmethod
     def value(self, zn: Tensor) -> Tensor:
@@ -55,9 +67,17 @@ class FeatureRegularizer(BaseModule):
         check_features(features, name='features')
         z = gather_features(features, self.gather)
         if z.shape[0] < 2:
-            raise ValueError(
-                f'{type(self).__name__} needs at least 2 samples in the '
-                f'(gathered) batch, got {z.shape[0]}')
+            print_log(
+                f'{type(self).__name__} skipped for this step: it needs at '
+                f'least 2 samples in the (gathered) batch, got {z.shape[0]} '
+                '(a last batch with drop_last=False?)',
+                logger='current', level=logging.WARNING)
+            return (z.sum() * 0.0).float()
         with torch.autocast(device_type=z.device.type, enabled=False):
-            zn = F.normalize(z.to(torch.float64), dim=1)
-            return (self.loss_weight * self.value(zn)).float()
+            zn = unit_rows(z.to(torch.float64), name='features')
+            term = self.value(zn)
+            loss = (self.loss_weight * term).float()
+        return check_finite_result(
+            loss, f'{type(self).__name__} loss',
+            f'loss_weight={self.loss_weight!r} times the term '
+            f'{float(term):.6g} overflows float32; use a smaller loss_weight')

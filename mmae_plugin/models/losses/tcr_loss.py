@@ -5,6 +5,8 @@ from mmpretrain.registry import MODELS
 from torch import Tensor
 
 from mmae_plugin.matrix_info import total_coding_rate
+from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
+                                                check_real)
 from .feature_regularizer import FeatureRegularizer
 
 TCR_FORMS = ('reference', 'paper')
@@ -27,13 +29,14 @@ class TCRLoss(FeatureRegularizer):
     exact and stays finite on collapsed (rank-1) features.
 
     Args:
-        mu: Positive coding-rate parameter.
+        mu: Positive, finite coding-rate parameter.
         form: ``'reference'`` or ``'paper'``.
-        centering: Center the features over the batch first.
+        centering: Center the features over the batch first (a bool).
         gather: ``'global'`` (exact gradient under DDP), ``'reference'``
             (published gather: effective weight ``loss_weight / world_size``)
             or ``'local'``.
         loss_weight: Weight lambda of the term (>= 0).
+        init_cfg: mmengine initialisation config.
     """
 
     loss_name = 'loss_tcr'
@@ -43,13 +46,9 @@ class TCRLoss(FeatureRegularizer):
                  loss_weight: float = 0.01, init_cfg=None) -> None:
         super().__init__(gather=gather, loss_weight=loss_weight,
                          init_cfg=init_cfg)
-        if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
-            raise ValueError(f'mu must be a finite number > 0, got {mu!r}')
-        if form not in TCR_FORMS:
-            raise ValueError(f'form must be one of {TCR_FORMS}, got {form!r}')
-        self.mu = float(mu)
-        self.form = form
-        self.centering = bool(centering)
+        self.mu = check_real(mu, 'mu', minimum=0, strict=True)
+        self.form = check_choice(form, 'form', TCR_FORMS)
+        self.centering = check_bool(centering, 'centering')
 
     def value(self, zn: Tensor) -> Tensor:
         if self.centering:

@@ -19,14 +19,14 @@ from mmpretrain.models.selfsup.simclr import GatherLayer
 from torch import Tensor
 from torch.distributed.nn.functional import all_gather
 
+from mmae_plugin.matrix_info.validation import check_choice
+
 GATHER_MODES = ('global', 'reference', 'local')
 
 
 def check_gather_mode(gather: str) -> str:
     """Return ``gather`` if it is a known mode, else raise a clear error."""
-    if gather not in GATHER_MODES:
-        raise ValueError(f'gather must be one of {GATHER_MODES}, got {gather!r}')
-    return gather
+    return check_choice(gather, 'gather', GATHER_MODES)
 
 
 def gather_features(features: Tensor, gather: str) -> Tensor:
