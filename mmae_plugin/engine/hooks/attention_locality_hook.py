@@ -32,6 +32,8 @@ from mmpretrain.models.selfsup import MAEViT
 from mmpretrain.models.utils import MultiheadAttention
 from mmpretrain.registry import HOOKS, TRANSFORMS
 
+from mmae_plugin.matrix_info.validation import (check_bool, check_config,
+                                                check_int)
 from mmae_plugin.theory.attention_stats import (
     attention_entropy, mean_attention_distance, patch_grid_distances,
     query_key_normalized_mutual_information)
@@ -159,20 +161,24 @@ class AttentionLocalityHook(Hook):
                  probe_seed: int = 0,
                  probe_view: int = 0,
                  probe_pipeline: Optional[List[dict]] = None) -> None:
-        for name, value in (('interval', interval), ('num_probe_images',
-                                                     num_probe_images)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f'{name}={value!r} is invalid: expected an '
-                                 'integer >= 1.')
-        if not isinstance(probe_view, int) or probe_view < 0:
-            raise ValueError(f'probe_view={probe_view!r} is invalid: '
-                             'expected an integer >= 0.')
-        self.interval = interval
-        self.by_epoch = by_epoch
-        self.num_probe_images = num_probe_images
-        self.probe_at_start = probe_at_start
-        self.probe_seed = probe_seed
-        self.probe_view = probe_view
+        self.interval = check_int(interval, 'interval', minimum=1)
+        self.by_epoch = check_bool(by_epoch, 'by_epoch')
+        self.num_probe_images = check_int(num_probe_images,
+                                          'num_probe_images', minimum=1)
+        self.probe_at_start = check_bool(probe_at_start, 'probe_at_start')
+        # numpy seeds are 32-bit unsigned.
+        self.probe_seed = check_int(probe_seed, 'probe_seed', minimum=0)
+        if self.probe_seed >= 2**32:
+            raise ValueError(f'probe_seed must be < 2**32, got {probe_seed!r}')
+        self.probe_view = check_int(probe_view, 'probe_view', minimum=0)
+        if probe_pipeline is not None:
+            if not isinstance(probe_pipeline, list):
+                raise TypeError('probe_pipeline must be None or a list of '
+                                'transform configs, got '
+                                f'{type(probe_pipeline).__name__} '
+                                f'{probe_pipeline!r}')
+            for position, transform in enumerate(probe_pipeline):
+                check_config(transform, f'probe_pipeline[{position}]')
         # Built from mmpretrain's registry so that the transforms resolve
         # even outside a runner's default scope.
         self.probe_pipeline = (None if probe_pipeline is None else Compose(
