@@ -295,15 +295,16 @@ def test_erank_is_the_papers_effective_rank_not_rankme():
     assert float(values['rankme']) == pytest.approx(float(rankme(z)))
 
 
-@pytest.mark.parametrize('regularizer', [
-    dict(mu=1.0, form='reference', centering=False),
-    dict(mu=3.0, form='paper', centering=True)])
-def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path,
-                                                       regularizer):
+@pytest.mark.parametrize('regularizer,norm_twice', [
+    (dict(mu=1.0, form='reference', centering=False), False),
+    (dict(mu=3.0, form='paper', centering=True), True)])
+def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path, regularizer,
+                                                       norm_twice):
     cfg = shrink_for_test(
         Config.fromfile(os.path.join(FMNIST, 'mmae_fmnist.py')),
         str(tmp_path), batch=8, iters=1)
     cfg.model.regularizer.update(regularizer)
+    cfg.model.final_norm_twice = norm_twice
     runner = Runner.from_cfg(cfg)
     hook = next(h for h in runner.hooks if isinstance(h, MatrixInfoHook))
     hook.before_run(runner)
