@@ -82,3 +82,36 @@ def test_multi_view_inputs_flip_each_view():
 def test_bad_arguments_fail_at_build(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build(**kwargs)
+
+
+def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
+    """bench_gpu.py --device cpu --iters 2 runs both models' steps and the
+    1-process dist_train.sh launch (gloo) and writes complete JSON. The
+    ViT-B is shrunk (ViT-tiny, 32 x 32 images, 1 decoder layer) to keep
+    the test short; the code path is the GPU one."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / 'bench.json'
+    shrink = [
+        'model.backbone.arch=deit-tiny', 'model.backbone.img_size=32',
+        'model.neck.num_patches=4', 'model.neck.embed_dim=192',
+        'model.neck.decoder_embed_dim=32', 'model.neck.decoder_depth=1',
+        'model.neck.decoder_num_heads=2'
+    ]
+    subprocess.run([
+        sys.executable, f'{repo_root}/tools/benchmarks/bench_gpu.py',
+        '--device', 'cpu', '--iters', '2', '--image-size', '32', '--out',
+        str(out), '--cfg-options', *shrink
+    ], check=True, cwd=repo_root, capture_output=True)
+    result = json.loads(out.read_text())
+    steps = result['steps']
+    assert set(steps['models']) == {'MAE', 'M-MAE'}
+    for model in steps['models'].values():
+        assert model['images_per_s'] > 0
+        assert model['param_groups'] == 2  # merged decay / no-decay groups
+    assert steps['mmae_over_mae_step_time'] > 0
+    assert 0 < steps['regulariser_share_of_mae_step']
+    dist = result['dist_train']
+    assert dist['finished'], dist['log_tail']
+    assert dist['backend'] == 'gloo' and dist['iterations'] == 2
