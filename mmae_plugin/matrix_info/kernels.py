@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .coding_rate import check_features
-from .validation import to_compute_dtype
+from .validation import check_bool, to_compute_dtype
 
 #: A feature whose batch standard deviation is below this fraction of its
 #: largest magnitude is constant up to rounding ("dead"); standardising it
@@ -149,6 +149,7 @@ def normalized_covariance(z: Tensor, factored: bool = False,
         Dense (d, d) tensor, or its :class:`FactoredPSD`.
     """
     check_features(z, name='z', min_samples=2)
+    check_bool(factored, 'factored')
     zb = _standardize_columns(to_compute_dtype(z, dtype))
     factor = zb.T / zb.shape[0] ** 0.5
     return FactoredPSD(factor) if factored else factor @ factor.T
@@ -170,5 +171,6 @@ def normalized_gram(z: Tensor, factored: bool = False,
         Dense (B, B) tensor, or its :class:`FactoredPSD`.
     """
     check_features(z, name='z', min_samples=1)
+    check_bool(factored, 'factored')
     zn = _normalize_rows(to_compute_dtype(z, dtype))
     return FactoredPSD(zn) if factored else zn @ zn.T
