@@ -385,3 +385,24 @@ def test_table_counts():
     components = {row.component for row in REFUSED}
     assert len(REFUSED) >= 100 and len(components) >= 20
     assert len(CORRUPT) == 7
+
+
+def test_last_batch_of_one_does_not_stop_training(repo_root, tmp_path):
+    """17 images, batch 16, drop_last=False: the 2nd step has 1 image."""
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+    cfg = Config.fromfile(
+        os.path.join(repo_root, 'configs/fashion_mnist/mmae_fmnist.py'))
+    cfg.work_dir = str(tmp_path)
+    cfg.train_cfg.max_epochs = 1
+    cfg.default_hooks.checkpoint = None
+    cfg.default_hooks.logger.interval = 1
+    cfg.train_dataloader.update(batch_size=16, drop_last=False, num_workers=0,
+                                persistent_workers=False)
+    cfg.train_dataloader.dataset.indices = 17
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    assert runner.iter == 2
+    last = runner.message_hub.get_scalar('train/loss_tcr').current()
+    assert last == 0.0
+    assert math.isfinite(runner.message_hub.get_scalar('train/loss').current())

@@ -9,5 +9,7 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=2))
 env_cfg = dict(dist_cfg=dict(backend='nccl'))  # gloo without CUDA (plugin)
 randomness = dict(seed=0, diff_rank_seed=True)
-# Resumed runs draw the same masks as uninterrupted ones.
+# Every random draw (masks, augmentations in workers or in the main process)
+# derives from (seed, epoch, iteration or sample index): a resumed run draws
+# exactly what an uninterrupted one draws.
 custom_hooks = [dict(type='ReseedHook')]
