@@ -32,3 +32,5 @@ param_scheduler = [
 train_cfg = dict(by_epoch=True, max_epochs=5, val_interval=5)
 val_cfg = dict()
 test_cfg = dict()
+# The lr is for a total batch of 256; --auto-scale-lr rescales it linearly.
+auto_scale_lr = dict(base_batch_size=256)
