@@ -55,14 +55,30 @@ FMNIST_CASES = {
     'M-MAE': 'configs/fashion_mnist/mmae_fmnist.py',
 }
 VIT_B_CONFIG = 'configs/mmae_vit-base_200e.py'
+BASELINE = False  # set from --baseline
 PHASES = ('data', 'preprocess', 'forward', 'parse_losses', 'backward',
           'optimizer.step', 'zero_grad')
 
 
 # ---------------------------------------------------------------- helpers
-def load_config(path: str, cfg_options: Optional[List[str]] = None):
+def apply_baseline(cfg) -> None:
+    """The settings before issue 9: per-sample RandomFlip + PackInputs in
+    the worker, mmpretrain's SelfSupDataPreprocessor, one optimizer group per
+    tensor (mmengine's default constructor)."""
+    pre = cfg.data_preprocessor
+    cfg.data_preprocessor = dict(type='SelfSupDataPreprocessor',
+                                 mean=pre.mean, std=pre.std, to_rgb=False)
+    cfg.train_dataloader.dataset.pipeline = [
+        dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')]
+    cfg.optim_wrapper.constructor = 'DefaultOptimWrapperConstructor'
+
+
+def load_config(path: str, cfg_options: Optional[List[str]] = None,
+                baseline: bool = False):
     from mmengine.config import Config, DictAction
     cfg = Config.fromfile(osp.join(REPO, path))
+    if baseline:
+        apply_baseline(cfg)
     if cfg_options:
         parser = argparse.ArgumentParser()
         parser.add_argument('--o', nargs='+', action=DictAction)
@@ -230,7 +246,7 @@ def run_runner(config: str, iters: int, warmup: int, profile: bool,
     import mmae_plugin  # noqa: F401
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
-    cfg = load_config(config, cfg_options)
+    cfg = load_config(config, cfg_options, BASELINE)
     total = warmup + iters + 1
     cfg.work_dir = tempfile.mkdtemp(prefix='bench_throughput_')
     cfg.train_dataloader.dataset.indices = total * \
@@ -300,6 +316,8 @@ def fresh_process(mode: str, config: str, args) -> dict:
     ]
     if args.profile_round:
         command.append('--profile')
+    if args.baseline:
+        command.append('--baseline')
     if args.cfg_options:
         command += ['--cfg-options', *args.cfg_options]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
@@ -434,6 +452,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--cfg-options', nargs='+', default=None,
                         help='overrides applied to the Fashion-MNIST configs '
                         '(both loops), e.g. to reproduce an older setup')
+    parser.add_argument(
+        '--baseline', action='store_true',
+        help='runner with the settings before issue 9 (per-sample flip, '
+        'SelfSupDataPreprocessor, one optimizer group per tensor)')
     parser.add_argument('--single', choices=['runner', 'plain'],
                         help=argparse.SUPPRESS)
     parser.add_argument('--config', help=argparse.SUPPRESS)
@@ -444,6 +466,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    global BASELINE
+    BASELINE = args.baseline
     if args.single:
         single(args)
         return
