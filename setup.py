@@ -65,8 +65,8 @@ def link_mim_items() -> None:
     for item in MIM_ITEMS:
         target = osp.join(ROOT, item)
         link = osp.join(mim_dir, item)
-        if not osp.exists(target):
-            continue
+        # Linked even before the target exists (model-index.yml), so a file
+        # added later is found without reinstalling.
         relative = osp.relpath(target, mim_dir)
         if osp.islink(link) and os.readlink(link) == relative:
             continue
