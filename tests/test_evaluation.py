@@ -18,7 +18,8 @@ from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
-from mmae_plugin.evaluation import (fit_linear_probe, knn, knn_class_scores,
+from mmae_plugin.evaluation import (evaluate_frozen_encoder, fit_linear_probe,
+                                    knn, knn_class_scores,
                                     representation_statistics)
 from mmae_plugin.evaluation.linear_probe import standardize
 
@@ -176,6 +177,14 @@ def test_knn_classifier_under_the_runner(tmp_path, pretrained):
     ref = numpy_statistics(test_x)
     for key in ('entropy', 'erank', 'rankme', 'tcr'):
         assert metrics[f'repr/{key}'] == pytest.approx(ref[key], rel=1e-4)
+    # The one-pass evaluation of the sweep sees the same features.
+    cached, probe, _ = evaluate_frozen_encoder(cfg, pretrained)
+    assert cached['knn/top1'] == pytest.approx(top1, abs=1e-4)
+    for key in ('erank', 'rankme'):
+        assert cached[f'repr/{key}'] == pytest.approx(ref[key], rel=1e-4)
+    probe_top1 = 100 * (probe.logits(torch.from_numpy(test_x)).argmax(1)
+                        .numpy() == test_y).mean()
+    assert cached['linear/top1'] == pytest.approx(probe_top1, abs=1e-4)
 
 
 def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,

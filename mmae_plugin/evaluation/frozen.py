@@ -6,6 +6,7 @@ computes kNN accuracy, the accuracy of a linear probe fitted on the cached
 features, and the representation statistics of the test features. For
 multi-GPU kNN use ``tools/dist_test.sh`` with the kNN config instead.
 """
+import copy
 from typing import Dict, Tuple
 
 import torch
@@ -40,6 +41,17 @@ def extract_features(model, dataloader_cfg: dict) -> Tuple[Tensor, Tensor]:
     return torch.cat(feats), torch.tensor(labels)
 
 
+def build_model(cfg: Config):
+    """Build ``cfg.model`` with the config's top-level data preprocessor.
+
+    mmpretrain configs give the preprocessor (mean, std) at the top level
+    and mmengine's Runner moves it into the model; do the same here.
+    """
+    model_cfg = copy.deepcopy(cfg.model)
+    model_cfg.setdefault('data_preprocessor', cfg.get('data_preprocessor'))
+    return MODELS.build(model_cfg)
+
+
 def accuracy(scores: Tensor, labels: Tensor, k: int = 1) -> float:
     """Top-k accuracy in percent."""
     top = scores.topk(k, dim=1).indices
@@ -64,7 +76,7 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
         ``repr/<statistic>``; the fitted :class:`LinearProbe`; the
         encoder's weights (see :func:`linear_probe_state_dict`).
     """
-    model = MODELS.build(knn_config.model)
+    model = build_model(knn_config)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
     train_x, train_y = extract_features(model, knn_config.model.prototype)
     test_x, test_y = extract_features(model, knn_config.test_dataloader)

@@ -1,0 +1,106 @@
+"""The plugin's entries in mmpretrain's model zoo and the mmae-zoo:// scheme."""
+import os
+import pickle
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.runner import load_checkpoint
+
+import mmae_plugin  # noqa: F401  (registers the model index)
+import mmpretrain
+from mmae_plugin.evaluation import extract_features, fit_linear_probe
+from mmae_plugin.evaluation.frozen import build_model, linear_probe_state_dict
+from mmae_plugin.model_zoo import ZOO_DIR_ENV
+from mmpretrain.apis import ModelHub
+
+IMAGENET_ENTRIES = {
+    'mmae_vit-base_200e_linear-90e': 62.4,
+    'mmae_vit-base_200e_finetune-100e': 83.1,
+    'mmae_vit-large_200e_linear-90e': 66.0,
+    'mmae_vit-large_200e_finetune-100e': 84.3,
+    'umae_vit-base_200e_linear-90e': 58.5,
+    'mae_vit-base_200e_linear-90e': 55.4,
+}
+
+
+def test_list_models_finds_the_plugin_entries():
+    names = set(mmpretrain.list_models('*mmae*'))
+    assert {'mmae_vit-base_200e', 'mmae_vit-large_200e'} <= names
+    for name, top1 in IMAGENET_ENTRIES.items():
+        metainfo = ModelHub.get(name)
+        assert metainfo.results[0].metrics['Top 1 Accuracy'] == top1
+        assert 'paper' in metainfo.metadata.data['Results Source']
+        assert metainfo.weights is None
+
+
+def test_get_model_builds_the_imagenet_recipe():
+    model = mmpretrain.get_model('mmae_vit-base_200e')
+    assert type(model).__name__ == 'MMAE'
+    assert model.regularizer.loss_weight == pytest.approx(0.01 / 8)
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ('touch /tmp/mmae_zoo_pwned',))
+
+
+def test_zoo_scheme_missing_checkpoint_names_the_build_command(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(FileNotFoundError, match='run_evidence.py --export-zoo'):
+        load_checkpoint(model, 'mmae-zoo://fmnist/not_built_yet.pth')
+    with pytest.raises(ValueError, match='relative path'):
+        load_checkpoint(model, 'mmae-zoo://../outside.pth')
+
+
+def test_zoo_scheme_loads_with_weights_only(tmp_path, monkeypatch):
+    monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
+    marker = '/tmp/mmae_zoo_pwned'
+    if os.path.exists(marker):
+        os.remove(marker)
+    with open(tmp_path / 'evil.pth', 'wb') as f:
+        pickle.dump({'state_dict': Payload()}, f)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(model, 'mmae-zoo://evil.pth')
+    assert not os.path.exists(marker)
+    good = torch.nn.Linear(2, 2)
+    torch.save({'state_dict': good.state_dict()}, tmp_path / 'good.pth')
+    load_checkpoint(model, 'mmae-zoo://good.pth')
+    torch.testing.assert_close(model.weight, good.weight)
+
+
+def test_cached_probe_becomes_the_linear_config_exactly():
+    """The exported probe predicts in linear_fmnist.py what it predicted."""
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmpretrain')
+    torch.manual_seed(0)
+    knn_cfg = Config.fromfile('configs/fashion_mnist/knn_fmnist.py')
+    knn_cfg.merge_from_dict({'model.prototype.dataset.indices': 300,
+                             'model.prototype.num_workers': 0,
+                             'test_dataloader.dataset.indices': 100,
+                             'test_dataloader.num_workers': 0,
+                             'test_dataloader.persistent_workers': False})
+    encoder = build_model(knn_cfg)
+    encoder.init_weights()
+    train_x, train_y = extract_features(encoder, knn_cfg.model.prototype)
+    test_x, _ = extract_features(encoder, knn_cfg.test_dataloader)
+    probe = fit_linear_probe(train_x, train_y, 10, weight_decay=1e-2)
+
+    linear_cfg = Config.fromfile('configs/fashion_mnist/linear_fmnist.py')
+    linear_cfg.model.backbone.init_cfg = None
+    classifier = mmpretrain.get_model(linear_cfg)
+    missing = classifier.load_state_dict(
+        linear_probe_state_dict(probe, encoder.image_encoder.state_dict()),
+        strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    inputs = []
+    from mmengine.runner import Runner
+    for batch in Runner.build_dataloader(knn_cfg.test_dataloader):
+        inputs.append(classifier.data_preprocessor(batch, False)['inputs'])
+    with torch.no_grad():
+        logits = classifier(torch.cat(inputs), mode='tensor')
+    torch.testing.assert_close(logits, probe.logits(test_x).float(),
+                               atol=1e-4, rtol=1e-4)
