@@ -5,6 +5,7 @@ import subprocess
 import sys
 import zipfile
 
+import torch
 from mmengine.config import Config
 from mmengine.registry import FUNCTIONS
 from mmpretrain.registry import MODELS
@@ -34,7 +35,8 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     assert cfg.strategy.type == 'FSDPStrategy'
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', 'l')
-    model = MODELS.build(cfg.model)
+    with torch.device('meta'):  # shapes only: no 300M-parameter init
+        model = MODELS.build(cfg.model)
     policy_cfg = dict(cfg.strategy.model_wrapper.auto_wrap_policy)
     policy = FUNCTIONS.get(policy_cfg.pop('type'))
     # The policy the FSDP wrapper will apply: its own unit for each module
