@@ -77,7 +77,10 @@ class FeatureRegularizer(BaseModule):
             zn = unit_rows(z.to(torch.float64), name='features')
             term = self.value(zn)
             loss = (self.loss_weight * term).float()
-        return check_finite_result(
-            loss, f'{type(self).__name__} loss',
-            f'loss_weight={self.loss_weight!r} times the term '
-            f'{float(term):.6g} overflows float32; use a smaller loss_weight')
+        if not bool(torch.isfinite(loss.detach())):
+            check_finite_result(
+                loss, f'{type(self).__name__} loss',
+                f'loss_weight={self.loss_weight!r} times the term '
+                f'{float(term):.6g} overflows float32; use a smaller '
+                'loss_weight')
+        return loss
