@@ -436,11 +436,23 @@ def _has_only_cpu_params(module: torch.nn.Module) -> bool:
 # folder accepts a new file. Hard links, FIFOs, devices and files of other
 # owners get upstream's in-place write. The new file gets the old file's
 # mode, or ``0o666 & ~umask`` like ``open``. Temporary files left by a killed
-# write are removed by the next write of the same file and, in the work and
-# checkpoint folders, when training starts. One writer per file is assumed,
-# as mmengine's main-process saving does.
+# write (``.<name>.<pid>.XXXXXXXX.tmp``) are removed by the next write of the
+# same file and, in the work and checkpoint folders, when training starts,
+# once the process that wrote them is gone: every rank of a job may write the
+# same file (mmengine dumps test metrics on each rank), and one writer must
+# not delete another's live temporary.
 # --------------------------------------------------------------------------
-_TMP_NAME = re.compile(r'^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$')
+_TMP_NAME = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$')
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def current_umask() -> int:
@@ -484,7 +496,7 @@ def atomic_write_target(filepath: Union[str, 'os.PathLike']) -> Optional[str]:
 
 
 def remove_orphan_temporaries(folder: str, name: Optional[str] = None) -> None:
-    """Delete temporary files of interrupted atomic writes in ``folder``.
+    """Delete temporaries of interrupted atomic writes whose writer is gone.
 
     Args:
         folder: Where to look.
@@ -496,7 +508,8 @@ def remove_orphan_temporaries(folder: str, name: Optional[str] = None) -> None:
         return
     for entry in entries:
         match = _TMP_NAME.match(entry)
-        if match and (name is None or match.group('name') == name):
+        if match and (name is None or match.group('name') == name) \
+                and not _process_alive(int(match.group('pid'))):
             try:
                 os.remove(osp.join(folder, entry))
             except OSError:
@@ -525,8 +538,8 @@ def write_atomically(data: Union[bytes, str], filepath: str,
     except FileNotFoundError:
         file_mode = 0o666 & ~current_umask()
     remove_orphan_temporaries(folder, name)
-    fd, tmp_path = tempfile.mkstemp(dir=folder, prefix=f'.{name}.',
-                                    suffix='.tmp')
+    fd, tmp_path = tempfile.mkstemp(
+        dir=folder, prefix=f'.{name}.{os.getpid()}.', suffix='.tmp')
     try:
         os.fchmod(fd, file_mode)
         with os.fdopen(fd, mode, encoding=encoding) as tmp:

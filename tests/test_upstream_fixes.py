@@ -211,8 +211,12 @@ def test_last_checkpoint_is_replaced_not_rewritten_in_place(tmp_path):
 def test_orphan_temporaries_removed_at_start_and_on_next_save(tmp_path):
     work_dir = tmp_path / 'work'
     work_dir.mkdir()
-    orphans = ['.epoch_1.pth.k2j4_x9a.tmp', '.last_checkpoint.abcdefgh.tmp']
-    kept = ['.hidden.tmp', 'epoch_0.pth.abcdefgh.tmp', 'notes.txt']
+    dead = 999999999  # above Linux's pid_max: no such process
+    orphans = [f'.epoch_1.pth.{dead}.k2j4_x9a.tmp',
+               f'.last_checkpoint.{dead}.abcdefgh.tmp']
+    # Another writer's live temporary (this process) is left alone.
+    kept = ['.hidden.tmp', f'epoch_0.pth.{dead}.abcdefgh.tmp', 'notes.txt',
+            f'.epoch_1.pth.{os.getpid()}.abcdefgh.tmp']
     for name in orphans + kept:
         (work_dir / name).write_bytes(b'half')
     train_toy(work_dir)
@@ -220,11 +224,11 @@ def test_orphan_temporaries_removed_at_start_and_on_next_save(tmp_path):
     assert not left & set(orphans)
     assert set(kept) | {'epoch_1.pth', 'last_checkpoint'} <= left
     # The next write of a file removes the orphans of that file only.
-    (tmp_path / '.a.pth.abcdefgh.tmp').write_bytes(b'half')
-    (tmp_path / '.b.pth.abcdefgh.tmp').write_bytes(b'half')
+    (tmp_path / f'.a.pth.{dead}.abcdefgh.tmp').write_bytes(b'half')
+    (tmp_path / f'.b.pth.{dead}.abcdefgh.tmp').write_bytes(b'half')
     LocalBackend().put(b'data', tmp_path / 'a.pth')
-    assert not (tmp_path / '.a.pth.abcdefgh.tmp').exists()
-    assert (tmp_path / '.b.pth.abcdefgh.tmp').exists()
+    assert not (tmp_path / f'.a.pth.{dead}.abcdefgh.tmp').exists()
+    assert (tmp_path / f'.b.pth.{dead}.abcdefgh.tmp').exists()
 
 
 @pytest.mark.parametrize('mask', [0o022, 0o077, 0o002])
