@@ -36,7 +36,7 @@ INSTALL_REQUIRES = [
     # ops) or mmcv-lite both work; `[lite]` installs the latter.
 ]
 EXTRAS_REQUIRE = {
-    'lite': ['mmcv-lite>=2.2.0,<2.4'],  # mmpretrain 1.2 wants mmcv < 2.4
+    'lite': ['mmcv-lite>=2.1.0,<2.4'],  # mmpretrain 1.2 wants mmcv < 2.4
     # tests read TensorBoard event files written by MatrixInfoHook runs and
     # check the checkpoint converter against timm's ViT.
     'tests': ['pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
