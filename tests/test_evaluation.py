@@ -208,3 +208,39 @@ def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,
         results[2]['accuracy/top1'], abs=1e-6)
     for key in ('repr/erank', 'repr/rankme'):
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5)
+
+
+def test_imagenet_knn_config_builds(repo_root):
+    cfg = Config.fromfile('configs/knn_vit-base.py')
+    model = MODELS.build(cfg.model)
+    assert model.k == 20 and model.num_classes == 1000
+    assert cfg.model.prototype.dataset.split == 'train'
+    assert cfg.test_evaluator[1]['type'] == 'RepresentationStatistics'
+
+
+def test_finetune_config_trains_and_evaluates(tmp_path, pretrained):
+    cfg = Config.fromfile('configs/fashion_mnist/finetune_fmnist.py')
+    cfg.merge_from_dict({
+        'model.backbone.init_cfg.checkpoint': pretrained,
+        'train_dataloader.dataset.indices': 64,
+        'train_dataloader.batch_size': 32,
+        'train_dataloader.num_workers': 0,
+        'train_dataloader.persistent_workers': False,
+        'val_dataloader.dataset.indices': 64,
+        'val_dataloader.num_workers': 0,
+        'val_dataloader.persistent_workers': False,
+        'train_cfg.max_epochs': 2,
+        'param_scheduler.1.T_max': 1, 'param_scheduler.1.end': 2,
+    })
+    cfg.test_dataloader = cfg.val_dataloader
+    cfg.work_dir = str(tmp_path)
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    # The whole encoder trained, starting from the pretrained weights.
+    pre = torch.load(pretrained, weights_only=True)['state_dict']
+    key = 'layers.0.attn.qkv.weight'
+    assert not torch.equal(runner.model.backbone.state_dict()[key],
+                           pre[f'backbone.{key}'])
+    groups = runner.optim_wrapper.optimizer.param_groups
+    lrs = sorted({g['initial_lr'] for g in groups})
+    assert len(lrs) > 4  # one lr per layer: layer-wise decay is on
