@@ -7,7 +7,9 @@
 # whose backward keeps only the local slice, so under DDP their regulariser
 # gradient was 1/8 of the gradient of 0.01 * TCR on the 1024-image batch.
 # Here the gather is exact ('global') and the weight 0.01 / 8 reproduces the
-# published runs for any number of GPUs. For the published code's behaviour
+# published regulariser term at any GPU count; the rest of the recipe (lr,
+# schedule) assumes the published global batch of 1024 (8 x 128; for other
+# totals see --auto-scale-lr in the README). For the published code's behaviour
 # verbatim use gather='reference', loss_weight=0.01 (then the effective
 # weight changes with the GPU count).
 #   tools/dist_train.sh configs/mmae_vit-base_200e.py 8
