@@ -4,7 +4,6 @@ import os
 
 import pytest
 from mmengine.config import Config
-from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
@@ -27,9 +26,7 @@ def test_configs_are_found():
 def test_config_builds_its_model(name):
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     assert 'mmae_plugin' in cfg.custom_imports['imports']
-    # Other tests' runners leave their own default scope behind.
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        model = MODELS.build(cfg.model)
+    model = MODELS.build(cfg.model)
     assert sum(p.numel() for p in model.parameters()) > 0
     if cfg.get('train_dataloader') is not None:
         assert_supports_auto_scale_lr(cfg)
