@@ -81,6 +81,6 @@ class FeatureRegularizer(BaseModule):
             check_finite_result(
                 loss, f'{type(self).__name__} loss',
                 f'loss_weight={self.loss_weight!r} times the term '
-                f'{float(term):.6g} overflows float32; use a smaller '
+                f'{term.item():.6g} overflows float32; use a smaller '
                 'loss_weight')
         return loss
