@@ -20,8 +20,9 @@ from setuptools.command.build_py import build_py
 
 ROOT = osp.dirname(osp.abspath(__file__))
 MIM_DIR = osp.join('mmae_plugin', '.mim')
-# What the `.mim` folder holds: repository paths, shipped as they are.
-MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
+# What the `.mim` folder holds: repository paths, shipped as they are
+# (checkpoints/: the Fashion-MNIST model-zoo weights, mmae-zoo://).
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml', 'checkpoints')
 MIM_IGNORE = shutil.ignore_patterns('__pycache__', '*.pyc', 'work_dirs')
 
 INSTALL_REQUIRES = [

@@ -17,7 +17,7 @@ import zipfile
 import pytest
 
 COPIED = ('setup.py', 'README.md', 'LICENSE', 'MANIFEST.in',
-          'model-index.yml', 'mmae_plugin', 'configs', 'tools')
+          'model-index.yml', 'mmae_plugin', 'configs', 'tools', 'checkpoints')
 IGNORED = shutil.ignore_patterns('__pycache__', '*.pyc', '.mim', 'work_dirs')
 
 
@@ -53,7 +53,8 @@ def wheel(repo_root, tmp_path_factory):
 def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    shipped = tracked_files(repo_root, 'configs', 'tools', 'model-index.yml')
+    shipped = tracked_files(repo_root, 'configs', 'tools', 'model-index.yml',
+                            'checkpoints')
     assert 'configs/mmae_vit-base_200e.py' in shipped
     missing = [p for p in shipped if f'mmae_plugin/.mim/{p}' not in names]
     assert not missing, missing
