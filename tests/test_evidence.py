@@ -1,0 +1,76 @@
+"""The evidence sweep end to end at its --quick budget (real runs)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+SCRIPT = 'tools/benchmarks/run_evidence.py'
+
+
+def sweep(repo_root, out_dir, *extra):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, '--quick', '--out-dir', str(out_dir),
+         '--report', str(out_dir / 'report' / 'results.md'), *extra],
+        cwd=repo_root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope='module')
+def quick_sweep(repo_root, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp('evidence')
+    return out_dir, sweep(repo_root, out_dir)
+
+
+def test_quick_sweep_writes_report_plots_and_rows(quick_sweep):
+    out_dir, stdout = quick_sweep
+    assert '0 of 4 runs already done' in stdout
+    with open(out_dir / 'report' / 'results' / 'runs.json') as f:
+        rows = json.load(f)
+    assert sorted((r['cell'], r['seed']) for r in rows) == [
+        ('mae', 0), ('mae', 1), ('mmae_lam0.01_mu1', 0),
+        ('mmae_lam0.01_mu1', 1)]
+    for row in rows:
+        assert 0 <= row['knn/top1'] <= 100 and 0 <= row['linear/top1'] <= 100
+        assert 1 <= row['repr/erank'] <= 128
+    report = (out_dir / 'report' / 'results.md').read_text()
+    assert '| M-MAE λ=0.01 μ=1 | 2 |' in report
+    assert 'Summary in plain words' in report
+    assert "The paper's numbers" in report
+    for plot in ('accuracy_vs_lambda', 'accuracy_vs_mu', 'accuracy_vs_erank'):
+        assert (out_dir / 'report' / 'results' / f'{plot}.png').stat().st_size
+    # The full probe config ran on the seed-0 encoders of MAE and M-MAE.
+    assert report.count('not run') == 0
+
+
+def test_quick_sweep_skips_finished_runs_and_reevaluates_lost_results(
+        repo_root, quick_sweep):
+    out_dir, _ = quick_sweep
+    lost = out_dir / 'mae' / 'seed1' / 'results.json'
+    before = json.loads(lost.read_text())
+    lost.unlink()
+    stdout = sweep(repo_root, out_dir, '--no-probe-check')
+    assert '3 of 4 runs already done' in stdout
+    after = json.loads(lost.read_text())
+    # The checkpoint was kept: only the evaluation ran, with the same result.
+    assert after['pretrain_s'] < 5
+    assert after['knn/top1'] == before['knn/top1']
+    assert after['linear/top1'] == pytest.approx(before['linear/top1'])
+
+
+def test_quick_export_writes_zoo_checkpoints_and_metafile(repo_root,
+                                                          quick_sweep):
+    out_dir, _ = quick_sweep
+    zoo = out_dir / 'zoo'
+    sweep(repo_root, out_dir, '--export-zoo', '--zoo-dir', str(zoo),
+          '--zoo-metafile', str(zoo / 'metafile.yml'))
+    models = yaml.safe_load((zoo / 'metafile.yml').read_text())['Models']
+    names = {m['Name'] for m in models}
+    assert {'mae_vit-tiny-p4_fmnist', 'mmae_vit-tiny-p4_fmnist_knn',
+            'mmae_vit-tiny-p4_fmnist_linear'} <= names
+    for model in models:
+        assert model['Weights'].startswith('mmae-zoo://fmnist/')
+        assert os.path.isfile(zoo / model['Weights'].split('/')[-1])
