@@ -261,7 +261,8 @@ def write_report(rows: List[dict], cells: List[Cell], budget: Budget,
         json.dump(rows, f, indent=1)
     seconds = [r['pretrain_s'] + r['eval_s'] for r in rows]
     lam_cells = [c for c in cells if c.method != 'mae' and c.mu in (None, 1.0)]
-    mu_cells = [c for c in cells if c.method == 'mmae' and c.lam == 0.01]
+    mu_cells = sorted((c for c in cells if c.method == 'mmae' and
+                       c.lam == 0.01), key=lambda c: c.mu)
     rel = lambda p: osp.relpath(p, osp.dirname(osp.abspath(report)))  # noqa
     bank = 'all 60,000' if budget.bank_images is None else \
         f'the first {budget.bank_images:,}'

@@ -474,8 +474,10 @@ def main(argv=None) -> None:
         return main_child(args)
     budget = QUICK if args.quick else FULL
     cells = quick_grid() if args.quick else full_grid()
+    # The sweep's command line (a --report-only rebuild reports the same).
     command = 'python tools/benchmarks/run_evidence.py ' + ' '.join(
-        sys.argv[1:] if argv is None else argv)
+        arg for arg in (sys.argv[1:] if argv is None else argv)
+        if arg != '--report-only')
     if args.export_zoo:
         return export_zoo(args.out_dir, budget, args.zoo_dir,
                           args.zoo_metafile)
