@@ -262,7 +262,9 @@ def load_results(out_dir: str) -> List[dict]:
 def child_command(args, cell: Cell, seed: int, threads: int) -> List[str]:
     return [sys.executable, osp.abspath(__file__), '--child', cell.name,
             str(seed), '--out-dir', args.out_dir, '--threads', str(threads)
-            ] + (['--quick'] if args.quick else [])
+            ] + (['--quick'] if args.quick else []) + [
+                f'--{key}={value}' for key in ('images', 'epochs')
+                if (value := getattr(args, key)) is not None]
 
 
 def run_sweep(args, cells: List[Cell], budget: Budget) -> None:
@@ -300,11 +302,20 @@ def run_sweep(args, cells: List[Cell], budget: Budget) -> None:
         raise SystemExit('[evidence] failed runs:\n  ' + '\n  '.join(failures))
 
 
+def budget_of(args) -> Budget:
+    """The --quick or full budget, with --images / --epochs applied."""
+    budget = QUICK if args.quick else FULL
+    sizes = {key: value for key, value in
+             (('images', args.images), ('epochs', args.epochs))
+             if value is not None}
+    return dataclasses.replace(budget, **sizes) if sizes else budget
+
+
 def main_child(args) -> None:
     import torch
     torch.set_num_threads(args.threads)
     import mmae_plugin  # noqa: F401
-    budget = QUICK if args.quick else FULL
+    budget = budget_of(args)
     cell = cell_from_name(args.child[0])
     seed = int(args.child[1])
     run_dir = run_dir_of(args.out_dir, cell, seed)
@@ -326,8 +337,8 @@ def zoo_name(cell: Cell) -> str:
     return f'{cell.method}_vit-tiny-p4_fmnist'
 
 
-def export_zoo(out_dir: str, budget: Budget, zoo_dir: str = ZOO_DIR,
-               metafile: str = ZOO_METAFILE) -> None:
+def export_zoo(out_dir: str, budget: Budget, quick: bool = False,
+               zoo_dir: str = ZOO_DIR, metafile: str = ZOO_METAFILE) -> None:
     """Write the zoo checkpoints and the Fashion-MNIST metafile.
 
     Each zoo cell's seed-0 encoder is evaluated with the shipped kNN config
@@ -350,7 +361,7 @@ def export_zoo(out_dir: str, budget: Budget, zoo_dir: str = ZOO_DIR,
     seed = budget.seeds[0]
     dataset_meta = {'classes': list(GzipFashionMNIST.METAINFO['classes'])}
     models = []
-    grid = quick_grid() if budget is QUICK else full_grid()
+    grid = quick_grid() if quick else full_grid()
     for method, cell in ZOO_CELLS.items():
         if cell not in grid:
             continue
@@ -361,7 +372,7 @@ def export_zoo(out_dir: str, budget: Budget, zoo_dir: str = ZOO_DIR,
                              'sweep before --export-zoo')
         name = zoo_name(cell)
         print(f'[evidence] exporting {name} (evaluating on all data)')
-        eval_cfg = evaluation_config(budget) if budget is QUICK else \
+        eval_cfg = evaluation_config(budget) if quick else \
             Config.fromfile(osp.join(REPO, KNN_CONFIG))
         metrics, probe, encoder = evaluate_frozen_encoder(eval_cfg, checkpoint)
         provenance = dict(cell=cell.name, seed=seed, images=budget.images,
@@ -441,6 +452,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                      'results.md'))
     parser.add_argument('--quick', action='store_true',
                         help='tiny budget and grid (for the test suite)')
+    parser.add_argument('--images', type=int,
+                        help='pretraining images per run (default: the '
+                        'budget\'s); use a new --out-dir for a new budget')
+    parser.add_argument('--epochs', type=int,
+                        help='pretraining epochs per run (>= 2)')
     parser.add_argument('--jobs', type=int, default=2,
                         help='runs in parallel (each gets cores/jobs threads)')
     parser.add_argument('--report-only', action='store_true',
@@ -464,6 +480,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f'--jobs must be >= 1, got {args.jobs}')
+    if args.images is not None and args.images < 256:
+        parser.error(f'--images must be >= 256 (one batch), got {args.images}')
+    if args.epochs is not None and args.epochs < 2:
+        parser.error(f'--epochs must be >= 2 (warm-up, then cosine), got '
+                     f'{args.epochs}')
     args.out_dir = osp.abspath(args.out_dir)
     return args
 
@@ -472,14 +493,14 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.child:
         return main_child(args)
-    budget = QUICK if args.quick else FULL
+    budget = budget_of(args)
     cells = quick_grid() if args.quick else full_grid()
     # The sweep's command line (a --report-only rebuild reports the same).
     command = 'python tools/benchmarks/run_evidence.py ' + ' '.join(
         arg for arg in (sys.argv[1:] if argv is None else argv)
         if arg != '--report-only')
     if args.export_zoo:
-        return export_zoo(args.out_dir, budget, args.zoo_dir,
+        return export_zoo(args.out_dir, budget, args.quick, args.zoo_dir,
                           args.zoo_metafile)
     if not args.report_only:
         run_sweep(args, cells, budget)
