@@ -388,7 +388,9 @@ def bench_vit_b(args) -> float:
     """train_step with the config's wrapper vs a plain step, ViT-B/16."""
     import mmae_plugin  # noqa: F401
     from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
+    init_default_scope('mmpretrain')  # the config names plugin components
     cfg = load_config(VIT_B_CONFIG)
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
@@ -400,7 +402,7 @@ def bench_vit_b(args) -> float:
     optim_cfg.pop('loss_scale', None)
     wrapper = build_optim_wrapper(model, optim_cfg)
     optimizer = plain_optimizer(plain_model, cfg)
-    pre = cfg.model.data_preprocessor
+    pre = cfg.model.get('data_preprocessor') or cfg.data_preprocessor
     mean = torch.tensor(pre.mean).view(1, -1, 1, 1)
     std = torch.tensor(pre.std).view(1, -1, 1, 1)
     images = torch.randint(0, 256, (args.vit_batch, 3, 224, 224),
