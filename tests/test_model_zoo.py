@@ -104,3 +104,40 @@ def test_cached_probe_becomes_the_linear_config_exactly():
         logits = classifier(torch.cat(inputs), mode='tensor')
     torch.testing.assert_close(logits, probe.logits(test_x).float(),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_shipped_fmnist_linear_entry_reproduces_its_recorded_accuracy(
+        tmp_path):
+    """get_model(..., pretrained=True) through mmae-zoo://, on the test set."""
+    import numpy as np
+    from PIL import Image
+    from mmengine.runner import Runner
+    name = 'mmae_vit-tiny-p4_fmnist_linear'
+    recorded = ModelHub.get(name).results[0].metrics['Top 1 Accuracy']
+    model = mmpretrain.get_model(name, pretrained=True)
+    assert model._dataset_meta['classes'][0] == 'T-shirt/top'
+    cfg = model._config
+    cfg.test_dataloader.num_workers = 0
+    cfg.test_dataloader.persistent_workers = False
+    correct = total = 0
+    with torch.no_grad():
+        for batch in Runner.build_dataloader(cfg.test_dataloader):
+            for sample in model.test_step(batch):
+                correct += int(sample.pred_label == sample.gt_label)
+                total += 1
+    assert total == 10000
+    assert 100 * correct / total == pytest.approx(recorded, abs=0.006)
+    # The README's inferencer call on one test image (a grey PNG file).
+    import mmcv
+    from mmpretrain.registry import DATASETS
+    sample = DATASETS.build(cfg.test_dataloader.dataset)[0]
+    Image.fromarray(sample['inputs'].squeeze(0).numpy().astype(np.uint8)
+                    ).save(tmp_path / 'image.png')
+    image = mmcv.imread(str(tmp_path / 'image.png'), flag='grayscale')
+    result = mmpretrain.ImageClassificationInferencer(model)(image)[0]
+    with torch.no_grad():
+        expected = model.test_step(dict(
+            inputs=[sample['inputs']], data_samples=[sample['data_samples']]))
+    assert result['pred_label'] == int(expected[0].pred_label)
+    assert result['pred_class'] == \
+        model._dataset_meta['classes'][result['pred_label']]
