@@ -61,18 +61,25 @@ def test_regularised_losses_are_logged_separately(model_cfgs, name, key):
     assert torch.isfinite(losses[key])
 
 
-def test_regulariser_sees_the_cls_token_of_the_masked_pass(model_cfgs):
-    model = build(model_cfgs['mmae'])
+def regulariser_input_and_latent(model, seed=3):
+    """What the regulariser received in ``model.loss`` and, under the same
+    mask, the masked encoder output."""
     captured = {}
     model.regularizer.register_forward_pre_hook(
         lambda module, args: captured.setdefault('z', args[0]))
     images = torch.randn(4, 1, 28, 28)
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     model.loss(images, data_samples=[])
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     latent, _, _ = model.backbone(images)
+    return captured['z'], latent
+
+
+def test_regulariser_sees_the_cls_token_of_the_masked_pass(model_cfgs):
+    model = build(model_cfgs['mmae'])
+    z, latent = regulariser_input_and_latent(model)
     assert latent.shape[1] == 1 + 49 // 4  # CLS + the 25 % visible patches
-    torch.testing.assert_close(captured['z'], latent[:, 0])
+    torch.testing.assert_close(z, latent[:, 0])
 
 
 def test_mean_visible_feature(model_cfgs):
@@ -101,20 +108,12 @@ def test_final_norm_twice_applies_the_encoder_norm_again(model_cfgs, feature):
     with torch.no_grad():  # non-trivial affine parameters
         norm.weight.uniform_(0.5, 1.5)
         norm.bias.uniform_(-0.5, 0.5)
-    captured = {}
-    model.regularizer.register_forward_pre_hook(
-        lambda module, args: captured.setdefault('z', args[0]))
-    images = torch.randn(4, 1, 28, 28)
-    torch.manual_seed(3)
-    model.loss(images, data_samples=[])
-    torch.manual_seed(3)
-    latent, _, _ = model.backbone(images)  # normed once by MAEViT
+    z, latent = regulariser_input_and_latent(model)  # latent: normed once
     pooled = latent[:, 0] if feature == 'cls' else latent[:, 1:].mean(1)
     expected = hand_layer_norm(pooled, norm.weight, norm.bias, norm.eps)
-    torch.testing.assert_close(captured['z'].double(), expected,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(z.double(), expected, rtol=1e-5, atol=1e-5)
     # Normed twice is not normed once (unit affine would make it idempotent).
-    assert not torch.allclose(captured['z'], pooled, atol=1e-3)
+    assert not torch.allclose(z, pooled, atol=1e-3)
 
 
 def test_shipped_configs_norm_the_feature_once(repo_root):
