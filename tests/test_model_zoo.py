@@ -72,12 +72,18 @@ def test_zoo_scheme_loads_with_weights_only(tmp_path, monkeypatch):
     torch.testing.assert_close(model.weight, good.weight)
 
 
-def test_cached_probe_becomes_the_linear_config_exactly():
-    """The exported probe predicts in linear_fmnist.py what it predicted."""
+@pytest.mark.parametrize('knn_config,linear_config,pooling', [
+    ('knn_fmnist.py', 'linear_fmnist.py', 'cls'),
+    ('knn_fmnist_clsmean.py', 'linear_fmnist_clsmean.py', 'cls+mean'),
+])
+def test_cached_probe_becomes_the_linear_config_exactly(
+        knn_config, linear_config, pooling):
+    """The exported probe predicts in the linear config what it predicted."""
     from mmengine.registry import init_default_scope
     init_default_scope('mmpretrain')
     torch.manual_seed(0)
-    knn_cfg = Config.fromfile('configs/fashion_mnist/knn_fmnist.py')
+    knn_cfg = Config.fromfile(f'configs/fashion_mnist/{knn_config}')
+    assert knn_cfg.model.pooling == pooling
     knn_cfg.merge_from_dict({'model.prototype.dataset.indices': 300,
                              'model.prototype.num_workers': 0,
                              'test_dataloader.dataset.indices': 100,
@@ -89,11 +95,12 @@ def test_cached_probe_becomes_the_linear_config_exactly():
     test_x, _ = extract_features(encoder, knn_cfg.test_dataloader)
     probe = fit_linear_probe(train_x, train_y, 10, weight_decay=1e-2)
 
-    linear_cfg = Config.fromfile('configs/fashion_mnist/linear_fmnist.py')
+    linear_cfg = Config.fromfile(f'configs/fashion_mnist/{linear_config}')
     linear_cfg.model.backbone.init_cfg = None
     classifier = mmpretrain.get_model(linear_cfg)
     missing = classifier.load_state_dict(
-        linear_probe_state_dict(probe, encoder.image_encoder.state_dict()),
+        linear_probe_state_dict(probe, encoder.image_encoder.state_dict(),
+                                pooling),
         strict=True)
     assert not missing.missing_keys and not missing.unexpected_keys
     inputs = []

@@ -95,8 +95,8 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
     return metrics, probe, model.image_encoder.state_dict()
 
 
-def linear_probe_state_dict(probe: LinearProbe,
-                            encoder_state: dict) -> Dict[str, Tensor]:
+def linear_probe_state_dict(probe: LinearProbe, encoder_state: dict,
+                            pooling: str = 'cls') -> Dict[str, Tensor]:
     """The cached-feature probe as weights of the linear-probe configs.
 
     ``ImageClassifier`` with ``ClsBatchNormNeck`` (affine-free BatchNorm,
@@ -107,16 +107,21 @@ def linear_probe_state_dict(probe: LinearProbe,
     Args:
         probe: The fitted probe.
         encoder_state: The encoder's ``state_dict``.
+        pooling: The features' pooling. ``'cls'``: the checkpoint is for
+            ``configs/fashion_mnist/linear_fmnist.py`` (the BatchNorm is
+            ``neck``); any other: for ``linear_fmnist_clsmean.py``, whose
+            neck is ``[TokenPoolingNeck, ClsBatchNormNeck]`` (``neck.1``).
 
     Returns:
-        A state dict for ``configs/fashion_mnist/linear_fmnist.py``.
+        A state dict for the linear-probe config.
     """
+    batch_norm = 'neck.bn.' if pooling == 'cls' else 'neck.1.bn.'
     state = {f'backbone.{key}': value
              for key, value in encoder_state.items()}
     state.update({
-        'neck.bn.running_mean': probe.mean.float(),
-        'neck.bn.running_var': probe.var.float(),
-        'neck.bn.num_batches_tracked': torch.tensor(0),
+        f'{batch_norm}running_mean': probe.mean.float(),
+        f'{batch_norm}running_var': probe.var.float(),
+        f'{batch_norm}num_batches_tracked': torch.tensor(0),
         'head.layers.head.weight': probe.head.weight.detach().float(),
         'head.layers.head.bias': probe.head.bias.detach().float(),
     })

@@ -10,7 +10,9 @@ config (``configs/fashion_mnist/knn_fmnist.py``), then
 * effective rank, RankMe, matrix entropy and TCR of the test features,
 
 written as JSON. ``--save-linear`` stores the probe as a checkpoint of
-``configs/fashion_mnist/linear_fmnist.py``, so ``tools/test.py`` evaluates it.
+``configs/fashion_mnist/linear_fmnist.py`` (CLS features) or
+``linear_fmnist_clsmean.py`` (``knn_fmnist_clsmean.py``'s CLS + mean
+features), so ``tools/test.py`` evaluates it.
 For multi-process kNN use ``tools/dist_test.sh`` with the kNN config.
 
 Example::
@@ -65,8 +67,9 @@ def main() -> None:
         with open(args.out, 'w') as f:
             json.dump(metrics, f, indent=1)
     if args.save_linear:
-        torch.save({'state_dict': linear_probe_state_dict(probe, encoder)},
-                   args.save_linear)
+        state = linear_probe_state_dict(probe, encoder,
+                                        cfg.model.get('pooling', 'cls'))
+        torch.save({'state_dict': state}, args.save_linear)
 
 
 if __name__ == '__main__':

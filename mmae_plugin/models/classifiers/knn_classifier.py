@@ -9,7 +9,7 @@ from torch import Tensor
 
 from mmae_plugin.evaluation.knn import check_knn_args, knn_class_scores
 
-POOLING = ('cls', 'mean')
+from ..necks import check_pooling, pool_tokens
 
 
 @MODELS.register_module()
@@ -32,14 +32,16 @@ class KNNClassifier(ImageToImageRetriever):
 
     Args:
         backbone: Config of the encoder, e.g. ``VisionTransformer`` with
-            ``out_type='cls_token'`` (CLS feature) or ``'featmap'`` (patch
-            tokens, mean-pooled here).
+            ``out_type='cls_token'`` (CLS feature), ``'featmap'`` (patch
+            tokens, mean-pooled here) or ``'raw'`` (every pooling).
         prototype: Dataloader config of the labelled training images.
         num_classes: Number of classes.
         k: Neighbours that vote (20 as in DINO).
         temperature: Vote temperature T (0.07 as in InstDisc / DINO).
-        pooling: ``'cls'`` or ``'mean'``, checked against the backbone's
-            output: a (B, C, H, W) feature map is mean-pooled.
+        pooling: ``'cls'``, ``'mean'`` (of the patch tokens) or
+            ``'cls+mean'`` (both concatenated, DINO's ViT-B linear
+            evaluation), checked against the backbone's ``out_type`` when
+            the model is built (see :func:`~mmae_plugin.models.necks.pool_tokens`).
         data_preprocessor: Config of the preprocessor
             (``ClsDataPreprocessor`` by default).
         init_cfg: Initialisation config.
@@ -51,9 +53,6 @@ class KNNClassifier(ImageToImageRetriever):
                  data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         check_knn_args(k, temperature, num_classes)
-        if pooling not in POOLING:
-            raise ValueError(
-                f'pooling must be one of {POOLING}, got {pooling!r}')
         if not isinstance(prototype, dict):
             raise TypeError('prototype must be a dataloader config (dict), '
                             f'got {type(prototype).__name__}')
@@ -63,24 +62,17 @@ class KNNClassifier(ImageToImageRetriever):
         self.num_classes = num_classes
         self.k = k
         self.temperature = float(temperature)
+        check_pooling(pooling, getattr(self.image_encoder, 'out_type', 'raw'))
         self.pooling = pooling
         self._register_load_state_dict_pre_hook(_backbone_keys_to_encoder)
 
     def extract_feat(self, inputs: Tensor) -> Tensor:
-        """Pooled features (B, C) of the frozen encoder."""
+        """Pooled features (B, C), or (B, 2C) for ``'cls+mean'``."""
         feats = self.image_encoder(inputs)
         if isinstance(feats, (tuple, list)):
             feats = feats[-1]
-        if feats.dim() == 4:  # out_type='featmap': (B, C, H, W)
-            if self.pooling != 'mean':
-                raise ValueError(
-                    "pooling='cls' needs a backbone with out_type="
-                    "'cls_token'; this one returns a feature map")
-            return feats.mean(dim=(2, 3))
-        if self.pooling == 'mean':
-            raise ValueError("pooling='mean' needs a backbone with "
-                             "out_type='featmap'")
-        return feats
+        return pool_tokens(feats, self.pooling,
+                           getattr(self.image_encoder, 'num_extra_tokens', 1))
 
     def _get_prototype_vecs_from_dataloader(self, data_loader) -> Tensor:
         labels = torch.as_tensor(
