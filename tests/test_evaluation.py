@@ -244,3 +244,20 @@ def test_finetune_config_trains_and_evaluates(tmp_path, pretrained):
     groups = runner.optim_wrapper.optimizer.param_groups
     lrs = sorted({g['initial_lr'] for g in groups})
     assert len(lrs) > 4  # one lr per layer: layer-wise decay is on
+
+
+def test_mixed_precision_features_are_float32_and_close(tmp_path, pretrained):
+    """``--amp`` extracts under bfloat16 autocast (CPU) and returns float32
+    features within bfloat16's rounding of the float32 ones."""
+    from mmae_plugin.evaluation.frozen import build_model, extract_features
+    cfg = small_knn_cfg(tmp_path, pretrained, train_images=64)
+    model = build_model(cfg)
+    load_checkpoint(model, pretrained, logger='silent')
+    exact, labels = extract_features(model, cfg.model.prototype)
+    mixed, mixed_labels = extract_features(model, cfg.model.prototype,
+                                           amp=True)
+    assert mixed.dtype == exact.dtype == torch.float32
+    assert torch.equal(labels, mixed_labels)
+    assert not torch.equal(mixed, exact)  # autocast was on
+    error = (mixed - exact).norm(dim=1) / exact.norm(dim=1)
+    assert error.max() < 0.05

@@ -12,6 +12,7 @@ from typing import Dict, Tuple
 import torch
 from mmengine.config import Config
 from mmengine.runner import Runner, load_checkpoint
+from mmengine.runner.amp import autocast
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
@@ -21,12 +22,16 @@ from .statistics import representation_statistics
 
 
 @torch.no_grad()
-def extract_features(model, dataloader_cfg: dict) -> Tuple[Tensor, Tensor]:
+def extract_features(model, dataloader_cfg: dict,
+                     amp: bool = False) -> Tuple[Tensor, Tensor]:
     """Features and labels of a whole dataset, in dataset order.
 
     Args:
         model: A model with ``data_preprocessor`` and ``extract_feat``.
         dataloader_cfg: Dataloader config (no shuffling).
+        amp: Run the encoder under mmengine's ``autocast`` (float16 on
+            GPUs, bfloat16 on CPUs), as ``tools/test.py --amp`` does; the
+            features are returned in float32.
 
     Returns:
         ``(features (N, d), labels (N,))``.
@@ -36,7 +41,8 @@ def extract_features(model, dataloader_cfg: dict) -> Tuple[Tensor, Tensor]:
     feats, labels = [], []
     for batch in loader:
         data = model.data_preprocessor(batch, False)
-        feats.append(model.extract_feat(data['inputs']))
+        with autocast(enabled=amp):
+            feats.append(model.extract_feat(data['inputs']).float())
         labels += [int(sample.gt_label) for sample in data['data_samples']]
     return torch.cat(feats), torch.tensor(labels)
 
@@ -59,7 +65,8 @@ def accuracy(scores: Tensor, labels: Tensor, k: int = 1) -> float:
 
 
 def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
-                            linear_weight_decay: float = 1e-4
+                            linear_weight_decay: float = 1e-4,
+                            amp: bool = False
                             ) -> Tuple[Dict[str, float], LinearProbe, dict]:
     """kNN, cached-feature linear probe and statistics of a checkpoint.
 
@@ -69,6 +76,9 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
             ``test_dataloader`` the evaluation set.
         checkpoint: Pretraining or classifier checkpoint (``backbone.*``).
         linear_weight_decay: L2 coefficient of the linear probe.
+        amp: Extract the features under mixed precision (see
+            :func:`extract_features`); kNN, probe and statistics stay in
+            float32 / float64.
 
     Returns:
         ``(metrics, probe, encoder_state)``: metrics keyed ``knn/top1``,
@@ -78,8 +88,9 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
     """
     model = build_model(knn_config)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
-    train_x, train_y = extract_features(model, knn_config.model.prototype)
-    test_x, test_y = extract_features(model, knn_config.test_dataloader)
+    train_x, train_y = extract_features(model, knn_config.model.prototype,
+                                        amp)
+    test_x, test_y = extract_features(model, knn_config.test_dataloader, amp)
 
     scores = knn_class_scores(test_x, train_x, train_y, model.num_classes,
                               model.k, model.temperature)

@@ -47,6 +47,10 @@ def parse_args() -> argparse.Namespace:
                         'config checkpoint')
     parser.add_argument('--weight-decay', type=float, default=1e-4,
                         help='l2 coefficient of the linear probe')
+    parser.add_argument('--amp', action='store_true',
+                        help='extract the features with automatic mixed '
+                        'precision (bfloat16 on CPUs), as tools/test.py '
+                        '--amp does')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override settings of the config (key=value)')
     return parser.parse_args()
@@ -59,7 +63,8 @@ def main() -> None:
         cfg.merge_from_dict(args.cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmpretrain'))
     metrics, probe, encoder = evaluate_frozen_encoder(
-        cfg, args.checkpoint, linear_weight_decay=args.weight_decay)
+        cfg, args.checkpoint, linear_weight_decay=args.weight_decay,
+        amp=args.amp)
     for key, value in metrics.items():
         print(f'{key}: {value:.4f}')
     if args.out:
