@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from .kernels import FactoredPSD, PSDInput
-from .validation import (check_eigenvalues_psd, check_square_symmetric,
-                         psd_tolerance, resolve_dtype,
+from .validation import (check_eigenvalues_psd, check_finite_symmetric,
+                         check_square, max_abs, psd_tolerance, resolve_dtype,
                          to_compute_dtype)
 
 
@@ -38,9 +38,11 @@ def dense_symmetric(K: Tensor, name: str,
     Returns:
         ``(K + K^T) / 2`` in the compute dtype.
     """
-    check_square_symmetric(K, name)
+    check_square(K, name)
     k = to_compute_dtype(K, dtype)
-    return (k + k.T) / 2
+    sym = (k + k.T).mul_(0.5)  # == (k + k.T) / 2 exactly, one temporary less
+    check_finite_symmetric(k, sym, name, K.dtype)
+    return sym
 
 
 def check_psd_by_cholesky(sym: Tensor, name: str,
@@ -58,7 +60,7 @@ def check_psd_by_cholesky(sym: Tensor, name: str,
     """
     n = sym.shape[0]
     detached = sym.detach()
-    scale = float(detached.abs().max())
+    scale = max_abs(detached)
     if scale == 0:
         return
     ridge = psd_tolerance(n, input_dtype) * scale

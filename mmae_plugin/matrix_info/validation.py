@@ -223,12 +223,14 @@ def check_non_negative(value: float, name: str) -> float:
     return check_real(value, name, minimum=0)
 
 
-def check_tensor(x: Tensor, name: str) -> None:
+def check_tensor(x: Tensor, name: str, check_finite: bool = True) -> None:
     """Raise unless ``x`` is a finite floating-point 2-D tensor.
 
     Args:
         x: Candidate tensor.
         name: Parameter name used in the error message.
+        check_finite: Also scan the values (callers that reduce ``x``
+            anyway check them through :func:`raise_if_not_finite`).
     """
     if not isinstance(x, Tensor):
         raise TypeError(f'{name} must be a torch.Tensor, got '
@@ -241,10 +243,22 @@ def check_tensor(x: Tensor, name: str) -> None:
                         f'dtype {x.dtype}')
     if x.numel() == 0:
         raise ValueError(f'{name} is empty: shape {tuple(x.shape)}')
-    if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
+    if check_finite and not bool(torch.isfinite(x).all()):
+        raise_if_not_finite(x, name)
+
+
+def raise_if_not_finite(x: Tensor, name: str) -> None:
+    """Raise, counting the NaN and Inf entries, if ``x`` has any."""
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
         raise ValueError(f'{name} contains {bad} non-finite value(s) (NaN or '
                          f'Inf); only finite matrices are allowed')
+
+
+def max_abs(x: Tensor) -> float:
+    """``max |x|`` in one reduction, without a temporary; NaN or Inf when
+    ``x`` has a non-finite entry."""
+    return float(torch.linalg.vector_norm(x.detach(), ord=math.inf))
 
 
 def check_features(z: Tensor, name: str = 'z', min_samples: int = 1) -> None:
@@ -281,23 +295,41 @@ def psd_tolerance(n: int, input_dtype: torch.dtype) -> float:
     return min(0.1, max(1e-6, 10.0 * math.sqrt(n) * eps))
 
 
-def check_square_symmetric(K: Tensor, name: str) -> None:
-    """Raise unless ``K`` is a finite, square, numerically symmetric matrix.
+def check_square(K: Tensor, name: str) -> None:
+    """Raise unless ``K`` is a square floating-point matrix (no value scan).
 
     Args:
         K: Candidate matrix.
         name: Parameter name used in the error message.
     """
-    check_tensor(K, name)
+    check_tensor(K, name, check_finite=False)
     rows, cols = K.shape
     if rows != cols:
         raise ValueError(f'{name} must be a square (n, n) matrix, got shape '
                          f'{tuple(K.shape)}; to analyse features of shape '
                          f'(B, d) build a matrix first with normalized_'
                          f'covariance(z) or normalized_gram(z)')
-    tol = psd_tolerance(rows, K.dtype)
-    scale = float(K.detach().abs().max())
-    asym = float((K.detach() - K.detach().T).abs().max())
+
+
+def check_finite_symmetric(K: Tensor, sym: Tensor, name: str,
+                           input_dtype: torch.dtype) -> None:
+    """Raise unless ``K`` is finite and numerically symmetric.
+
+    Two reductions and no transposed pass: ``max |K|`` (NaN or Inf if any
+    entry is) and ``max |K - K^T| = 2 max |K - sym|`` from the symmetric part
+    the caller needs anyway.
+
+    Args:
+        K: Square matrix, in the compute dtype.
+        sym: Its symmetric part ``(K + K^T) / 2``.
+        name: Parameter name used in the error message.
+        input_dtype: Dtype the matrix was received in (sets the tolerance).
+    """
+    scale = max_abs(K)
+    if not math.isfinite(scale):
+        raise_if_not_finite(K, name)
+    tol = psd_tolerance(K.shape[0], input_dtype)
+    asym = 2 * max_abs(K.detach() - sym.detach())
     if asym > tol * scale:
         raise ValueError(f'{name} must be symmetric: max |{name} - {name}.T| '
                          f'= {asym:.3g} exceeds {tol:.1g} x max |{name}| '

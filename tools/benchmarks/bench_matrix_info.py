@@ -5,7 +5,8 @@ d = B = 1024 against two direct scipy implementations: the definition
 (``scipy.linalg.logm`` / matrix powers, from ``tests/scipy_matrix_info_
 reference.py``) and the obvious fast one (``scipy.linalg.eigvalsh``). It
 prints times, ratios ``scipy / torch`` side by side and the largest
-difference of the values.
+difference of the values; then ``matrix_joint_entropy`` against one
+``eigvalsh`` (torch's and scipy's) of the same size, its cost floor.
 
 Part 2 trains a Fashion-MNIST config for the same number of iterations with
 and without ``MatrixInfoHook`` at its default interval (alternating, each run
@@ -198,6 +199,48 @@ def bench_functions(size: int, repeats: int) -> None:
               f'{t_def / t_ours:9.2f} {eig_cols} {diff:10.2e}')
 
 
+def bench_joint_entropy_cost(size: int, repeats: int) -> None:
+    """``matrix_joint_entropy`` over one float64 ``eigvalsh`` of its size.
+
+    The floor of any exact joint entropy is one symmetric eigendecomposition
+    of the n x n Hadamard product; what the toolbox adds on top is the
+    validation of its two inputs (finiteness and symmetry in two reductions
+    each, definiteness by a Cholesky factorisation each) and the product.
+    Timed alternately, best of ``repeats`` rounds, against torch's and
+    scipy's ``eigvalsh`` of that product.
+    """
+    import mmae_plugin.matrix_info as mi
+    from mmae_plugin.matrix_info.spectrum import (check_psd_by_cholesky,
+                                                  dense_symmetric)
+    gen = torch.Generator().manual_seed(1)
+    z1, z2 = (torch.randn(size, size // 4, generator=gen, dtype=torch.float64)
+              for _ in range(2))
+    k1, k2 = mi.normalized_gram(z1), mi.normalized_gram(z2)
+    f1, f2 = (mi.normalized_gram(z, factored=True) for z in (z1, z2))
+    product = k1 * k2
+    calls = {
+        'matrix_joint_entropy': lambda: mi.matrix_joint_entropy(k1, k2),
+        # Factors are PSD by construction: no definiteness check to pay.
+        'joint_entropy(factored)': lambda: mi.matrix_joint_entropy(f1, f2),
+        'torch eigvalsh': lambda: torch.linalg.eigvalsh(product),
+        'scipy eigvalsh': lambda: scipy.linalg.eigvalsh(
+            product.numpy(), check_finite=False),
+        'input checks (2x)': lambda: [
+            check_psd_by_cholesky(dense_symmetric(k, 'K'), 'K', k.dtype)
+            for k in (k1, k2)],
+    }
+    best = {name: math.inf for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            best[name] = min(best[name], best_time(call, 1)[0])
+    print(f'\n== matrix_joint_entropy vs one eigvalsh, n = {size}, float64, '
+          f'{torch.get_num_threads()} thread(s), best of {repeats} ==')
+    for name, seconds in best.items():
+        print(f'{name:24s} {seconds:8.4f} s   this / torch eigvalsh '
+              f'{seconds / best["torch eigvalsh"]:5.2f}   this / scipy '
+              f'eigvalsh {seconds / best["scipy eigvalsh"]:5.2f}')
+
+
 def overhead_config() -> str:
     mmae = osp.join(REPO, 'configs', 'fashion_mnist', 'mmae_fmnist.py')
     if osp.exists(mmae):
@@ -297,6 +340,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if not args.skip_functions and not args.single_run:
         bench_functions(args.size, args.repeats)
+        bench_joint_entropy_cost(args.size, max(args.repeats, 5))
     config = args.config or overhead_config()
     if args.single_run:
         import json
