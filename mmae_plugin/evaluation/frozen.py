@@ -120,8 +120,10 @@ def linear_probe_state_dict(probe: LinearProbe, encoder_state: dict,
         encoder_state: The encoder's ``state_dict``.
         pooling: The features' pooling. ``'cls'``: the checkpoint is for
             ``configs/fashion_mnist/linear_fmnist.py`` (the BatchNorm is
-            ``neck``); any other: for ``linear_fmnist_clsmean.py``, whose
-            neck is ``[TokenPoolingNeck, ClsBatchNormNeck]`` (``neck.1``).
+            ``neck``); any other: for ``linear_fmnist_clsmean.py`` (with
+            its ``TokenPoolingNeck`` set to the same pooling), whose neck is
+            ``[TokenPoolingNeck, ClsBatchNormNeck]`` (the BatchNorm is
+            ``neck.1``).
 
     Returns:
         A state dict for the linear-probe config.

@@ -41,7 +41,8 @@ class KNNClassifier(ImageToImageRetriever):
         pooling: ``'cls'``, ``'mean'`` (of the patch tokens) or
             ``'cls+mean'`` (both concatenated, DINO's ViT-B linear
             evaluation), checked against the backbone's ``out_type`` when
-            the model is built (see :func:`~mmae_plugin.models.necks.pool_tokens`).
+            the model is built (see
+            :func:`~mmae_plugin.models.necks.pool_tokens`).
         data_preprocessor: Config of the preprocessor
             (``ClsDataPreprocessor`` by default).
         init_cfg: Initialisation config.
