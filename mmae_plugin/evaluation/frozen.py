@@ -13,6 +13,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner, load_checkpoint
 from mmengine.runner.amp import autocast
+from mmengine.utils import ProgressBar
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
@@ -22,8 +23,8 @@ from .statistics import representation_statistics
 
 
 @torch.no_grad()
-def extract_features(model, dataloader_cfg: dict,
-                     amp: bool = False) -> Tuple[Tensor, Tensor]:
+def extract_features(model, dataloader_cfg: dict, amp: bool = False,
+                     progress: bool = False) -> Tuple[Tensor, Tensor]:
     """Features and labels of a whole dataset, in dataset order.
 
     Args:
@@ -32,18 +33,24 @@ def extract_features(model, dataloader_cfg: dict,
         amp: Run the encoder under mmengine's ``autocast`` (float16 on
             GPUs, bfloat16 on CPUs), as ``tools/test.py --amp`` does; the
             features are returned in float32.
+        progress: Show mmengine's progress bar, one step per image.
 
     Returns:
         ``(features (N, d), labels (N,))``.
     """
     model.eval()
     loader = Runner.build_dataloader(dataloader_cfg)
+    bar = ProgressBar(len(loader.dataset)) if progress else None
     feats, labels = [], []
     for batch in loader:
         data = model.data_preprocessor(batch, False)
         with autocast(enabled=amp):
             feats.append(model.extract_feat(data['inputs']).float())
         labels += [int(sample.gt_label) for sample in data['data_samples']]
+        if bar is not None:
+            bar.update(len(data['data_samples']))
+    if bar is not None:
+        bar.file.write('\n')
     return torch.cat(feats), torch.tensor(labels)
 
 
@@ -66,7 +73,7 @@ def accuracy(scores: Tensor, labels: Tensor, k: int = 1) -> float:
 
 def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
                             linear_weight_decay: float = 1e-4,
-                            amp: bool = False
+                            amp: bool = False, progress: bool = False
                             ) -> Tuple[Dict[str, float], LinearProbe, dict]:
     """kNN, cached-feature linear probe and statistics of a checkpoint.
 
@@ -79,6 +86,7 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
         amp: Extract the features under mixed precision (see
             :func:`extract_features`); kNN, probe and statistics stay in
             float32 / float64.
+        progress: Show progress bars over the training and test images.
 
     Returns:
         ``(metrics, probe, encoder_state)``: metrics keyed ``knn/top1``,
@@ -89,8 +97,9 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
     model = build_model(knn_config)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
     train_x, train_y = extract_features(model, knn_config.model.prototype,
-                                        amp)
-    test_x, test_y = extract_features(model, knn_config.test_dataloader, amp)
+                                        amp, progress)
+    test_x, test_y = extract_features(model, knn_config.test_dataloader, amp,
+                                      progress)
 
     scores = knn_class_scores(test_x, train_x, train_y, model.num_classes,
                               model.k, model.temperature)

@@ -64,7 +64,7 @@ def main() -> None:
     init_default_scope(cfg.get('default_scope', 'mmpretrain'))
     metrics, probe, encoder = evaluate_frozen_encoder(
         cfg, args.checkpoint, linear_weight_decay=args.weight_decay,
-        amp=args.amp)
+        amp=args.amp, progress=True)
     for key, value in metrics.items():
         print(f'{key}: {value:.4f}')
     if args.out:
