@@ -5,7 +5,7 @@ component in mmpretrain's registries, so configs only need::
 
     custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
 """
-from .upstream_fixes import apply_all as _apply_upstream_fixes
+from .compat import apply_all as _apply_upstream_fixes
 
 _apply_upstream_fixes()
 

@@ -1,4 +1,4 @@
-"""Each workaround in mmae_plugin.upstream_fixes, exercised on the real stack."""
+"""Each workaround in mmae_plugin.compat, exercised on the real stack."""
 import collections
 import os
 import pickle
@@ -15,7 +15,8 @@ from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
-from mmae_plugin.upstream_fixes import atomic_write_target, write_atomically
+from mmae_plugin.compat.atomic_checkpoint_write import (atomic_write_target,
+                                                     write_atomically)
 
 TINY_VIT = dict(
     type='VisionTransformer',

@@ -1,0 +1,42 @@
+"""Workarounds for upstream incompatibilities, one module per fix.
+
+mmengine 0.10.7 and mmpretrain 1.2.0 predate several PyTorch and setuptools
+changes. Each module names the upstream problem, the release that removes the
+need for it (so it can be deleted that day) and exactly what it changes; each
+acts only in the case it describes and hands every other case to the upstream
+code untouched. :func:`apply_all` applies them once, when ``mmae_plugin`` is
+imported (configs do that with ``custom_imports``).
+"""
+from typing import Callable, List
+
+from .atomic_checkpoint_write import (write_last_checkpoint_atomically,
+                                      write_local_files_atomically)
+from .checkpoint_allowlist import (allow_mmengine_checkpoints,
+                                   remember_registered_statistics)
+from .collate_scope import strip_collate_scope
+from .cpu_distributed import enable_cpu_distributed
+from .pkg_resources_check import require_pkg_resources
+from .weights_only_load import load_checkpoints_weights_only
+
+FIXES: List[Callable[[], None]] = [
+    require_pkg_resources,
+    allow_mmengine_checkpoints,
+    remember_registered_statistics,
+    load_checkpoints_weights_only,
+    strip_collate_scope,
+    enable_cpu_distributed,
+    write_local_files_atomically,
+    write_last_checkpoint_atomically,
+]
+
+_APPLIED = False
+
+
+def apply_all() -> None:
+    """Apply every workaround once (idempotent)."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    for fix in FIXES:
+        fix()
+    _APPLIED = True

@@ -1,0 +1,61 @@
+"""Checkpoints from URLs unpickled in full.
+
+Upstream: mmengine 0.10.7 ``load_from_http`` (used by ``http(s)://``,
+``torchvision://``, ``modelzoo://``, ``open-mmlab://``, ``openmmlab://``,
+``mmcls://`` and so by ``load_from``, ``--resume``, ``Pretrained`` init and
+``mmpretrain.get_model``) calls ``torch.hub.load_state_dict_from_url``,
+whose ``weights_only`` defaults to False: any downloaded or cached
+checkpoint could run code. Its ``torch.load`` calls for local files rely on
+torch's default, which ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns off.
+Not fixed in any mmengine release as of 0.10.7. The URL loader gets
+``weights_only=True`` and the checkpoint module's ``torch.load`` passes it
+explicitly (an explicit argument is not overridden by that variable).
+"""
+import functools
+import types
+from typing import Any
+
+import torch
+
+
+class TorchWithWeightsOnlyLoad(types.ModuleType):
+    """``torch`` as seen by ``mmengine.runner.checkpoint``: loads are safe.
+
+    Every attribute is torch's own except :meth:`load`, which always passes
+    ``weights_only=True``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(torch.__name__, torch.__doc__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(f: Any, *args, **kwargs) -> Any:
+        """``torch.load`` with ``weights_only=True`` whatever is asked."""
+        kwargs['weights_only'] = True
+        return torch.load(f, *args, **kwargs)
+
+
+def load_checkpoints_weights_only() -> None:
+    """Make every mmengine checkpoint scheme load with weights_only=True."""
+    import mmengine.runner.checkpoint as checkpoint_module
+    import mmengine.utils.dl_utils as dl_utils
+    import mmengine.utils.dl_utils.hub as hub
+
+    if not isinstance(checkpoint_module.torch, TorchWithWeightsOnlyLoad):
+        checkpoint_module.torch = TorchWithWeightsOnlyLoad()
+
+    original = hub.load_url
+    if getattr(original, '_mmae_fixed', False):
+        return
+
+    @functools.wraps(original)
+    def load_url(url: str, *args, **kwargs) -> Any:
+        kwargs['weights_only'] = True
+        return original(url, *args, **kwargs)
+
+    load_url._mmae_fixed = True
+    for module in (hub, dl_utils, checkpoint_module):
+        module.load_url = load_url
