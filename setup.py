@@ -26,8 +26,13 @@ MIM_ITEMS = ('configs', 'tools', 'model-index.yml', 'checkpoints')
 MIM_IGNORE = shutil.ignore_patterns('__pycache__', '*.pyc', 'work_dirs')
 
 INSTALL_REQUIRES = [
-    'torch>=2.13,<3',
-    'torchvision>=0.28,<1',
+    # torch 2.4 is the first with torch.serialization.add_safe_globals, which
+    # the weights_only allow-list (mmae_plugin.compat) needs; torchvision
+    # 0.19 is its match. Tested on 2.4, 2.11 and the constraints.txt pin
+    # (tools/compat_check.sh builds and tests such a stack).
+    'torch>=2.4,<3',
+    'torchvision>=0.19,<1',
+    'numpy>=1.26,<3',  # 1.x and 2.x both tested
     'mmengine>=0.10.7,<1',
     'mmpretrain>=1.2.0,<2',
     # mmengine 0.10.7 resolves `mmpretrain::` bases through pkg_resources,
