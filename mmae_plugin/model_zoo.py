@@ -12,6 +12,14 @@ paper's results and no weights; the Fashion-MNIST entries carry the results
 measured by ``tools/benchmarks/run_evidence.py`` and weights addressed as
 ``mmae-zoo://<file>``, which this module resolves to the plugin's checkpoint
 folder and loads with ``weights_only=True`` like every other checkpoint.
+
+mmpretrain's ``get_model(name, pretrained=True)`` only warns and returns a
+randomly initialised model when an entry has no weights. So that a user who
+asked for pretrained weights never gets a random model by mistake, the
+registered copies of the plugin's weightless entries point at
+``mmae-zoo://unpublished/<name>``, which :func:`load_from_zoo` refuses with a
+message naming the entry and what to pass instead. (The metafiles keep
+``Weights: null``, so ``mim search`` shows no weights for them.)
 """
 import os
 import os.path as osp
@@ -21,6 +29,8 @@ import torch
 from mmengine.runner import CheckpointLoader
 
 ZOO_SCHEME = 'mmae-zoo://'
+#: Weights of registered entries that publish none (see the module docstring).
+UNPUBLISHED = ZOO_SCHEME + 'unpublished/'
 #: Environment variable naming an extra folder of zoo checkpoints.
 ZOO_DIR_ENV = 'MMAE_PLUGIN_ZOO_DIR'
 BUILD_COMMAND = ('python tools/benchmarks/run_evidence.py && '
@@ -98,9 +108,49 @@ def load_from_zoo(filename: str, map_location=None, logger=None) -> dict:
 
     Returns:
         The loaded checkpoint.
+
+    Raises:
+        ValueError: For an entry without published weights, naming it and
+            what to pass to ``get_model`` instead.
     """
+    if filename.startswith(UNPUBLISHED):
+        raise ValueError(unpublished_weights_message(
+            filename[len(UNPUBLISHED):]))
     return torch.load(resolve_zoo_checkpoint(filename),
                       map_location=map_location, weights_only=True)
+
+
+def unpublished_weights_message(name: str) -> str:
+    """Why ``get_model(name, pretrained=True)`` fails, and what works.
+
+    Args:
+        name: A model-zoo entry without published weights.
+
+    Returns:
+        The message of the error.
+    """
+    return (
+        f'model-zoo entry {name!r} has no published weights (its results '
+        "are the paper's, not reproduced here), so pretrained=True cannot "
+        f"load any. Use get_model({name!r}, pretrained=False) to build the "
+        f"untrained recipe, or get_model({name!r}, "
+        "pretrained='path/to/checkpoint.pth') to load a checkpoint of your "
+        'own (one its config trained, or a published one converted by '
+        'tools/model_converters/mae_to_mmpretrain.py).')
+
+
+def _point_weightless_entries_at_refusal(index_path: str) -> None:
+    """Give the plugin's entries without weights the refusing URL.
+
+    Only entries whose metafile lives under the plugin's own index folder are
+    touched; mmpretrain's own entries keep mmpretrain's behaviour.
+    """
+    from mmpretrain.apis import ModelHub
+    index_dir = osp.dirname(osp.abspath(index_path))
+    for name, metainfo in ModelHub._models_dict.items():
+        filepath = osp.abspath(getattr(metainfo, 'filepath', '') or '')
+        if metainfo.weights is None and filepath.startswith(index_dir + os.sep):
+            metainfo.weights = UNPUBLISHED + name
 
 
 def register_model_zoo() -> None:
@@ -112,4 +162,5 @@ def register_model_zoo() -> None:
     if getattr(ModelHub, '_mmae_plugin_index', None) == path:
         return
     ModelHub.register_model_index(path, config_prefix=osp.dirname(path))
+    _point_weightless_entries_at_refusal(path)
     ModelHub._mmae_plugin_index = path

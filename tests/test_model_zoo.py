@@ -11,7 +11,9 @@ import mmae_plugin  # noqa: F401  (registers the model index)
 import mmpretrain
 from mmae_plugin.evaluation import extract_features, fit_linear_probe
 from mmae_plugin.evaluation.frozen import build_model, linear_probe_state_dict
-from mmae_plugin.model_zoo import ZOO_DIR_ENV
+from mmae_plugin.download import download_entry
+from mmae_plugin.download import main as download_main
+from mmae_plugin.model_zoo import UNPUBLISHED, ZOO_DIR_ENV
 from mmpretrain.apis import ModelHub
 
 IMAGENET_ENTRIES = {
@@ -31,7 +33,20 @@ def test_list_models_finds_the_plugin_entries():
         metainfo = ModelHub.get(name)
         assert metainfo.results[0].metrics['Top 1 Accuracy'] == top1
         assert 'paper' in metainfo.metadata.data['Results Source']
-        assert metainfo.weights is None
+        # Weightless entries point at the refusing URL (see the next test).
+        assert metainfo.weights == UNPUBLISHED + name
+
+
+def test_get_model_pretrained_true_without_weights_names_entry_and_fix():
+    name = 'mmae_vit-base_200e'
+    with pytest.raises(ValueError) as error:
+        mmpretrain.get_model(name, pretrained=True)
+    message = str(error.value)
+    assert f"model-zoo entry '{name}' has no published weights" in message
+    assert f"get_model('{name}', pretrained=False)" in message
+    assert "pretrained='path/to/checkpoint.pth'" in message
+    # mmpretrain's own entries keep their URLs and mmpretrain's behaviour.
+    assert ModelHub.get('resnet18_8xb16_cifar10').weights.startswith('https://')
 
 
 def test_get_model_builds_the_imagenet_recipe():
@@ -148,3 +163,35 @@ def test_shipped_fmnist_linear_entry_reproduces_its_recorded_accuracy(
     assert result['pred_label'] == int(expected[0].pred_label)
     assert result['pred_class'] == \
         model._dataset_meta['classes'][result['pred_label']]
+
+
+def test_download_copies_checkpoint_and_config_as_mim_download_would(
+        tmp_path):
+    """``python -m mmae_plugin.download``: the files rebuild the zoo model."""
+    name = 'mmae_vit-tiny-p4_fmnist_linear'
+    config_path, checkpoint_path = download_entry(name, str(tmp_path))
+    assert (config_path, checkpoint_path) == (str(tmp_path / f'{name}.py'),
+                                              str(tmp_path / f'{name}.pth'))
+    from mmae_plugin.model_zoo import resolve_zoo_checkpoint
+    with open(resolve_zoo_checkpoint(ModelHub.get(name).weights), 'rb') as f:
+        assert (tmp_path / f'{name}.pth').read_bytes() == f.read()
+    from_files = mmpretrain.get_model(config_path, pretrained=checkpoint_path)
+    from_zoo = mmpretrain.get_model(name, pretrained=True)
+    expected = from_zoo.state_dict()
+    got = from_files.state_dict()
+    assert got.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+
+
+def test_download_of_weightless_and_foreign_entries(tmp_path, capsys):
+    written = download_entry('mmae_vit-base_200e', str(tmp_path / 'a'))
+    assert written == [str(tmp_path / 'a' / 'mmae_vit-base_200e.py')]
+    assert Config.fromfile(written[0]).model.type == 'MMAE'
+    assert 'no published weights' in capsys.readouterr().out
+    assert download_main(['resnet18_8xb16_cifar10', '--dest',
+                          str(tmp_path / 'b')]) == 1
+    err = capsys.readouterr().err
+    assert 'not an mmae_plugin model-zoo entry' in err
+    assert 'mim download mmpretrain --config resnet18_8xb16_cifar10' in err
+    assert not (tmp_path / 'b').exists()
