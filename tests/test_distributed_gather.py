@@ -4,7 +4,6 @@
 ``gather='reference'`` (the published code's gather) must give exactly half.
 """
 import os
-import socket
 
 import pytest
 import torch
@@ -36,18 +35,14 @@ def param_grads(model):
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
 CASES = [(name, 'global') for name in LOSSES] + [('tcr', 'reference'),
                                                  ('tcr', 'local')]
 
 
-def worker(rank, port, out_dir):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+def worker(rank, env, out_dir):
+    # conftest's CPU environment (no GPU visible, a free MASTER_PORT), set
+    # before anything in this fresh process touches CUDA.
+    os.environ.update(env)
     dist.init_process_group('gloo', rank=rank, world_size=WORLD_SIZE)
     try:
         for loss_name, gather in CASES:
@@ -62,11 +57,11 @@ def worker(rank, port, out_dir):
 
 
 @pytest.fixture(scope='module')
-def distributed_grads(tmp_path_factory):
+def distributed_grads(tmp_path_factory, cpu_dist_env_factory):
     """Parameter gradients of every case, from one 2-process gloo run."""
     out_dir = tmp_path_factory.mktemp('ddp')
-    mp.spawn(worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE,
-             join=True)
+    mp.spawn(worker, args=(cpu_dist_env_factory(), str(out_dir)),
+             nprocs=WORLD_SIZE, join=True)
     grads = {}
     for loss_name, gather in CASES:
         per_rank = [

@@ -188,7 +188,8 @@ def test_knn_classifier_under_the_runner(tmp_path, pretrained):
 
 
 def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,
-                                                repo_root):
+                                                repo_root,
+                                                cpu_dist_env_factory):
     from test_train_e2e import run
     options = ['model.prototype.dataset.indices=300',
                'test_dataloader.dataset.indices=101',
@@ -201,7 +202,8 @@ def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,
         run(repo_root, [
             'bash', 'tools/dist_test.sh', KNN_CONFIG, pretrained, str(gpus),
             '--work-dir', str(tmp_path / f'w{gpus}'), '--out', str(out),
-            '--out-item', 'metrics', '--cfg-options', *options])
+            '--out-item', 'metrics', '--cfg-options', *options],
+            cpu_dist_env_factory())
         with open(out) as f:
             results[gpus] = json.load(f)
     assert results[1]['accuracy/top1'] == pytest.approx(

@@ -7,7 +7,6 @@ import glob
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -371,13 +370,7 @@ optim_wrapper = dict(optimizer=dict(lr=0.0))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
-def test_two_processes_log_the_same_values_as_one(tmp_path):
+def test_two_processes_log_the_same_values_as_one(tmp_path, cpu_dist_env):
     config = tmp_path / 'simclr_deterministic.py'
     config.write_text(
         DETERMINISTIC_SIMCLR.format(
@@ -396,11 +389,11 @@ def test_two_processes_log_the_same_values_as_one(tmp_path):
         'default_hooks.checkpoint.interval=1000',
         'custom_hooks.0.interval=1'
     ]
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+    env = dict(cpu_dist_env, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
     command = [
         sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
         '2', '--master_addr', '127.0.0.1', '--master_port',
-        str(free_port()),
+        env['MASTER_PORT'],
         os.path.join(REPO, 'tools', 'train.py'), str(config), '--launcher',
         'pytorch', '--work-dir', dist_dir, '--cfg-options'
     ] + options

@@ -1,8 +1,6 @@
 """mmpretrain's FlexibleRunner / FSDP recipe runs through tools/train.py."""
 import os
-import socket
 import subprocess
-import sys
 import zipfile
 
 import torch
@@ -13,12 +11,6 @@ from mmpretrain.registry import MODELS
 import mmae_plugin  # noqa: F401
 
 FSDP_CONFIG = 'configs/mmae_vit-large_200e_fsdp.py'
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 def flatten(prefix, value):
@@ -52,7 +44,8 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     ]
 
 
-def test_fsdp_trains_on_two_cpu_processes_over_gloo(repo_root, tmp_path):
+def test_fsdp_trains_on_two_cpu_processes_over_gloo(repo_root, tmp_path,
+                                                    cpu_dist_env):
     strategy = Config.fromfile(os.path.join(repo_root, FSDP_CONFIG)).strategy
     # FSDP places each rank's shard on cuda:LOCAL_RANK unless told otherwise.
     strategy.model_wrapper.device_id = 'cpu'
@@ -65,9 +58,8 @@ def test_fsdp_trains_on_two_cpu_processes_over_gloo(repo_root, tmp_path):
         'train_dataloader.persistent_workers=False', 'train_cfg.max_epochs=1',
         'default_hooks.logger.interval=1'
     ]
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()))
-    proc = subprocess.run(args, cwd=repo_root, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(args, cwd=repo_root, env=cpu_dist_env,
+                          capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     # 64 images / (2 ranks x 16) = 2 iterations, both logged with a loss.

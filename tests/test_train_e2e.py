@@ -1,7 +1,6 @@
 """The real tools on the real data: 2-process CPU training, resume, test."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -21,16 +20,9 @@ SMOKE = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
-def run(repo_root, args, **env):
-    full_env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()),
-                    **env)
-    proc = subprocess.run(args, cwd=repo_root, env=full_env,
+def run(repo_root, args, env):
+    """Run a tool with ``env`` (conftest's CPU/gloo environment)."""
+    proc = subprocess.run(args, cwd=repo_root, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -52,11 +44,11 @@ def config(repo_root, tmp_path_factory):
     return str(path)
 
 
-def dist_train(repo_root, config, work_dir, *options, resume=False):
+def dist_train(repo_root, env, config, work_dir, *options, resume=False):
     args = ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir)]
     if resume:
         args.append('--resume')
-    return run(repo_root, args + ['--cfg-options', *SMOKE, *options])
+    return run(repo_root, args + ['--cfg-options', *SMOKE, *options], env)
 
 
 def train_losses(work_dir):
@@ -76,9 +68,10 @@ def train_losses(work_dir):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(repo_root, config, tmp_path_factory):
+def uninterrupted(repo_root, config, tmp_path_factory, cpu_dist_env_factory):
     work_dir = tmp_path_factory.mktemp('uninterrupted')
-    dist_train(repo_root, config, work_dir, 'train_cfg.max_epochs=2')
+    dist_train(repo_root, cpu_dist_env_factory(), config, work_dir,
+               'train_cfg.max_epochs=2')
     return work_dir
 
 
@@ -105,12 +98,17 @@ def test_the_resume_test_runs_at_the_shipped_dataloader_settings(config):
 
 
 def test_resumed_run_matches_uninterrupted_run_bit_for_bit(
-        repo_root, config, uninterrupted, tmp_path):
-    """Stopped after epoch 1 and resumed, 2 processes, persistent worker."""
-    dist_train(repo_root, config, tmp_path, 'train_cfg.max_epochs=1')
+        repo_root, config, uninterrupted, tmp_path, cpu_dist_env_factory):
+    """Stopped after epoch 1 and resumed, 2 processes, persistent worker.
+
+    On the CPU (conftest's environment hides any GPU): bit-exact equality
+    needs deterministic kernels.
+    """
+    dist_train(repo_root, cpu_dist_env_factory(), config, tmp_path,
+               'train_cfg.max_epochs=1')
     assert not (tmp_path / 'epoch_2.pth').exists()
-    dist_train(repo_root, config, tmp_path, 'train_cfg.max_epochs=2',
-               resume=True)
+    dist_train(repo_root, cpu_dist_env_factory(), config, tmp_path,
+               'train_cfg.max_epochs=2', resume=True)
     assert train_losses(tmp_path) == train_losses(uninterrupted)
     final = torch.load(tmp_path / 'epoch_2.pth')['state_dict']
     final_ref = torch.load(uninterrupted / 'epoch_2.pth')['state_dict']
@@ -121,7 +119,7 @@ def test_resumed_run_matches_uninterrupted_run_bit_for_bit(
 
 
 def test_linear_probe_loads_pretrained_and_dist_test_evaluates(
-        repo_root, uninterrupted, tmp_path):
+        repo_root, uninterrupted, tmp_path, cpu_dist_env_factory):
     pretrained = uninterrupted / 'epoch_2.pth'
     run(repo_root, [
         sys.executable, 'tools/train.py', 'configs/fashion_mnist/linear_fmnist.py',
@@ -130,7 +128,7 @@ def test_linear_probe_loads_pretrained_and_dist_test_evaluates(
         'train_dataloader.dataset.indices=64', 'train_dataloader.batch_size=32',
         'val_dataloader.dataset.indices=64', 'train_cfg.max_epochs=1',
         'train_cfg.val_interval=1'
-    ])
+    ], cpu_dist_env_factory())
     probe = torch.load(tmp_path / 'epoch_1.pth')['state_dict']
     backbone = torch.load(pretrained)['state_dict']
     # The frozen encoder is exactly the pretrained one.
@@ -142,6 +140,6 @@ def test_linear_probe_loads_pretrained_and_dist_test_evaluates(
         str(tmp_path / 'epoch_1.pth'), '2', '--work-dir', str(tmp_path),
         '--out', str(out), '--out-item', 'metrics', '--cfg-options',
         'test_dataloader.dataset.indices=64'
-    ])
+    ], cpu_dist_env_factory())
     metrics = json.loads(out.read_text())
     assert 0 <= metrics['accuracy/top1'] <= 100
