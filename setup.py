@@ -13,6 +13,7 @@ wheel.
 """
 import os
 import os.path as osp
+import re
 import shutil
 
 from setuptools import find_packages, setup
@@ -23,7 +24,23 @@ MIM_DIR = osp.join('mmae_plugin', '.mim')
 # What the `.mim` folder holds: repository paths, shipped as they are
 # (checkpoints/: the Fashion-MNIST model-zoo weights, mmae-zoo://).
 MIM_ITEMS = ('configs', 'tools', 'model-index.yml', 'checkpoints')
-MIM_IGNORE = shutil.ignore_patterns('__pycache__', '*.pyc', 'work_dirs')
+# Repository-only tools, left out of a wheel: they set up or test the
+# checkout's own .venv (setup.py, constraints.txt, tests/ are not shipped),
+# or write reports and zoo checkpoints into the repository (benchmarks/).
+MIM_REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh',
+                 'tools/run_tests.sh', 'tools/benchmarks')
+_IGNORE_BUILD_LEFTOVERS = shutil.ignore_patterns('__pycache__', '*.pyc',
+                                                 'work_dirs')
+
+
+def mim_ignore(folder: str, names: list) -> set:
+    """``shutil.copytree`` filter: build leftovers and repository-only tools."""
+    ignored = set(_IGNORE_BUILD_LEFTOVERS(folder, names))
+    relative = osp.relpath(folder, ROOT)
+    for name in names:
+        if osp.normpath(osp.join(relative, name)) in MIM_REPO_ONLY:
+            ignored.add(name)
+    return ignored
 
 INSTALL_REQUIRES = [
     # torch 2.4 is the first with torch.serialization.add_safe_globals, which
@@ -55,6 +72,21 @@ EXTRAS_REQUIRE['all'] = sorted({
     req for extra, reqs in EXTRAS_REQUIRE.items() if extra != 'lite'
     for req in reqs
 })
+
+
+def read_version() -> str:
+    """``__version__`` of ``mmae_plugin/__init__.py``, the one version source.
+
+    Read as text: importing the package would import torch and mmengine,
+    which a build environment need not have.
+    """
+    with open(osp.join(ROOT, 'mmae_plugin', '__init__.py'),
+              encoding='utf-8') as f:
+        match = re.search(r"^__version__ = '([^']+)'$", f.read(), re.M)
+    if match is None:
+        raise RuntimeError('mmae_plugin/__init__.py has no '
+                           "__version__ = '...' line")
+    return match.group(1)
 
 
 def _remove(path: str) -> None:
@@ -89,7 +121,7 @@ def copy_mim_items(package_dir: str) -> None:
         dest = osp.join(mim_dir, item)
         _remove(dest)
         if osp.isdir(source):
-            shutil.copytree(source, dest, ignore=MIM_IGNORE)
+            shutil.copytree(source, dest, ignore=mim_ignore)
         elif osp.isfile(source):
             shutil.copy2(source, dest)
 
@@ -107,7 +139,7 @@ class BuildPyWithMim(build_py):
 
 setup(
     name='mmae-plugin',
-    version='0.1.0',
+    version=read_version(),
     description='M-MAE, U-MAE and matrix-information tools for MMPretrain',
     long_description=open(osp.join(ROOT, 'README.md'), encoding='utf-8').read(),
     long_description_content_type='text/markdown',
@@ -116,6 +148,8 @@ setup(
     python_requires='>=3.11',
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
+    # No `url`: the project has no public home yet, and a placeholder would
+    # send `mim list` / pip users to a wrong address (mim only displays it).
     license='Apache-2.0',
     license_files=['LICENSE'],
     classifiers=[

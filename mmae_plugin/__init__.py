@@ -14,4 +14,4 @@ from .model_zoo import register_model_zoo  # noqa: E402
 
 register_model_zoo()
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'

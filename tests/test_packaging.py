@@ -50,14 +50,37 @@ def wheel(repo_root, tmp_path_factory):
     return wheel_path
 
 
+# Tools that only work in a repository checkout (they set up or test its
+# .venv from setup.py / constraints.txt / tests/, or write reports into it).
+REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh', 'tools/run_tests.sh',
+             'tools/benchmarks/')
+
+
+def is_repo_only(path):
+    return any(path == item or path.startswith(item) for item in REPO_ONLY)
+
+
 def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    shipped = tracked_files(repo_root, 'configs', 'tools', 'model-index.yml',
+    tracked = tracked_files(repo_root, 'configs', 'tools', 'model-index.yml',
                             'checkpoints')
+    shipped = [p for p in tracked if not is_repo_only(p)]
     assert 'configs/mmae_vit-base_200e.py' in shipped
+    assert 'tools/analysis/evaluate_frozen.py' in shipped
     missing = [p for p in shipped if f'mmae_plugin/.mim/{p}' not in names]
     assert not missing, missing
+    repo_only = [p for p in tracked if is_repo_only(p)]
+    assert 'tools/quickstart.sh' in repo_only
+    assert 'tools/benchmarks/run_evidence.py' in repo_only
+    leaked = [p for p in repo_only if f'mmae_plugin/.mim/{p}' in names]
+    assert not leaked, leaked
+    metadata_name = next(n for n in names if n.endswith('.dist-info/METADATA'))
+    with zipfile.ZipFile(wheel) as archive:
+        version = [line for line in archive.read(metadata_name).decode()
+                   .splitlines() if line.startswith('Version:')]
+    import mmae_plugin
+    assert version == [f'Version: {mmae_plugin.__version__}']
     assert not [n for n in names if '__pycache__' in n]
     metadata = next(n for n in names if n.endswith('.dist-info/METADATA'))
     with zipfile.ZipFile(wheel) as archive:
@@ -100,3 +123,11 @@ def test_installed_wheel_trains_a_config_outside_the_repo(
     ], cwd=outside, env=env)
     assert (outside / 'run' / 'epoch_1.pth').is_file()
     assert not str(outside).startswith(repo_root)
+    # The model zoo's stand-in for `mim download`, from the installed copy.
+    name = 'mmae_vit-tiny-p4_fmnist_linear'
+    run([python, '-m', 'mmae_plugin.download', name, '--dest', 'zoo'],
+        cwd=outside, env=env)
+    with open(osp.join(mim, 'checkpoints', 'fmnist', f'{name}.pth'),
+              'rb') as f:
+        assert (outside / 'zoo' / f'{name}.pth').read_bytes() == f.read()
+    assert (outside / 'zoo' / f'{name}.py').is_file()
