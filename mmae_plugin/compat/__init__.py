@@ -16,6 +16,7 @@ from .checkpoint_allowlist import (allow_mmengine_checkpoints,
 from .collate_scope import strip_collate_scope
 from .cpu_distributed import enable_cpu_distributed
 from .pkg_resources_check import require_pkg_resources
+from .safe_resume_config import read_resume_config_without_executing
 from .weights_only_load import load_checkpoints_weights_only
 
 FIXES: List[Callable[[], None]] = [
@@ -23,6 +24,7 @@ FIXES: List[Callable[[], None]] = [
     allow_mmengine_checkpoints,
     remember_registered_statistics,
     load_checkpoints_weights_only,
+    read_resume_config_without_executing,
     strip_collate_scope,
     enable_cpu_distributed,
     write_local_files_atomically,

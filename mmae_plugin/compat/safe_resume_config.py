@@ -1,0 +1,204 @@
+"""Resume reads a checkpoint's ``meta.config`` without executing it.
+
+Upstream: mmengine 0.10.7 ``Runner.resume`` (``runner.py`` line 2027) and
+``FlexibleRunner.resume`` (``_flexible_runner.py`` line 1469) pass
+``checkpoint['meta']['config']`` to ``Config.fromstring(..., '.py')``, which
+writes the string to a file and executes it as a Python config, including
+its ``custom_imports`` (any module imported) and ``_base_`` files. A
+checkpoint holding nothing but strings (so ``weights_only`` lets it through)
+therefore ran arbitrary code on every resume, local, URL or automatic. Not
+fixed in any mmengine release as of 0.10.7.
+
+What resume needs from that text is one value: ``gpu_ids``, whose length
+both runners compare with the current world size (raising, or only logging
+when ``auto_scale_lr`` is enabled). mmengine itself no longer writes
+``meta.config`` (it stores ``meta.cfg``, which resume never reads); the key
+comes from MMCV-era training scripts, which stored ``cfg.pretty_text`` with
+``gpu_ids = range(0, N)`` or ``gpu_ids = [0, 1, ...]``.
+
+What this changes: in ``mmengine.runner.runner`` and
+``mmengine.runner._flexible_runner`` only, the global name ``mmengine`` is a
+view of the package whose ``Config`` is :class:`LiteralConfigText`. Its
+``fromstring`` parses the text with :mod:`ast` (never compiles or executes
+it) and returns a ``Config`` holding ``gpu_ids`` when the text assigns it a
+literal (a list/tuple of ints, or ``range`` of int literals), so the
+GPU-count check behaves as upstream for every genuine text. Nothing else of
+the text is read: other statements, ``custom_imports`` and ``_base_`` are
+ignored. A text that does not parse, or assigns ``gpu_ids`` something that is
+not a literal, skips the check with a warning (upstream would have executed
+it). Those two modules use ``mmengine.Config`` for this call only; every
+other attribute of the view is the real package's, and the real
+``mmengine.Config`` is untouched for everyone else.
+"""
+import ast
+import types
+import warnings
+from typing import Any, Dict, Optional
+
+import mmengine
+from mmengine.config import Config
+
+#: The top-level names of ``meta.config`` that mmengine's resume reads.
+KEYS_READ_BY_RESUME = ('gpu_ids', )
+
+
+class ConfigTextWarning(UserWarning):
+    """``meta.config`` could not be read without executing it."""
+
+
+def literal_int(node: ast.AST) -> int:
+    """The value of an int literal node, ``-3`` included.
+
+    Args:
+        node: An expression node.
+
+    Returns:
+        The integer.
+
+    Raises:
+        ValueError: If the node is not an integer literal.
+    """
+    value = ast.literal_eval(node)
+    if type(value) is not int:
+        raise ValueError(f'{ast.dump(node)} is not an int literal')
+    return value
+
+
+def literal_gpu_ids(node: ast.AST) -> Any:
+    """Evaluate a ``gpu_ids`` value without running anything.
+
+    Accepts what ``Config.pretty_text`` writes for the values MMCV-era
+    scripts stored: a list or tuple literal, or ``range(...)`` with int
+    literal arguments (``ast.literal_eval`` accepts no call, so the name
+    ``range`` cannot be rebound by the text).
+
+    Args:
+        node: The right-hand side of ``gpu_ids = ...``.
+
+    Returns:
+        The value (a ``list``, ``tuple`` or ``range``).
+
+    Raises:
+        ValueError: If the value is anything else.
+    """
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == 'range' and not node.keywords
+            and 1 <= len(node.args) <= 3):
+        value = range(*(literal_int(arg) for arg in node.args))
+        try:
+            len(value)  # what resume takes of it
+        except OverflowError:
+            raise ValueError(f'{value} has more items than len() can count')
+        return value
+    value = ast.literal_eval(node)
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f'gpu_ids is a {type(value).__name__}, not a list, '
+                         'tuple or range')
+    return value
+
+
+def top_level_assignment(tree: ast.Module, name: str) -> Optional[ast.AST]:
+    """The value last assigned to ``name`` at module level, as a node.
+
+    Args:
+        tree: The parsed config text.
+        name: The variable name.
+
+    Returns:
+        The expression node, or None if the text never assigns ``name``.
+    """
+    found = None
+    for statement in tree.body:
+        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+                and statement.targets[0].id == name):
+            found = statement.value
+    return found
+
+
+def read_resume_keys(cfg_text: Any) -> Dict[str, Any]:
+    """The keys resume reads from ``meta.config``, parsed, never executed.
+
+    Args:
+        cfg_text: ``checkpoint['meta']['config']``.
+
+    Returns:
+        ``{'gpu_ids': value}`` when the text assigns it a literal, else
+        ``{}`` (with a :class:`ConfigTextWarning` if the text is unreadable).
+    """
+    if not isinstance(cfg_text, str):
+        warnings.warn(
+            f"checkpoint meta['config'] is a {type(cfg_text).__name__}, not "
+            'config text; the GPU-count check of resume is skipped',
+            ConfigTextWarning)
+        return {}
+    try:
+        tree = ast.parse(cfg_text, mode='exec')
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        warnings.warn(
+            f"checkpoint meta['config'] is not parseable Python ({error!r}); "
+            'the GPU-count check of resume is skipped', ConfigTextWarning)
+        return {}
+    keys = {}
+    for name in KEYS_READ_BY_RESUME:
+        node = top_level_assignment(tree, name)
+        if node is None:
+            continue
+        try:
+            keys[name] = literal_gpu_ids(node)
+        except (ValueError, TypeError, SyntaxError, RecursionError,
+                MemoryError) as error:
+            warnings.warn(
+                f"checkpoint meta['config'] assigns {name} a value that is "
+                f'not a literal ({error}); it is not executed, and the '
+                'GPU-count check of resume is skipped', ConfigTextWarning)
+    return keys
+
+
+class LiteralConfigText(Config):
+    """``Config`` as the runner modules see it: text is parsed, not run."""
+
+    @staticmethod
+    def fromstring(cfg_str: str, file_format: str) -> Config:
+        """Read ``gpu_ids`` from config text without executing it.
+
+        Args:
+            cfg_str: The config text (a checkpoint's ``meta.config``).
+            file_format: Must be ``'.py'``, the only format resume passes.
+
+        Returns:
+            A ``Config`` holding the keys resume reads, if literal.
+
+        Raises:
+            ValueError: If ``file_format`` is not ``'.py'``.
+        """
+        if file_format != '.py':
+            raise ValueError(
+                f'file_format={file_format!r}: the runner modules read only '
+                "'.py' config text from checkpoints")
+        return Config(read_resume_keys(cfg_str))
+
+
+class MmengineWithLiteralConfigText(types.ModuleType):
+    """The ``mmengine`` package as the runner modules see it.
+
+    Every attribute is the real package's, except ``Config``.
+    """
+
+    Config = LiteralConfigText
+
+    def __init__(self) -> None:
+        super().__init__(mmengine.__name__, mmengine.__doc__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mmengine, name)
+
+
+def read_resume_config_without_executing() -> None:
+    """Make both runners' resume parse ``meta.config`` instead of running it."""
+    import mmengine.runner._flexible_runner as flexible_runner_module
+    import mmengine.runner.runner as runner_module
+
+    for module in (runner_module, flexible_runner_module):
+        if not isinstance(module.mmengine, MmengineWithLiteralConfigText):
+            module.mmengine = MmengineWithLiteralConfigText()
