@@ -35,4 +35,5 @@ param_scheduler = [
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=200)
 
 # Resumed runs (resume=True in the base) draw the same masks as unbroken ones.
-custom_hooks = [dict(type='ReseedHook')]
+# DivergenceHook: stop at the first non-finite loss, before a NaN checkpoint.
+custom_hooks = [dict(type='ReseedHook'), dict(type='DivergenceHook')]

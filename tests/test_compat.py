@@ -1,5 +1,6 @@
 """Each workaround in mmae_plugin.compat, exercised on the real stack."""
 import collections
+import errno
 import os
 import pickle
 import stat
@@ -15,8 +16,11 @@ from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
+from checkpoint_fault_tools import small_disk  # noqa: F401 (fixture)
 from mmae_plugin.compat.atomic_checkpoint_write import (atomic_write_target,
-                                                     write_atomically)
+                                                     is_precious,
+                                                     write_atomically,
+                                                     writer_identity)
 
 TINY_VIT = dict(
     type='VisionTransformer',
@@ -209,15 +213,29 @@ def test_last_checkpoint_is_replaced_not_rewritten_in_place(tmp_path):
     assert (work_dir / 'other').read_text() == 'x'
 
 
+def own_temporary(name, pid, suffix='abcdefgh'):
+    """A temporary named as this host's writer ``pid`` names it."""
+    return f'.{name}.{writer_identity()}.{pid}.{suffix}.tmp'
+
+
 def test_orphan_temporaries_removed_at_start_and_on_next_save(tmp_path):
     work_dir = tmp_path / 'work'
     work_dir.mkdir()
     dead = 999999999  # above Linux's pid_max: no such process
-    orphans = [f'.epoch_1.pth.{dead}.k2j4_x9a.tmp',
-               f'.last_checkpoint.{dead}.abcdefgh.tmp']
-    # Another writer's live temporary (this process) is left alone.
-    kept = ['.hidden.tmp', f'epoch_0.pth.{dead}.abcdefgh.tmp', 'notes.txt',
-            f'.epoch_1.pth.{os.getpid()}.abcdefgh.tmp']
+    orphans = [own_temporary('epoch_1.pth', dead, 'k2j4_x9a'),
+               own_temporary('last_checkpoint', dead)]
+    host, boot, namespace = writer_identity().rsplit('-', 2)
+    kept = [
+        '.hidden.tmp', f'epoch_0.pth.{dead}.abcdefgh.tmp', 'notes.txt',
+        # A live writer (this process).
+        own_temporary('epoch_1.pth', os.getpid()),
+        # Writers whose pids this process cannot see: another host on the
+        # shared filesystem, another boot, another pid namespace (container)
+        # of this host, and the pid-only names of older plugin versions.
+        f'.epoch_1.pth.otherhost-{boot}-{namespace}.{dead}.abcdefgh.tmp',
+        f'.epoch_1.pth.{host}-00000000-{namespace}.{dead}.abcdefgh.tmp',
+        f'.epoch_1.pth.{host}-{boot}-1.{dead}.abcdefgh.tmp',
+        f'.epoch_1.pth.{dead}.abcdefgh.tmp']
     for name in orphans + kept:
         (work_dir / name).write_bytes(b'half')
     train_toy(work_dir)
@@ -225,11 +243,85 @@ def test_orphan_temporaries_removed_at_start_and_on_next_save(tmp_path):
     assert not left & set(orphans)
     assert set(kept) | {'epoch_1.pth', 'last_checkpoint'} <= left
     # The next write of a file removes the orphans of that file only.
-    (tmp_path / f'.a.pth.{dead}.abcdefgh.tmp').write_bytes(b'half')
-    (tmp_path / f'.b.pth.{dead}.abcdefgh.tmp').write_bytes(b'half')
+    (tmp_path / own_temporary('a.pth', dead)).write_bytes(b'half')
+    (tmp_path / own_temporary('b.pth', dead)).write_bytes(b'half')
     LocalBackend().put(b'data', tmp_path / 'a.pth')
-    assert not (tmp_path / f'.a.pth.{dead}.abcdefgh.tmp').exists()
-    assert (tmp_path / f'.b.pth.{dead}.abcdefgh.tmp').exists()
+    assert not (tmp_path / own_temporary('a.pth', dead)).exists()
+    assert (tmp_path / own_temporary('b.pth', dead)).exists()
+
+
+def test_foreign_writers_live_temporary_survives_our_write(tmp_path):
+    """Two writers of one metrics file on a shared filesystem.
+
+    Writer B runs on another host: its pid is meaningless here (the number
+    is free on this host). Its temporary is in the folder, half written,
+    when writer A (this process) writes the same file; B then renames it
+    over the target, which must still work.
+    """
+    target = tmp_path / 'metrics.json'
+    free_pid = 999999999
+    foreign = tmp_path / (f'.metrics.json.node-b-0123abcd-4026531836.'
+                          f'{free_pid}.q1w2e3r4.tmp')
+    foreign.write_text('{"acc": 1')  # B is still writing
+    LocalBackend().put_text('{"acc": 0.5}', target)
+    assert target.read_text() == '{"acc": 0.5}'
+    with open(foreign, 'a') as b_file:
+        b_file.write('}')  # B finishes
+    os.replace(foreign, target)  # and renames: it must still exist
+    assert target.read_text() == '{"acc": 1}'
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='needs root to chgrp')
+def test_replacement_keeps_group_mode_and_xattrs(tmp_path, umask):
+    path = tmp_path / 'epoch_1.pth'
+    path.write_bytes(b'old')
+    os.chown(path, -1, 12345)
+    os.chmod(path, 0o640)
+    try:
+        os.setxattr(path, 'user.origin', b'cluster-a')
+        has_xattrs = True
+    except OSError:  # filesystem without user xattrs
+        has_xattrs = False
+    umask(0o077)
+    inode = path.stat().st_ino
+    LocalBackend().put(b'new', path)
+    info = path.stat()
+    assert info.st_ino != inode  # replaced, not rewritten
+    assert (path.read_bytes(), info.st_gid, info.st_mode & 0o7777) == \
+        (b'new', 12345, 0o640)
+    if has_xattrs:
+        assert os.getxattr(path, 'user.origin') == b'cluster-a'
+
+
+@pytest.mark.parametrize('name', ['notes.txt', 'scalars.log', 'data.pkl'])
+def test_other_files_get_upstream_in_place_write(tmp_path, name):
+    path = tmp_path / name
+    path.write_text('old')
+    inode = path.stat().st_ino
+    LocalBackend().put_text('new', path)
+    LocalBackend().put(b'newer', path)
+    assert path.read_bytes() == b'newer'
+    assert path.stat().st_ino == inode  # written in place, as upstream does
+    assert os.listdir(tmp_path) == [name]
+
+
+@pytest.mark.parametrize('name,precious', [
+    ('epoch_3.pth', True), ('epoch_3.pth.sha256', True),
+    ('last_checkpoint', True), ('test_metrics.json', True),
+    ('epoch_3.pth.bak', False), ('notes.txt', False),
+    ('checkpoint', False)])
+def test_atomic_replacement_only_for_precious_files(name, precious):
+    assert is_precious(f'/work_dir/{name}') is precious
+
+
+def test_disk_full_error_names_the_file(small_disk):
+    path = small_disk / 'epoch_1.pth'
+    path.write_bytes(b'old')
+    with pytest.raises(OSError, match='epoch_1.pth') as info:
+        LocalBackend().put(b'x' * (2 << 20), path)
+    assert info.value.errno == errno.ENOSPC
+    assert path.read_bytes() == b'old'
+    assert os.listdir(small_disk) == ['epoch_1.pth']
 
 
 @pytest.mark.parametrize('mask', [0o022, 0o077, 0o002])
@@ -289,13 +381,13 @@ def test_hard_links_are_kept(tmp_path):
     (LocalBackend.put, 'text'), (LocalBackend.put_text, b'bytes'),
     (UPSTREAM_PUT, 'text'), (UPSTREAM_PUT_TEXT, b'bytes')])
 def test_wrong_data_type_is_refused_like_upstream(tmp_path, put, obj):
-    path = tmp_path / 'file'
+    path = tmp_path / 'file.pth'
     path.write_bytes(b'old')
     with pytest.raises(TypeError):
         put(LocalBackend(), obj, path)
     if put in (LocalBackend.put, LocalBackend.put_text):
         assert path.read_bytes() == b'old'  # upstream truncates it first
-    assert os.listdir(tmp_path) == ['file']
+    assert os.listdir(tmp_path) == ['file.pth']
 
 
 def test_special_files_get_upstream_in_place_write(tmp_path):

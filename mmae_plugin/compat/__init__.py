@@ -11,6 +11,8 @@ from typing import Callable, List
 
 from .atomic_checkpoint_write import (write_last_checkpoint_atomically,
                                       write_local_files_atomically)
+from .checkpoint_integrity import verify_checkpoints
+from .checkpoint_retention import remove_old_checkpoints_last
 from .checkpoint_allowlist import (allow_mmengine_checkpoints,
                                    remember_registered_statistics)
 from .collate_scope import strip_collate_scope
@@ -29,6 +31,8 @@ FIXES: List[Callable[[], None]] = [
     enable_cpu_distributed,
     write_local_files_atomically,
     write_last_checkpoint_atomically,
+    verify_checkpoints,
+    remove_old_checkpoints_last,
 ]
 
 _APPLIED = False

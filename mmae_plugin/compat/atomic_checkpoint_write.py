@@ -4,21 +4,30 @@ Upstream: mmengine 0.10.7 ``LocalBackend.put`` / ``put_text`` open the
 target with 'wb' / 'w' and write into it, and ``CheckpointHook`` writes
 ``last_checkpoint`` with ``open(..., 'w')``, so a job killed while saving
 leaves a truncated ``epoch_N.pth`` or an empty ``last_checkpoint``: resume
-then fails. Not fixed in any mmengine release as of 0.10.7. Writing to a
-temporary file ``.<name>.XXXXXXXX.tmp`` beside the target and renaming it
-over the target makes every save all-or-nothing.
+then fails. Not fixed in any mmengine release as of 0.10.7.
+
+What changes: only the files whose loss hurts (see :func:`is_precious`:
+``*.pth`` checkpoints, their ``.sha256`` sidecars, ``last_checkpoint`` and
+``*.json`` metrics) are written to a temporary file beside the target,
+fsync'ed and renamed over it, so a save is all-or-nothing. Every other
+``put``/``put_text`` is upstream's in-place write.
 
 Only where a rename is equivalent to upstream's in-place write: the target
 (after following symlinks, so a symlink is written through as upstream
 does) is missing or a regular file with one link owned by us, and its
 folder accepts a new file. Hard links, FIFOs, devices and files of other
 owners get upstream's in-place write. The new file gets the old file's
-mode, or ``0o666 & ~umask`` like ``open``. Temporary files left by a killed
-write (``.<name>.<pid>.XXXXXXXX.tmp``) are removed by the next write of the
-same file and, in the work and checkpoint folders, when training starts,
-once the process that wrote them is gone: every rank of a job may write the
-same file (mmengine dumps test metrics on each rank), and one writer must
-not delete another's live temporary.
+mode, group and extended attributes (ACLs), or for a new file ``0o666 &
+~umask`` like ``open``.
+
+Temporaries are named ``.<name>.<writer>.<pid>.XXXXXXXX.tmp``, where
+``<writer>`` is the host name, the boot id and the pid namespace: on a
+shared filesystem several hosts, and several containers of one host, write
+into the same folder (every rank dumps test metrics). A temporary left by a
+killed write is removed (by the next write of the same file, and in the
+work and checkpoint folders when training starts) only if it was written
+from this host, boot and pid namespace by a process that no longer exists;
+another writer's temporary is never touched.
 """
 import builtins
 import functools
@@ -26,12 +35,58 @@ import locale
 import os
 import os.path as osp
 import re
+import socket
 import stat
 import tempfile
 from typing import IO, Any, Callable, Optional, Union
 
+_TMP_NAME = re.compile(r'^\.(?P<name>.+)\.(?P<writer>[A-Za-z0-9_-]+)'
+                       r'\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$')
+#: Suffixes of the files replaced atomically (checkpoints, their checksum
+#: sidecars, metrics); ``last_checkpoint`` is matched by name.
+PRECIOUS_SUFFIXES = ('.pth', '.pth.sha256', '.json')
 
-_TMP_NAME = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$')
+
+def is_precious(filepath: Union[str, 'os.PathLike']) -> bool:
+    """Whether losing ``filepath`` to a kill mid-write loses a run's state.
+
+    Args:
+        filepath: The path ``put``/``put_text`` was given.
+
+    Returns:
+        True for ``*.pth``, ``*.pth.sha256``, ``*.json`` and
+        ``last_checkpoint``.
+    """
+    name = osp.basename(os.fspath(filepath))
+    return name == 'last_checkpoint' or name.endswith(PRECIOUS_SUFFIXES)
+
+
+def _read_first_line(path: str) -> str:
+    try:
+        with builtins.open(path) as file:
+            return file.readline().strip()
+    except OSError:
+        return ''
+
+
+def writer_identity() -> str:
+    """This process's writer tag: host, boot and pid namespace.
+
+    Two processes with the same tag see the same pid numbers, so one may
+    test whether the other is alive; processes with different tags may not.
+
+    Returns:
+        ``<host>-<boot id prefix>-<pid namespace inode>`` with only
+        ``[A-Za-z0-9_-]`` characters.
+    """
+    host = re.sub(r'[^A-Za-z0-9_-]', '_', socket.gethostname())[:32] or 'host'
+    boot = re.sub(r'[^0-9a-f]', '',
+                  _read_first_line('/proc/sys/kernel/random/boot_id'))[:8]
+    try:
+        namespace = re.sub(r'\D', '', os.readlink('/proc/self/ns/pid'))
+    except OSError:
+        namespace = ''
+    return f'{host}-{boot or "noboot"}-{namespace or "nons"}'
 
 
 def _process_alive(pid: int) -> bool:
@@ -84,8 +139,26 @@ def atomic_write_target(filepath: Union[str, 'os.PathLike']) -> Optional[str]:
     return real
 
 
+def is_own_dead_writers(temporary_name: str,
+                        name: Optional[str] = None) -> bool:
+    """Whether a temporary was left by a dead writer of this pid namespace.
+
+    Args:
+        temporary_name: A file name in a checkpoint folder.
+        name: Only temporaries of this target file name; None for all.
+
+    Returns:
+        True only for our naming scheme, our writer identity and a pid that
+        no longer exists.
+    """
+    match = _TMP_NAME.match(temporary_name)
+    return bool(match) and (name is None or match.group('name') == name) \
+        and match.group('writer') == writer_identity() \
+        and not _process_alive(int(match.group('pid')))
+
+
 def remove_orphan_temporaries(folder: str, name: Optional[str] = None) -> None:
-    """Delete temporaries of interrupted atomic writes whose writer is gone.
+    """Delete temporaries of interrupted writes of this host's dead writers.
 
     Args:
         folder: Where to look.
@@ -96,13 +169,40 @@ def remove_orphan_temporaries(folder: str, name: Optional[str] = None) -> None:
     except OSError:
         return
     for entry in entries:
-        match = _TMP_NAME.match(entry)
-        if match and (name is None or match.group('name') == name) \
-                and not _process_alive(int(match.group('pid'))):
+        if is_own_dead_writers(entry, name):
             try:
                 os.remove(osp.join(folder, entry))
             except OSError:
                 pass
+
+
+def copy_file_attributes(fd: int, old: Optional[os.stat_result],
+                         filepath: str) -> None:
+    """Give the temporary the mode, group and xattrs the target has.
+
+    Args:
+        fd: The open temporary.
+        old: ``os.stat`` of the target, None if it does not exist yet.
+        filepath: The target (for its extended attributes).
+    """
+    if old is None:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        return
+    if old.st_gid != os.fstat(fd).st_gid:
+        try:
+            os.fchown(fd, -1, old.st_gid)
+        except PermissionError:
+            pass  # not a member of that group: as a new file by us would be
+    try:
+        for attribute in os.listxattr(filepath):
+            try:
+                os.setxattr(fd, attribute, os.getxattr(filepath, attribute))
+            except OSError:
+                pass  # e.g. security.* without the capability
+    except OSError:
+        pass  # the filesystem has no extended attributes
+    # After fchown, which clears set-id bits.
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
 
 def write_atomically(data: Union[bytes, str], filepath: str,
@@ -118,32 +218,48 @@ def write_atomically(data: Union[bytes, str], filepath: str,
             :func:`atomic_write_target`).
         mode: ``'wb'`` or ``'w'``.
         encoding: Text encoding for ``mode='w'``.
+
+    Raises:
+        OSError: Naming ``filepath`` (a full disk otherwise reports only
+            the errno).
     """
     if mode not in ('wb', 'w'):
         raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
     folder, name = osp.split(filepath)
     try:
-        file_mode = stat.S_IMODE(os.stat(filepath).st_mode)
+        old = os.stat(filepath)
     except FileNotFoundError:
-        file_mode = 0o666 & ~current_umask()
+        old = None
     remove_orphan_temporaries(folder, name)
-    fd, tmp_path = tempfile.mkstemp(
-        dir=folder, prefix=f'.{name}.{os.getpid()}.', suffix='.tmp')
     try:
-        os.fchmod(fd, file_mode)
+        fd, tmp_path = tempfile.mkstemp(
+            dir=folder, prefix=f'.{name}.{writer_identity()}.{os.getpid()}.',
+            suffix='.tmp')
+    except OSError as err:
+        raise _naming(err, filepath) from err
+    try:
+        copy_file_attributes(fd, old, filepath)
         with os.fdopen(fd, mode, encoding=encoding) as tmp:
             tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.replace(tmp_path, filepath)
-    except BaseException:
+    except BaseException as err:
         if osp.lexists(tmp_path):
             os.remove(tmp_path)
+        if isinstance(err, OSError):
+            raise _naming(err, filepath) from err
         raise
 
 
+def _naming(err: OSError, filepath: str) -> OSError:
+    if err.errno is None:
+        return OSError(f'{filepath}: {err}')
+    return OSError(err.errno, os.strerror(err.errno), filepath)
+
+
 def write_local_files_atomically() -> None:
-    """Route mmengine's local ``put`` and ``put_text`` through a rename."""
+    """Route local ``put``/``put_text`` of checkpoints etc. through a rename."""
     from mmengine.fileio.backends import LocalBackend
 
     upstream_put, upstream_put_text = LocalBackend.put, LocalBackend.put_text
@@ -152,6 +268,8 @@ def write_local_files_atomically() -> None:
 
     def write(obj: Any, filepath, mode: str, encoding: Optional[str],
               upstream: Callable[[], None]) -> None:
+        if not is_precious(filepath):
+            return upstream()
         os.makedirs(osp.dirname(filepath) or '.', exist_ok=True)
         target = atomic_write_target(filepath)
         if target is None:

@@ -77,4 +77,5 @@ cifar10_param_scheduler = [
 cifar10_default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(type='CheckpointHook', interval=20, max_keep_ckpts=3))
-custom_hooks = [dict(type='MatrixInfoHook', interval=50, kernel='covariance')]
+custom_hooks = [dict(type='MatrixInfoHook', interval=50, kernel='covariance'),
+                dict(type='DivergenceHook')]

@@ -12,4 +12,5 @@ randomness = dict(seed=0, diff_rank_seed=True)
 # Every random draw (masks, augmentations in workers or in the main process)
 # derives from (seed, epoch, iteration or sample index): a resumed run draws
 # exactly what an uninterrupted one draws.
-custom_hooks = [dict(type='ReseedHook')]
+# DivergenceHook: stop at the first non-finite loss, before a NaN checkpoint.
+custom_hooks = [dict(type='ReseedHook'), dict(type='DivergenceHook')]

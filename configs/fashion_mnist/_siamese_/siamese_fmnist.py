@@ -72,4 +72,5 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=10))
 # Every 10 iterations, for enough points in these short runs (the default 50
 # suits long ones): a sample costs ~20 ms, 10 iterations ~3 s on 2 CPU
 # cores, so under 1 % (measured by tools/benchmarks/bench_matrix_info.py).
-custom_hooks = [dict(type='MatrixInfoHook', interval=10, kernel='covariance')]
+custom_hooks = [dict(type='MatrixInfoHook', interval=10, kernel='covariance'),
+                dict(type='DivergenceHook')]

@@ -1,4 +1,5 @@
 """Hooks registered in mmpretrain.registry.HOOKS."""
 from .attention_locality_hook import AttentionLocalityHook  # noqa: F401
+from .divergence_hook import DivergenceHook, TrainingDivergedError  # noqa: F401
 from .matrix_info_hook import MatrixInfoHook  # noqa: F401
 from .reseed_hook import ReseedHook  # noqa: F401
