@@ -17,6 +17,9 @@
 # configs/fashion_mnist/linear_fmnist_clsmean.py (tools/test.py evaluates it);
 # the same config trains the probe by the full protocol (LARS, BatchNorm +
 # linear on the frozen encoder), linear_fmnist.py on the CLS token alone.
+# Every variable is checked before anything runs (a message names the
+# variable and its allowed range); DRY_RUN=1 checks them and prints the
+# commands without running them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK_DIR="${1:-$ROOT/work_dirs/quickstart}"
@@ -26,11 +29,63 @@ EVAL_IMAGES="${EVAL_IMAGES:-60000}"
 CONFIG="${CONFIG:-configs/fashion_mnist/mmae_fmnist.py}"
 EVAL_CONFIG="${EVAL_CONFIG:-configs/fashion_mnist/knn_fmnist_clsmean.py}"
 SEED="${SEED:-0}"
+EVAL_AMP="${EVAL_AMP:-1}"
+DRY_RUN="${DRY_RUN:-0}"
+
+fail() {
+  echo "[quickstart] error: $*" >&2
+  exit 2
+}
+
+# check_int NAME MIN MAX WHY: NAME's value must be a decimal integer in
+# [MIN, MAX] (MAX empty: no upper bound); normalised (leading zeros dropped).
+check_int() {
+  local name=$1 min=$2 max=$3 why=$4 value=${!1} range
+  if [ -n "$max" ]; then range="an integer from $min to $max"
+  else range="an integer >= $min"; fi
+  if ! [[ $value =~ ^[0-9]{1,10}$ ]] || (( 10#$value < min )) \
+      || { [ -n "$max" ] && (( 10#$value > max )); }; then
+    fail "$name='$value' is not allowed: $name must be $range ($why)"
+  fi
+  printf -v "$name" '%d' "$((10#$value))"
+}
+
+check_int PRETRAIN_EPOCHS 2 "" \
+  "one warm-up epoch, then at least one epoch of the cosine schedule"
+check_int PRETRAIN_IMAGES 256 60000 \
+  "at least one batch of 256; Fashion-MNIST has 60,000 training images"
+check_int EVAL_IMAGES 20 60000 \
+  "at least the kNN's k = 20 neighbours; 60,000 training images"
+check_int SEED 0 4294967295 "numpy's seed range"
+case "$EVAL_AMP" in 0|1) ;;
+  *) fail "EVAL_AMP='$EVAL_AMP' is not allowed: EVAL_AMP must be 1 (bfloat16 feature pass, the default) or 0 (float32)" ;;
+esac
+case "$DRY_RUN" in 0|1) ;;
+  *) fail "DRY_RUN='$DRY_RUN' is not allowed: DRY_RUN must be 0 or 1" ;;
+esac
+for var in CONFIG EVAL_CONFIG; do
+  path=${!var}
+  case "$path" in /*) ;; *) path="$ROOT/$path" ;; esac
+  if [ ! -f "$path" ] || [[ $path != *.py ]]; then
+    fail "$var='${!var}' is not allowed: $var must be a config file (.py) that exists, absolute or relative to $ROOT, e.g. configs/fashion_mnist/mae_fmnist.py"
+  fi
+done
+
 AMP=()
-if [ "${EVAL_AMP:-1}" != 0 ]; then AMP=(--amp); fi
+if [ "$EVAL_AMP" = 1 ]; then AMP=(--amp); fi
 NAME="$(basename "$CONFIG" .py)"
 
-bash "$ROOT/tools/setup_env.sh"
+# run CMD...: runs it, or under DRY_RUN=1 prints it, shell-quoted.
+run() {
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '%q ' "$@"
+    echo
+  else
+    "$@"
+  fi
+}
+
+run bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
 PY=.venv/bin/python
 PRETRAIN_DATA=()
@@ -42,7 +97,7 @@ if [ -n "${FMNIST_ROOT:-}" ]; then
 fi
 
 echo "[quickstart] 1/2 pretraining $NAME on $PRETRAIN_IMAGES Fashion-MNIST images, $PRETRAIN_EPOCHS epochs"
-"$PY" tools/train.py "$CONFIG" \
+run "$PY" tools/train.py "$CONFIG" \
   --work-dir "$WORK_DIR/$NAME" \
   --cfg-options \
     "train_dataloader.dataset.indices=$PRETRAIN_IMAGES" \
@@ -53,12 +108,13 @@ echo "[quickstart] 1/2 pretraining $NAME on $PRETRAIN_IMAGES Fashion-MNIST image
     "${PRETRAIN_DATA[@]}"
 
 echo "[quickstart] 2/2 frozen-encoder evaluation: linear probe and kNN on $EVAL_IMAGES training images"
-"$PY" tools/analysis/evaluate_frozen.py "$EVAL_CONFIG" \
+run "$PY" tools/analysis/evaluate_frozen.py "$EVAL_CONFIG" \
   "$WORK_DIR/$NAME/epoch_$PRETRAIN_EPOCHS.pth" \
   --out "$WORK_DIR/metrics.json" "${AMP[@]}" \
   --save-linear "$WORK_DIR/linear_probe.pth" \
   --cfg-options "model.prototype.dataset.indices=$EVAL_IMAGES" "${EVAL_DATA[@]}"
 
+if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 "$PY" - "$WORK_DIR" <<'PYEOF'
 import json, os, sys
 work_dir = sys.argv[1]
