@@ -17,9 +17,10 @@ iteration's ``log_vars`` to a Python float with ``.item()``
 this hook reads those floats back from ``runner.message_hub``.
 """
 import math
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 from mmengine.hooks import Hook, RuntimeInfoHook
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmpretrain.registry import HOOKS
 
 
@@ -60,14 +61,31 @@ def total_loss(values: Dict[str, float]) -> Optional[float]:
     return sum(terms) if terms else None
 
 
+def recent_totals(message_hub, count: int = 4) -> List[float]:
+    """The total loss of the last ``count`` iterations, oldest first.
+
+    Args:
+        message_hub: ``runner.message_hub``.
+        count: How many.
+
+    Returns:
+        Logged values of ``train/loss`` (Python floats), possibly fewer.
+    """
+    history = message_hub.log_scalars.get('train/loss')
+    if history is None:
+        return []
+    return [float(v) for v in history.data[0][-count:]]
+
+
 def divergence_message(values: Dict[str, float], iteration: int,
-                       epoch: int) -> str:
+                       epoch: int, recent: Sequence[float] = ()) -> str:
     """The error text: where training diverged and every term's value.
 
     Args:
         values: The iteration's logged values.
         iteration: 1-based iteration number (as the log shows it).
         epoch: 1-based epoch number.
+        recent: Total losses of the last iterations, this one last.
 
     Returns:
         The message.
@@ -78,15 +96,19 @@ def divergence_message(values: Dict[str, float], iteration: int,
     def listing(terms: Dict[str, float]) -> str:
         return ', '.join(f'{k}={v:.6g}' for k, v in terms.items()) or 'none'
 
+    trend = ' -> '.join(f'{v:.4g}' for v in recent)
     return (f'training diverged at iteration {iteration} (epoch {epoch}): '
             f'the total loss is not finite. Non-finite terms: {listing(bad)}; '
-            f'finite terms: {listing(good)}. No checkpoint of this iteration '
+            f'finite terms: {listing(good)}. Total loss over the last '
+            f'iterations: {trend or "n/a"}. No checkpoint of this iteration '
             'was written; the last checkpoint holds the last finite state. '
             'Resume from it with a lower optim_wrapper.optimizer.lr, a longer'
             ' warm-up or optim_wrapper.clip_grad.')
 
 
-@HOOKS.register_module()
+# In mmengine's registry too: the hook serves any MMEngine config, whatever
+# its default_scope (mmpretrain's registry finds it through its parent).
+@MMENGINE_HOOKS.register_module()
 class DivergenceHook(Hook):
     """Raise :class:`TrainingDivergedError` on a non-finite total loss.
 
@@ -140,4 +162,5 @@ class DivergenceHook(Hook):
         total = total_loss(values)
         if total is not None and not math.isfinite(total):
             raise TrainingDivergedError(
-                divergence_message(values, runner.iter + 1, runner.epoch + 1))
+                divergence_message(values, runner.iter + 1, runner.epoch + 1,
+                                   recent_totals(runner.message_hub)))

@@ -1,0 +1,142 @@
+"""A non-finite total loss stops training at once, and no NaN checkpoint.
+
+Real Runner runs: a toy regression and the shipped Fashion-MNIST MAE and
+M-MAE configs, all with lr = 1e6.
+"""
+import glob
+import math
+import os
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+import mmae_plugin  # noqa: F401
+from checkpoint_fault_tools import toy_runner
+from mmae_plugin.engine.hooks import DivergenceHook, TrainingDivergedError
+from mmae_plugin.engine.hooks.divergence_hook import divergence_message
+
+
+def all_finite(checkpoint_path):
+    """Whether every float tensor of a checkpoint's model state is finite."""
+    state = torch.load(checkpoint_path, weights_only=True)['state_dict']
+    return all(torch.isfinite(v).all() for v in state.values()
+               if v.is_floating_point())
+
+
+class RecordLosses(Hook):
+    """The total loss of every iteration, as mmengine logged it."""
+
+    priority = 'LOW'
+
+    def __init__(self):
+        self.losses = []
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        self.losses.append(
+            runner.message_hub.get_scalar('train/loss').current())
+
+
+def test_toy_regression_stops_at_the_first_non_finite_loss(tmp_path):
+    record = RecordLosses()
+    runner = toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=-1,
+                        custom_hooks=[dict(type='DivergenceHook'), record])
+    with pytest.raises(TrainingDivergedError) as info:
+        runner.train()
+    # One iteration per epoch: the recorder (after the hook) never saw the
+    # non-finite loss; iteration len+1 diverged.
+    stopped_at = len(record.losses) + 1
+    assert all(math.isfinite(v) for v in record.losses)
+    assert stopped_at < 60
+    message = str(info.value)
+    assert f'iteration {stopped_at} (epoch {stopped_at})' in message
+    assert 'Non-finite terms: loss=' in message
+    checkpoints = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
+    assert len(checkpoints) == stopped_at - 1  # none of the bad iteration
+    assert all(all_finite(path) for path in checkpoints)
+    with open(tmp_path / 'last_checkpoint') as f:
+        assert f.read() == str(tmp_path / f'epoch_{stopped_at - 1}.pth')
+
+
+def test_without_the_hook_mmengine_trains_on_through_nan(tmp_path):
+    """The upstream behaviour the hook exists for (so the test above can
+    fail): no error, NaN checkpoints."""
+    runner = toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=1)
+    runner.train()
+    assert not all_finite(tmp_path / 'epoch_60.pth')
+
+
+@pytest.mark.parametrize('name', ['mae', 'mmae'])
+def test_shipped_pretraining_config_stops_with_the_loss_terms(
+        repo_root, tmp_path, name):
+    cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
+    assert dict(type='DivergenceHook') in cfg.custom_hooks
+    cfg.merge_from_dict({
+        'train_dataloader.dataset.indices': 64,
+        'train_dataloader.batch_size': 16,
+        'train_dataloader.num_workers': 0,
+        'train_dataloader.persistent_workers': False,
+        'optim_wrapper.optimizer.lr': 1e6, 'train_cfg.max_epochs': 4,
+        'default_hooks.checkpoint.interval': 1})
+    cfg.work_dir, cfg.log_level = str(tmp_path), 'WARNING'
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(TrainingDivergedError,
+                       match=r'training diverged at iteration \d+') as info:
+        runner.train()
+    message = str(info.value)
+    expected_terms = ['loss='] + (['loss_rec=', 'loss_tcr='] if name == 'mmae'
+                                  else [])
+    for term in expected_terms:
+        assert term in message, message
+    for path in glob.glob(str(tmp_path / '*.pth')):
+        assert all_finite(path), path
+
+
+def test_message_lists_bad_and_good_terms_and_the_trend():
+    message = divergence_message(
+        dict(loss=float('nan'), loss_rec=float('inf'), loss_tcr=-0.5),
+        iteration=7, epoch=2, recent=[0.5, 3e8, float('nan')])
+    assert 'iteration 7 (epoch 2)' in message
+    assert 'Non-finite terms: loss=nan, loss_rec=inf' in message
+    assert 'finite terms: loss_tcr=-0.5' in message
+    assert '0.5 -> 3e+08 -> nan' in message
+
+
+def test_hook_refuses_to_run_without_runtime_info_hook(tmp_path):
+    runner = toy_runner(tmp_path, max_epochs=1,
+                        custom_hooks=[dict(type='DivergenceHook')])
+    runner._hooks = [h for h in runner._hooks
+                     if type(h).__name__ != 'RuntimeInfoHook']
+    with pytest.raises(ValueError, match='RuntimeInfoHook'):
+        runner.train()
+
+
+def test_hook_reads_the_floats_mmengine_already_synced(tmp_path):
+    """No host sync of its own: the hook never calls Tensor.item.
+
+    mmengine's RuntimeInfoHook calls ``.item()`` once per logged value each
+    iteration (MessageHub._get_valid_value); counting the calls with and
+    without DivergenceHook shows the hook adds none.
+    """
+    counts = []
+    original_item = torch.Tensor.item
+    for hooks in ([], [dict(type='DivergenceHook')]):
+        calls = [0]
+
+        def counting_item(self, calls=calls):
+            calls[0] += 1
+            return original_item(self)
+
+        torch.Tensor.item = counting_item
+        try:
+            toy_runner(tmp_path / str(len(hooks)), max_epochs=3,
+                       custom_hooks=hooks).train()
+        finally:
+            torch.Tensor.item = original_item
+        counts.append(calls[0])
+    assert counts[0] > 0 and counts[1] == counts[0]
+    assert DivergenceHook.priority == 'HIGH'
