@@ -195,3 +195,22 @@ def test_download_of_weightless_and_foreign_entries(tmp_path, capsys):
     assert 'not an mmae_plugin model-zoo entry' in err
     assert 'mim download mmpretrain --config resnet18_8xb16_cifar10' in err
     assert not (tmp_path / 'b').exists()
+
+
+def test_feature_pass_progress_bar_is_labelled(capsys):
+    """evaluate_frozen.py's bars: each after a line naming what it counts."""
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmpretrain')
+    cfg = Config.fromfile('configs/fashion_mnist/knn_fmnist.py')
+    cfg.merge_from_dict({'test_dataloader.dataset.indices': 30,
+                         'test_dataloader.num_workers': 0,
+                         'test_dataloader.persistent_workers': False})
+    encoder = build_model(cfg)
+    features, labels = extract_features(encoder, cfg.test_dataloader,
+                                        progress=True, label='test images')
+    assert features.shape[0] == labels.shape[0] == 30
+    out = capsys.readouterr().out
+    assert out.startswith('features of 30 test images:\n')
+    assert '30/30' in out
+    extract_features(encoder, cfg.test_dataloader)
+    assert capsys.readouterr().out == ''

@@ -7,6 +7,7 @@ features, and the representation statistics of the test features. For
 multi-GPU kNN use ``tools/dist_test.sh`` with the kNN config instead.
 """
 import copy
+import sys
 from typing import Dict, Tuple
 
 import torch
@@ -24,7 +25,8 @@ from .statistics import representation_statistics
 
 @torch.no_grad()
 def extract_features(model, dataloader_cfg: dict, amp: bool = False,
-                     progress: bool = False) -> Tuple[Tensor, Tensor]:
+                     progress: bool = False,
+                     label: str = 'images') -> Tuple[Tensor, Tensor]:
     """Features and labels of a whole dataset, in dataset order.
 
     Args:
@@ -33,14 +35,20 @@ def extract_features(model, dataloader_cfg: dict, amp: bool = False,
         amp: Run the encoder under mmengine's ``autocast`` (float16 on
             GPUs, bfloat16 on CPUs), as ``tools/test.py --amp`` does; the
             features are returned in float32.
-        progress: Show mmengine's progress bar, one step per image.
+        progress: Show mmengine's progress bar, one step per image, after
+            a line naming ``label`` (several bars follow one another).
+        label: What the bar counts, e.g. ``'training images'``.
 
     Returns:
         ``(features (N, d), labels (N,))``.
     """
     model.eval()
     loader = Runner.build_dataloader(dataloader_cfg)
-    bar = ProgressBar(len(loader.dataset)) if progress else None
+    bar = None
+    if progress:
+        print(f'features of {len(loader.dataset)} {label}:', flush=True)
+        # The current stdout, not the one mmengine bound at import.
+        bar = ProgressBar(len(loader.dataset), file=sys.stdout)
     feats, labels = [], []
     for batch in loader:
         data = model.data_preprocessor(batch, False)
@@ -96,10 +104,11 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
     """
     model = build_model(knn_config)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
-    train_x, train_y = extract_features(model, knn_config.model.prototype,
-                                        amp, progress)
+    train_x, train_y = extract_features(
+        model, knn_config.model.prototype, amp, progress,
+        'training images (kNN neighbours, linear-probe fit)')
     test_x, test_y = extract_features(model, knn_config.test_dataloader, amp,
-                                      progress)
+                                      progress, 'test images')
 
     scores = knn_class_scores(test_x, train_x, train_y, model.num_classes,
                               model.k, model.temperature)
