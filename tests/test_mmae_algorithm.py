@@ -55,7 +55,8 @@ def test_regularised_losses_are_logged_separately(model_cfgs, name, key):
     images = torch.randn(8, 1, 28, 28)
     mae_losses = losses_of(build(model_cfgs['mae']), images)
     losses = losses_of(build(model_cfgs[name]), images)
-    assert set(losses) == {'loss_rec', key}
+    assert set(losses) == {'loss_rec', key, 'reg_skipped'}
+    assert losses['reg_skipped'].item() == 0.0  # the term was applied
     # Same weights and masks: the reconstruction term is MAE's.
     assert torch.equal(losses['loss_rec'], mae_losses['loss'])
     assert torch.isfinite(losses[key])

@@ -9,7 +9,8 @@ import math
 import torch
 from torch import Tensor
 
-from .gram_logdet import ridge_gram_logdet
+from .gram_logdet import (cholesky_cannot_fail, ridge_gram_logdet,
+                          ridge_gram_logdet_flagged)
 from .validation import (check_features, check_finite_result, check_real,
                          resolve_dtype)
 
@@ -31,13 +32,35 @@ def unit_rows(z: Tensor, name: str = 'z') -> Tensor:
     Returns:
         Rows of unit norm, same dtype.
     """
-    magnitude = z.detach().abs().amax(dim=1, keepdim=True)
-    zero = (magnitude == 0).flatten()
+    magnitude = row_magnitudes(z)
+    zero = magnitude == 0
     if bool(zero.any()):
         rows = zero.nonzero().flatten().tolist()
         raise ValueError(f'{name} has all-zero row(s) {rows[:10]}: a zero '
                          'vector has no direction to normalise')
-    scaled = z / magnitude
+    return unit_rows_unchecked(z, magnitude)
+
+
+def row_magnitudes(z: Tensor) -> Tensor:
+    """``max_j |z_ij|`` of every row (N,), detached; NaN or Inf for a row
+    with a non-finite entry, 0 for an all-zero row."""
+    return z.detach().abs().amax(dim=1)
+
+
+def unit_rows_unchecked(z: Tensor, magnitude: Tensor) -> Tensor:
+    """:func:`unit_rows` for rows known to be finite and non-zero.
+
+    Reads nothing on the host (the training path checks the rows on the
+    device instead).
+
+    Args:
+        z: Features (B, d), rows are samples.
+        magnitude: ``row_magnitudes(z)``.
+
+    Returns:
+        Rows of unit norm, same dtype.
+    """
+    scaled = z / magnitude.unsqueeze(1)
     return scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
 
 
@@ -103,3 +126,35 @@ def total_coding_rate(z: Tensor, mu: float = 1.0,
         value = offset + value
     return check_finite_result(
         value, f'total_coding_rate(mu={mu!r}, dtype={dtype})')
+
+
+def total_coding_rate_sync_free(z: Tensor, mu: float,
+                                frobenius_sq: float) -> Tensor:
+    """:func:`total_coding_rate` of finite ``z`` without any host read.
+
+    For the training step: no input scan and no check of the factorisation
+    on the host. Whether Cholesky can fail is decided from the shapes and
+    ``frobenius_sq`` (:func:`~.gram_logdet.cholesky_cannot_fail`); where it
+    provably cannot, the value is the Cholesky one, bit for bit that of
+    :func:`total_coding_rate`. Otherwise (paper form with a tiny ``mu``) the
+    clamped eigenvalues are used, whose kernel still checks its convergence
+    on the host (one sync in torch's ``eigvalsh``). Runs in ``z``'s dtype;
+    the caller disables autocast.
+
+    Args:
+        z: Finite features (B, d) in float32 or float64.
+        mu: Positive ridge of the coding rate.
+        frobenius_sq: Bound on ``||z||_F^2`` (B for unit rows).
+
+    Returns:
+        Scalar tensor; NaN if the factorisation failed after all.
+    """
+    num_samples, dim = z.shape
+    samples_side = num_samples < dim
+    offset = (dim - num_samples) * math.log(mu) if samples_side else 0.0
+    if cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu, z.dtype):
+        value, _ = ridge_gram_logdet_flagged(z, mu, samples_side)
+    else:
+        gram = z @ z.T if samples_side else z.T @ z
+        value = torch.log(torch.linalg.eigvalsh(gram).clamp_min(0) + mu).sum()
+    return offset + value

@@ -3,12 +3,19 @@
 Autograd through ``z.T @ z`` and a Cholesky factorisation runs two matrix
 products for the Gram's backward and the Cholesky backward's triangular
 solves; the closed-form gradient ``d/dz logdet(mu I + z^T z) = 2 z S^-1``
-(``S = mu I + z^T z``) needs one product and the inverse from the factor
+(``S = mu I + z^T z``) needs one product's worth of work on the factor
 already computed. On the Fashion-MNIST M-MAE step (256 x 128 features) this
 halves the regulariser's cost. The value is bit for bit the one of the
 autograd version (same Gram, same Cholesky); gradients agree to rounding.
+
+Nothing here reads a device value on the host: ``torch.linalg.cholesky_ex``
+reports failure in a tensor (``torch.linalg.cholesky`` would check it on the
+host), and the backward uses triangular solves, which have no error check
+(``torch.cholesky_inverse`` checks LAPACK's ``info`` on the host, one sync
+per step on a GPU).
 """
-from typing import Optional
+import math
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -27,15 +34,30 @@ class _RidgeGramLogdet(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         z, chol = ctx.saved_tensors
-        inverse = torch.cholesky_inverse(chol)
-        # S^-1 is symmetric: z S^-1 for z^T z, S^-1 z for z z^T.
-        grad_z = inverse @ z if ctx.samples_side else z @ inverse
+        # S^-1 is symmetric: z S^-1 = (S^-1 z^T)^T for z^T z, S^-1 z for
+        # z z^T; S^-1 x = L^-T (L^-1 x), two triangular solves.
+        rhs = z if ctx.samples_side else z.T
+        half = torch.linalg.solve_triangular(chol, rhs, upper=False)
+        solved = torch.linalg.solve_triangular(chol.T, half, upper=True)
+        grad_z = solved if ctx.samples_side else solved.T
         return grad_z * (2.0 * grad), None, None
+
+
+def _ridge_gram_cholesky(z: Tensor, mu: float,
+                         samples_side: bool) -> Tuple[Tensor, Tensor]:
+    """Cholesky factor of ``mu I + Gram(z)`` and LAPACK's ``info`` (0: ok)."""
+    with torch.no_grad():
+        shifted = z @ z.T if samples_side else z.T @ z
+        shifted.diagonal().add_(mu)
+        return torch.linalg.cholesky_ex(shifted)
 
 
 def ridge_gram_logdet(z: Tensor, mu: float,
                       samples_side: bool) -> Optional[Tensor]:
     """``logdet(mu I + z^T z)`` (or ``mu I + z z^T`` with ``samples_side``).
+
+    Reads the factorisation's status on the host (one sync); the training
+    path uses :func:`ridge_gram_logdet_flagged` instead.
 
     Args:
         z: Features (B, d) in the compute dtype.
@@ -46,10 +68,78 @@ def ridge_gram_logdet(z: Tensor, mu: float,
         Scalar tensor, or ``None`` when rounding breaks the Cholesky
         factorisation (the caller then takes the eigenvalue route).
     """
-    with torch.no_grad():
-        shifted = z @ z.T if samples_side else z.T @ z
-        shifted.diagonal().add_(mu)
-        chol, info = torch.linalg.cholesky_ex(shifted)
+    chol, info = _ridge_gram_cholesky(z, mu, samples_side)
     if int(info) != 0:
         return None
     return _RidgeGramLogdet.apply(z, chol, samples_side)
+
+
+def ridge_gram_logdet_flagged(z: Tensor, mu: float,
+                              samples_side: bool) -> Tuple[Tensor, Tensor]:
+    """:func:`ridge_gram_logdet` without reading anything on the host.
+
+    Where the factorisation fails, the value is NaN and the factor used by
+    the backward is replaced by the identity, so a caller that discards the
+    value (``torch.where``) also gets a finite, zero gradient.
+
+    Args:
+        z: Features (B, d) in the compute dtype.
+        mu: Positive ridge.
+        samples_side: Use the B x B Gram ``z z^T`` instead of ``z^T z``.
+
+    Returns:
+        The scalar value and a boolean scalar tensor, True where the
+        Cholesky factorisation succeeded.
+    """
+    chol, info = _ridge_gram_cholesky(z, mu, samples_side)
+    ok = info == 0
+    eye = torch.eye(chol.shape[0], dtype=chol.dtype, device=chol.device)
+    value = _RidgeGramLogdet.apply(z, torch.where(ok, chol, eye),
+                                   samples_side)
+    return torch.where(ok, value, math.nan), ok
+
+
+def _gamma(k: int, unit_roundoff: float) -> float:
+    """Higham's ``gamma_k = k u / (1 - k u)`` (rounding of a k-term sum)."""
+    return k * unit_roundoff / (1.0 - k * unit_roundoff)
+
+
+def cholesky_cannot_fail(num_samples: int, dim: int, frobenius_sq: float,
+                         mu: float, dtype: torch.dtype) -> bool:
+    """Whether floating-point Cholesky of ``mu I + Gram(z)`` must succeed.
+
+    For ``z`` (N, d) with ``||z||_F^2 <= frobenius_sq`` (call it ``F``), the
+    matrix of size ``n = min(N, d)`` is built from ``m = max(N, d)``-term
+    dot products. Its computed version has every eigenvalue at least
+    ``lo = mu - gamma_m F - u (mu + F)`` (the Gram's rounding is at most
+    ``gamma_m |z|^T |z|`` entrywise, whose 2-norm is at most its Frobenius
+    norm, at most ``gamma_m F``; then the ridge's addition), and every
+    diagonal entry at most ``mu + F``. By Demmel's theorem (Higham, Accuracy
+    and Stability of Numerical Algorithms, 2nd ed., Thm 10.7) Cholesky runs
+    to completion when the smallest eigenvalue of the unit-diagonal scaled
+    matrix, at least ``lo / (mu + F)``, exceeds
+    ``n gamma_{n+1} / (1 - gamma_{n+1})``. We ask for twice that, which
+    also covers the rounding of the rows' normalisation and centering.
+
+    Decided from shapes and settings only, so it costs no device sync. For
+    unit rows in float64 it holds unless ``mu`` is below about
+    ``1e-16 n^2 N`` (``1e-7`` at 1024 x 768): never for the published
+    reference form (ridge 1), only for the paper form with a tiny ``mu``.
+
+    Args:
+        num_samples: N, rows of ``z``.
+        dim: d, columns of ``z``.
+        frobenius_sq: Bound on ``||z||_F^2``.
+        mu: Positive ridge.
+        dtype: Floating dtype of the computation.
+
+    Returns:
+        True when the factorisation provably succeeds.
+    """
+    u = torch.finfo(dtype).eps / 2
+    n, m = min(num_samples, dim), max(num_samples, dim)
+    if max(m, n + 1) * u >= 0.5:
+        return False
+    lowest = mu - _gamma(m, u) * frobenius_sq - u * (mu + frobenius_sq)
+    needed = n * _gamma(n + 1, u) / (1.0 - _gamma(n + 1, u))
+    return lowest > 2.0 * needed * (mu + frobenius_sq)

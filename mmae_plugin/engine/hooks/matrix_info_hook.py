@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-from mmengine.dist import all_gather, get_world_size
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -34,6 +33,8 @@ from mmae_plugin.matrix_info import (matrix_entropy,
                                      total_coding_rate)
 from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
                                                 check_int, check_real)
+# One definition of the padded all-gather, shared with the regularisers.
+from mmae_plugin.models.utils.gather import gather_rows
 
 KERNELS = {'covariance': normalized_covariance, 'gram': normalized_gram}
 ROWS = ('all', 'even', 'odd')
@@ -137,25 +138,6 @@ def to_embeddings(output: Any, pool: str) -> Tensor:
         raise ValueError(f'cannot turn a module output of shape '
                          f'{tuple(x.shape)} into (N, C) embeddings')
     return x
-
-
-def gather_rows(x: Tensor) -> Tensor:
-    """Concatenate the rows of ``x`` from every rank (sizes may differ).
-
-    Args:
-        x: Local (N_rank, C) tensor.
-
-    Returns:
-        (sum N_rank, C) tensor, rank 0's rows first.
-    """
-    if get_world_size() == 1:
-        return x
-    size = torch.tensor([x.shape[0]], device=x.device)
-    sizes = [int(s) for s in all_gather(size)]
-    padded = x.new_zeros((max(sizes), ) + tuple(x.shape[1:]))
-    padded[:x.shape[0]] = x
-    parts = all_gather(padded.contiguous())
-    return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 
 def objective_tcr(model: nn.Module) -> Optional[dict]:

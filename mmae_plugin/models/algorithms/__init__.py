@@ -1,3 +1,3 @@
-from .mmae import FEATURES, MMAE
+from .mmae import FEATURES, MMAE, SKIP_KEY
 
-__all__ = ['FEATURES', 'MMAE']
+__all__ = ['FEATURES', 'MMAE', 'SKIP_KEY']

@@ -1,6 +1,8 @@
 """M-MAE and U-MAE: MAE with a regulariser on the encoder's batch features."""
+import logging
 from typing import Dict, List, Optional, Union
 
+from mmengine.logging import MessageHub, print_log
 from mmpretrain.models import MAE
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
@@ -11,6 +13,9 @@ from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
 from ..losses import FeatureRegularizer
 
 FEATURES = ('cls', 'mean_visible')
+#: Logged every step with a regulariser: its ``skip_code``, 0 when applied
+#: (no ``'loss'`` in the name, so mmengine logs it without adding it).
+SKIP_KEY = 'reg_skipped'
 
 
 @MODELS.register_module()
@@ -22,7 +27,12 @@ class MMAE(MAE):
     with ``None`` its loss is mmpretrain's ``MAE`` loss, bit for bit. The
     reconstruction and the regulariser are returned as separate keys
     (``loss_rec`` and the regulariser's ``loss_name``) so logs show both; the
-    runner sums them.
+    runner sums them. With a regulariser, ``reg_skipped`` is logged too: the
+    regulariser's :attr:`~FeatureRegularizer.skip_code`, 0 when the term was
+    applied. A step whose features were unusable (NaN/Inf on any rank) gets
+    a zero term on every rank and one warning naming the iteration, issued
+    at the next step from the value mmengine has already read for its log
+    (so the training step itself reads nothing on the host).
 
     Args:
         backbone: Config of the encoder (``MAEViT``).
@@ -62,6 +72,8 @@ class MMAE(MAE):
         self.final_norm_twice = final_norm_twice
         self._check_feature_is_defined()
         self.regularizer = self._build_regularizer(regularizer)
+        #: Runner iteration of the last regularised step not yet checked.
+        self._unchecked_iter: Optional[int] = None
 
     def _check_feature_is_defined(self) -> None:
         """Refuse settings whose pooled feature cannot be computed."""
@@ -119,6 +131,32 @@ class MMAE(MAE):
         pred = self.neck(latent, ids_restore)
         losses = dict(loss_rec=self.head.loss(pred, inputs, mask))
         if self.regularizer is not None:
+            self._warn_if_last_step_was_skipped()
             losses[self.regularizer.loss_name] = self.regularizer(
                 self.pool(latent))
+            losses[SKIP_KEY] = self.regularizer.skip_code
         return losses
+
+    def _warn_if_last_step_was_skipped(self) -> None:
+        """Warn about the previous iteration's skipped regulariser.
+
+        mmengine's ``RuntimeInfoHook`` has read every logged value of the
+        previous iteration into the message hub (a host float by now), so
+        this costs no device sync, unlike a check in the step itself.
+        """
+        hub = MessageHub.get_current_instance()
+        iteration = hub.get_info('iter')
+        previous, self._unchecked_iter = self._unchecked_iter, iteration
+        buffer = hub.log_scalars.get(f'train/{SKIP_KEY}')
+        if iteration is None or previous is None or previous == iteration \
+                or buffer is None:
+            return
+        code = int(buffer.current())
+        if code:
+            everywhere = ('this rank' if self.regularizer.gather == 'local'
+                          else 'every rank')
+            print_log(
+                f'{self.regularizer.loss_name} was skipped (a zero with zero '
+                f'gradient) at training iteration {previous + 1} on '
+                f'{everywhere}: {self.regularizer.skip_reason(code)}',
+                logger='current', level=logging.WARNING)

@@ -4,7 +4,7 @@ import math
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
-from mmae_plugin.matrix_info import total_coding_rate
+from mmae_plugin.matrix_info.coding_rate import total_coding_rate_sync_free
 from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
                                                 check_real)
 from .feature_regularizer import FeatureRegularizer
@@ -51,10 +51,13 @@ class TCRLoss(FeatureRegularizer):
         self.centering = check_bool(centering, 'centering')
 
     def value(self, zn: Tensor) -> Tensor:
+        # ||zn||_F^2 = B for unit rows; centering only lowers it.
+        num_samples, dim = zn.shape
         if self.centering:
             # zn^T J zn == (J zn)^T (J zn) because J is a symmetric projection.
             zn = zn - zn.mean(dim=0, keepdim=True)
         if self.form == 'paper':
-            return -total_coding_rate(zn, mu=self.mu)
-        scale = math.sqrt(self.mu / zn.shape[1])
-        return -total_coding_rate(zn * scale, mu=1.0)
+            return -total_coding_rate_sync_free(zn, self.mu, num_samples)
+        scale = math.sqrt(self.mu / dim)
+        return -total_coding_rate_sync_free(zn * scale, 1.0,
+                                            num_samples * scale**2)
