@@ -63,3 +63,63 @@ def test_run_without_matrix_info_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['plot_matrix_info.py', str(bare)])
     with pytest.raises(SystemExit, match='MatrixInfoHook in custom_hooks'):
         plot_matrix_info.main()
+
+
+# --------------------------------------------------------------------------
+# tools/theory/run_imbalance.py: one seed shows no spread, the claim reads
+# --------------------------------------------------------------------------
+IMBALANCE = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
+                     'theory', 'run_imbalance.py')
+
+
+def load_imbalance_module():
+    sys.path.insert(0, osp.dirname(IMBALANCE))
+    try:
+        import run_imbalance
+    finally:
+        sys.path.pop(0)
+    return run_imbalance
+
+
+def test_imbalance_spread_is_population_std_or_none_for_one_seed():
+    module = load_imbalance_module()
+    two = module.mean_std([1.0, 2.0])
+    assert two == dict(mean=1.5, std=0.5, n=2)
+    assert module.format_stat(two) == '1.500 +/- 0.500'
+    one = module.mean_std([0.25])
+    assert one == dict(mean=0.25, std=None, n=1)
+    assert module.format_stat(one) == '0.250'
+
+
+def test_imbalance_one_seed_run_prints_no_fake_spread_and_a_readable_claim(
+        tmp_path):
+    import json
+    out = tmp_path / 'theory'
+    proc = subprocess.run([
+        sys.executable, IMBALANCE, '--out-dir', str(out), '--seeds', '0',
+        '--exponents', '0.5', '--num-patches', '16', '--steps', '4',
+        '--eval-interval', '2', '--batch-size', '4', '--feature-dim', '4'
+    ], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '+/-' not in proc.stdout and '+-' not in proc.stdout
+    assert 'init -> final (one seed)' in proc.stdout
+    assert "{'criterion'" not in proc.stdout
+    payload = json.loads((out / 'imbalance_results.json').read_text())
+    summary = payload['results']['0.5']['summary']
+    assert summary['mae']['own_local_final']['std'] is None
+    claim = payload['claim_at_chosen_exponent']
+    verdict = 'HOLDS' if claim['claim_holds'] else 'DOES NOT HOLD'
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines)
+                if line.startswith('claim at kappa=0.5'))
+    assert lines[head].endswith(f': {verdict}')
+    for offset, (key, label) in enumerate(
+            (('mae_global_rises', 'MAE, global area:'),
+             ('mae_local_rises', 'MAE, local areas:'),
+             ('cl_global_rises', 'CL, global area:'),
+             ('cl_local_rises', 'CL, local areas:')), start=1):
+        expected = 'rises' if claim[key] else 'does not rise'
+        assert lines[head + offset].split() == [*label.split(),
+                                                *expected.split()]
+    for name in ('attention_curves', 'phase_diagram'):
+        assert (out / f'{name}.png').stat().st_size > 1000

@@ -23,7 +23,7 @@ import json
 import math
 import os
 import os.path as osp
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import matplotlib
 
@@ -84,11 +84,51 @@ def local_mean(values: List[float]) -> float:
     return sum(local) / len(local)
 
 
-def mean_std(values: List[float]) -> Dict[str, float]:
-    """Mean and (population) standard deviation of a list."""
+def mean_std(values: List[float]) -> Dict[str, Optional[float]]:
+    """Mean, (population) standard deviation and count of a list.
+
+    One value has no spread: ``std`` is then None (null in the JSON), so
+    that no table or error bar shows a 0 that was never measured.
+    """
     mean = sum(values) / len(values)
+    if len(values) == 1:
+        return dict(mean=mean, std=None, n=1)
     var = sum((v - mean)**2 for v in values) / len(values)
-    return dict(mean=mean, std=math.sqrt(var))
+    return dict(mean=mean, std=math.sqrt(var), n=len(values))
+
+
+def format_stat(stats: Dict[str, Optional[float]]) -> str:
+    """``mean +/- std`` over seeds, or the bare value of a single seed."""
+    if stats.get('std') is None:
+        return f"{stats['mean']:.3f}"
+    return f"{stats['mean']:.3f} +/- {stats['std']:.3f}"
+
+
+CLAIM_PARTS = (('mae_global_rises', 'MAE, global area'),
+               ('mae_local_rises', 'MAE, local areas'),
+               ('cl_global_rises', 'CL, global area'),
+               ('cl_local_rises', 'CL, local areas'))
+
+
+def format_claim(claim: Dict[str, object], exponent: float) -> List[str]:
+    """The claim check as lines a reader can follow.
+
+    Args:
+        claim: :func:`check_claim`'s result.
+        exponent: The local-area exponent it was checked at.
+
+    Returns:
+        Lines: the verdict, what rose and what did not, the criterion.
+    """
+    verdict = 'HOLDS' if claim['claim_holds'] else 'DOES NOT HOLD'
+    lines = [f'claim at kappa={exponent} (MAE\'s own-area attention rises on '
+             'the global and the local areas, CL\'s does not rise on the '
+             f'local areas): {verdict}']
+    for key, label in CLAIM_PARTS:
+        lines.append(f"  {label + ':':<18} "
+                     f"{'rises' if claim[key] else 'does not rise'}")
+    lines.append(f"  criterion: {claim['criterion']}")
+    return lines
 
 
 def area_nmi(mass: List[List[float]]) -> float:
@@ -219,8 +259,11 @@ def plot_phase_diagram(results: Dict, exponents: List[float],
                 results[str(e)]['summary'][objective][f'own_{area}_final']
                 for e in exponents
             ]
+            # No error bars where a single seed gives no spread.
+            spreads = [s['std'] for s in stats]
+            yerr = None if None in spreads else spreads
             ax.errorbar(ratios, [s['mean'] for s in stats],
-                        yerr=[s['std'] for s in stats], fmt=marker + style,
+                        yerr=yerr, fmt=marker + style,
                         color=OBJECTIVE_COLORS[objective], capsize=3,
                         label=f'{OBJECTIVE_LABELS[objective]}, {area}')
     for area, style in (('global', ':'), ('local', '-.')):
@@ -359,28 +402,41 @@ def main() -> None:
 
 
 def print_table(results: Dict, args: argparse.Namespace) -> None:
-    """Print init -> final own-area attention per exponent and objective."""
-    print('\nkappa  sizes(global/local)  objective  own_global init->final'
-          '  own_local init->final  area-NMI init->final  rec_err final')
+    """Print init -> final own-area attention per exponent and objective.
+
+    Final values are mean +/- std over the seeds; with one seed, the bare
+    value (there is no spread to show).
+    """
+    seeds = len(args.seeds)
+    print(f"\nown-area attention of masked patches, init -> final "
+          f"({'mean +/- std over ' + str(seeds) + ' seeds' if seeds > 1 else 'one seed'})")
+    print(f"{'kappa':<6} {'global/local':<13} {'objective':<10} "
+          f"{'global area':<26} {'local areas':<26} {'area NMI':<15} "
+          'rec. error')
     for exponent in args.exponents:
         entry = results[str(exponent)]
         for objective, stats in entry['summary'].items():
-            print(f"{exponent:<6} {entry['area_sizes'][0]:>3}/"
-                  f"{entry['area_sizes'][1]:<16} {objective:<10} "
-                  f"{stats['own_global_init']['mean']:.3f} -> "
-                  f"{stats['own_global_final']['mean']:.3f}+-"
-                  f"{stats['own_global_final']['std']:.3f}      "
-                  f"{stats['own_local_init']['mean']:.3f} -> "
-                  f"{stats['own_local_final']['mean']:.3f}+-"
-                  f"{stats['own_local_final']['std']:.3f}     "
-                  f"{stats['area_nmi_init']['mean']:.3f} -> "
-                  f"{stats['area_nmi_final']['mean']:.3f}       "
+            sizes = f"{entry['area_sizes'][0]}/{entry['area_sizes'][1]}"
+            own_global = (f"{stats['own_global_init']['mean']:.3f} -> "
+                          f"{format_stat(stats['own_global_final'])}")
+            own_local = (f"{stats['own_local_init']['mean']:.3f} -> "
+                         f"{format_stat(stats['own_local_final'])}")
+            nmi = (f"{stats['area_nmi_init']['mean']:.3f} -> "
+                   f"{stats['area_nmi_final']['mean']:.3f}")
+            print(f'{exponent:<6} {sizes:<13} {objective:<10} '
+                  f'{own_global:<26} {own_local:<26} {nmi:<15} '
                   f"{stats['reconstruction_error_final']['mean']:.4f}")
         ceiling = entry['own_area_ceiling']
-        print(f"       ceilings: global {ceiling['global_area']:.3f}, "
+        print(f"{'':<6} ceilings: global {ceiling['global_area']:.3f}, "
               f"local {ceiling['local_area']:.3f}")
         if 'claim' in entry:
-            print(f"       claim: {entry['claim']}")
+            verdict = 'holds' if entry['claim']['claim_holds'] else \
+                'does not hold'
+            print(f"{'':<6} claim: {verdict}")
+    chosen = results[str(args.chosen_exponent)]
+    if 'claim' in chosen:
+        print()
+        print('\n'.join(format_claim(chosen['claim'], args.chosen_exponent)))
     print(f'\nwrote {args.out_dir}')
 
 
