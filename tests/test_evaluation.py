@@ -263,3 +263,61 @@ def test_mixed_precision_features_are_float32_and_close(tmp_path, pretrained):
     assert not torch.equal(mixed, exact)  # autocast was on
     error = (mixed - exact).norm(dim=1) / exact.norm(dim=1)
     assert error.max() < 0.05
+
+
+def test_knn_similarities_stay_float32_under_autocast():
+    """Under bfloat16 autocast (``tools/test.py --amp`` on a CPU) the
+    neighbours and votes are those of float32, which agree with float64."""
+    gen = torch.Generator().manual_seed(5)
+    bank = torch.randn(2000, 64, generator=gen)
+    labels = torch.randint(0, 10, (2000, ), generator=gen)
+    query = torch.randn(100, 64, generator=gen)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        # What the search would do without its float32 region.
+        assert (query.float() @ bank.float().T).dtype == torch.bfloat16
+        sim, idx = knn.top_k_neighbours(query, bank, 20)
+        mixed = knn_class_scores(query, bank, labels, 10, 20, 0.07)
+    assert sim.dtype == mixed.dtype == torch.float32
+    torch.testing.assert_close(
+        mixed, knn_class_scores(query, bank, labels, 10, 20, 0.07),
+        rtol=0, atol=0)
+    q = query.double().numpy()
+    b = bank.double().numpy()
+    cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ \
+        (b / np.linalg.norm(b, axis=1, keepdims=True)).T
+    reference = np.argsort(-cos, axis=1, kind='stable')[:, :20]
+    np.testing.assert_array_equal(np.sort(idx.numpy(), 1),
+                                  np.sort(reference, 1))
+
+
+@pytest.mark.parametrize('amp', [False, True])
+def test_reported_linear_accuracy_is_the_saved_classifier_s(
+        tmp_path, pretrained, amp):
+    """``linear/top1`` is what the saved checkpoint gives when mmpretrain's
+    linear-probe model (encoder, ClsBatchNormNeck, head) classifies the test
+    images, with autocast on or off as the features were extracted."""
+    from mmengine.runner.amp import autocast
+
+    from mmae_plugin.evaluation.frozen import linear_probe_state_dict
+    cfg = small_knn_cfg(tmp_path, pretrained)
+    metrics, probe, encoder = evaluate_frozen_encoder(cfg, pretrained,
+                                                      amp=amp)
+    linear_cfg = Config.fromfile('configs/fashion_mnist/linear_fmnist.py')
+    linear_cfg.model.backbone.init_cfg = None
+    linear_cfg.model.setdefault('data_preprocessor',
+                                linear_cfg.data_preprocessor)
+    classifier = MODELS.build(linear_cfg.model).eval()
+    classifier.load_state_dict(linear_probe_state_dict(probe, encoder))
+    predictions, labels = [], []
+    loader = Runner.build_dataloader(cfg.test_dataloader)
+    with torch.no_grad():
+        for batch in loader:
+            data = classifier.data_preprocessor(batch, False)
+            with autocast(enabled=amp):
+                samples = classifier(**data, mode='predict')
+            predictions += [int(s.pred_label) for s in samples]
+            labels += [int(s.gt_label) for s in samples]
+    top1 = 100 * np.mean(np.array(predictions) == np.array(labels))
+    assert metrics['linear/top1'] == pytest.approx(top1, abs=1e-9)
+    # The float64 probe on the same features: the same up to rounding.
+    assert abs(metrics['linear/probe_top1'] - top1) <= 100 * 2 / 150

@@ -3,7 +3,14 @@
 The protocol of InstDisc (Wu et al., 2018) and DINO (Caron et al., 2021):
 cosine similarity to every training feature, the ``k`` most similar
 neighbours vote for their class with weight ``exp(similarity / T)``.
+
+Similarities are float32 with autocast off: under ``tools/test.py --amp``
+the matrix product would otherwise run in half precision whatever the
+inputs' dtype (``.float()`` alone is undone by autocast), and in bfloat16
+the top-20 neighbour sets changed for about a quarter of the queries.
 """
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -33,6 +40,21 @@ def check_knn_args(k: int, temperature: float, num_classes: int) -> None:
     _check_positive_int(num_classes, 'num_classes')
 
 
+def float32_region(device: torch.device) -> contextlib.AbstractContextManager:
+    """A context with autocast off for ``device``'s type (if it has one).
+
+    Args:
+        device: The device the computation runs on.
+
+    Returns:
+        ``torch.autocast(device.type, enabled=False)``, or a no-op context
+        for device types without autocast.
+    """
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def top_k_neighbours(query: Tensor, bank: Tensor,
                      k: int) -> tuple:
     """Cosine similarities and indices of each query's ``k`` nearest rows.
@@ -43,8 +65,15 @@ def top_k_neighbours(query: Tensor, bank: Tensor,
         k: Neighbours kept; ``min(k, N)`` are returned.
 
     Returns:
-        ``(similarity, index)``, both (B, min(k, N)), most similar first.
+        ``(similarity, index)``, both (B, min(k, N)), most similar first;
+        similarities in float32, computed with autocast off.
     """
+    with float32_region(query.device):
+        return _top_k_neighbours_float32(query, bank, k)
+
+
+def _top_k_neighbours_float32(query: Tensor, bank: Tensor,
+                              k: int) -> tuple:
     query = F.normalize(query.float(), dim=1)
     bank = F.normalize(bank.float(), dim=1)
     k = min(k, bank.shape[0])
@@ -76,19 +105,21 @@ def knn_class_scores(query: Tensor, bank: Tensor, bank_labels: Tensor,
         temperature: T of the vote weight ``exp(cos / T)``.
 
     Returns:
-        (B, num_classes) scores that sum to 1 per row; the argmax is the
-        predicted class.
+        (B, num_classes) float32 scores that sum to 1 per row; the argmax
+        is the predicted class.
     """
     check_knn_args(k, temperature, num_classes)
     if bank.shape[0] != bank_labels.shape[0]:
         raise ValueError(
             f'bank has {bank.shape[0]} rows but bank_labels has '
             f'{bank_labels.shape[0]}')
-    sim, idx = top_k_neighbours(query, bank, k)
-    # Subtracting each row's maximum leaves the normalised votes unchanged
-    # and keeps exp() finite at small temperatures.
-    weights = torch.exp((sim - sim[:, :1]) / temperature)
-    labels = bank_labels.to(query.device)[idx]
-    votes = torch.zeros(query.shape[0], num_classes, device=query.device)
-    votes.scatter_add_(1, labels, weights)
-    return votes / votes.sum(dim=1, keepdim=True)
+    with float32_region(query.device):
+        sim, idx = top_k_neighbours(query, bank, k)
+        # Subtracting each row's maximum leaves the normalised votes
+        # unchanged and keeps exp() finite at small temperatures.
+        weights = torch.exp((sim - sim[:, :1]) / temperature)
+        labels = bank_labels.to(query.device)[idx]
+        votes = torch.zeros(query.shape[0], num_classes,
+                            device=query.device)
+        votes.scatter_add_(1, labels, weights)
+        return votes / votes.sum(dim=1, keepdim=True)

@@ -47,10 +47,12 @@ def fit_logistic_regression(x: Tensor, y: Tensor, num_classes: int,
         max_iter: L-BFGS iterations.
 
     Returns:
-        The fitted float64 ``Linear(d, num_classes)``.
+        The fitted float64 ``Linear(d, num_classes)``, on ``x``'s device.
     """
-    x, y = x.double(), y.long()
-    head = torch.nn.Linear(x.shape[1], num_classes).double()
+    x, y = x.double(), y.long().to(x.device)
+    # On the features' device (the GPU after a GPU feature pass).
+    head = torch.nn.Linear(x.shape[1], num_classes).to(x.device,
+                                                       torch.float64)
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.zeros_(head.bias)
     optimizer = torch.optim.LBFGS(

@@ -104,7 +104,9 @@ class KNNClassifier(ImageToImageRetriever):
         """
         if not self.prototype_inited:
             self.prepare_prototype()
-        feats = self.extract_feat(inputs)
+        # float32 whatever autocast produced; knn_class_scores computes the
+        # similarities with autocast off (tools/test.py --amp).
+        feats = self.extract_feat(inputs).float()
         scores = knn_class_scores(feats, self.prototype_vecs,
                                   self.prototype_labels, self.num_classes,
                                   self.k, self.temperature)
