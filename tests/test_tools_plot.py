@@ -1,8 +1,10 @@
-"""tools/analysis/plot_matrix_info.py on one-branch logs and on empty ones.
+"""tools/analysis/plot_matrix_info.py and tools/theory/run_imbalance.py.
 
-The logs are written by mmengine's own LocalVisBackend, in the layout a
-runner leaves (``<work_dir>/<timestamp>/vis_data/scalars.json``), with the
-scalar names MatrixInfoHook logs for MAE / U-MAE / M-MAE.
+The matrix-information logs are written by mmengine's own LocalVisBackend,
+in the layout a runner leaves (``<work_dir>/<timestamp>/vis_data/
+scalars.json``), with the scalar names MatrixInfoHook logs for MAE / U-MAE /
+M-MAE. The plot's reference lines are checked against MatrixInfoHook's own
+TCR on collapsed and flat-spectrum batches.
 """
 import os.path as osp
 import subprocess
@@ -51,6 +53,93 @@ def test_nothing_to_draw_exits_non_zero_with_a_message(tmp_path):
             "the runs logged ['erank']") in result.stderr
     assert not out.exists()
     assert 'Traceback' not in result.stderr
+
+
+def load_plot_module():
+    sys.path.insert(0, osp.dirname(SCRIPT))
+    try:
+        import plot_matrix_info
+    finally:
+        sys.path.pop(0)
+    return plot_matrix_info
+
+
+@pytest.mark.parametrize('batch,dim,mu', [(64, 16, 1.0), (8, 32, 3.0),
+                                          (16, 16, 1.0)])
+def test_tcr_reference_lines_bound_the_hooks_tcr(batch, dim, mu):
+    """The floor is a collapsed batch's TCR, the ceiling a flat spectrum's,
+    and a random batch lies between, as the hook computes TCR."""
+    import torch
+    from mmae_plugin.engine.hooks.matrix_info_hook import coding_rate
+    lines = load_plot_module().reference_lines(dim, batch, mu)
+    (floor, floor_label, _), (ceiling, _, _) = lines['tcr']
+    mu_text = '' if mu == 1 else f'{mu:g}'
+    assert floor_label.startswith(f'collapse floor: log(1 + {mu_text}B/d) = ')
+    generator = torch.Generator().manual_seed(0)
+    direction = torch.randn(1, dim, generator=generator, dtype=torch.float64)
+    collapsed = direction.repeat(batch, 1) * torch.rand(
+        batch, 1, generator=generator, dtype=torch.float64).add(0.5)
+    assert coding_rate(collapsed, 'reference', mu).item() == pytest.approx(
+        floor, rel=1e-12)
+    rank = min(batch, dim)
+    # B rows spread evenly over r orthonormal directions: flat spectrum.
+    basis = torch.linalg.qr(torch.randn(dim, dim, generator=generator,
+                                        dtype=torch.float64))[0][:rank]
+    flat = basis.repeat(batch // rank, 1)
+    assert coding_rate(flat, 'reference', mu).item() == pytest.approx(
+        ceiling, rel=1e-12)
+    for seed in range(5):
+        z = torch.randn(batch, dim, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(seed))
+        assert floor < coding_rate(z, 'reference', mu).item() < ceiling
+    for key in ('erank', 'rankme'):
+        assert [value for value, _, _ in lines[key]] == [1.0, float(rank)]
+
+
+def test_reference_lines_without_sizes_keep_only_the_size_free_bounds():
+    lines = load_plot_module().reference_lines(None, 64)
+    assert lines == {'erank': [(1.0, 'collapse: 1', ':')],
+                     'rankme': [(1.0, 'collapse: 1', ':')]}
+
+
+def test_single_logged_point_is_marked_and_reference_lines_drawn(
+        tmp_path, monkeypatch):
+    """A run with one logged point shows it; the bounds are on the axes."""
+    module = load_plot_module()
+    run = write_run(tmp_path / 'mmae', [
+        {f'minfo/{key}': 2.0 for key in ONE_BRANCH_KEYS}])
+    drawn = {}
+    original = module.draw
+
+    def recording_draw(ax, runs, key, smooth, references=None):
+        original(ax, runs, key, smooth, references)
+        drawn[key] = ax
+
+    monkeypatch.setattr(module, 'draw', recording_draw)
+    monkeypatch.setattr(sys, 'argv', [
+        'plot_matrix_info.py', str(run), '--out-dir', str(tmp_path / 'out'),
+        '--feature-dim', '128', '--batch-size', '256'])
+    module.main()
+    import math
+    tcr_lines = drawn['tcr'].get_lines()
+    curve = tcr_lines[0]
+    assert list(curve.get_xdata()) == [1] and curve.get_marker() == 'o'
+    levels = sorted(line.get_ydata()[0] for line in tcr_lines[1:])
+    assert levels == pytest.approx([math.log(1 + 256 / 128),
+                                    128 * math.log(1 + 256 / 128 ** 2)])
+    erank_levels = sorted(line.get_ydata()[0]
+                          for line in drawn['erank'].get_lines()[1:])
+    assert erank_levels == [1.0, 128.0]
+    legend = [text.get_text() for text in drawn['tcr'].get_legend().get_texts()]
+    assert legend[1] == 'collapse floor: log(1 + B/d) = 1.099'
+
+
+def test_bad_sizes_are_refused_naming_the_option(tmp_path):
+    run = write_run(tmp_path / 'mmae', [{'minfo/tcr': 1.0}])
+    result = plot(run, '--feature-dim', '0', '--out-dir', tmp_path / 'out')
+    assert result.returncode == 2
+    assert "argument --feature-dim: '0' is not allowed: expected an integer" \
+        in result.stderr
 
 
 def test_run_without_matrix_info_is_refused(tmp_path, monkeypatch):

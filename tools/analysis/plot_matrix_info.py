@@ -18,12 +18,27 @@ every quantity the runs logged:
 * one-branch runs (MAE, U-MAE, M-MAE): ``entropy``, ``erank``, ``rankme``,
   ``tcr``.
 
+Every logged point is marked (up to 60 points per curve; a run with a single
+point still shows it). Reference lines mark what the quantities cannot go
+below or above:
+
+* ``erank`` and ``rankme``: 1, complete collapse (all features along one
+  direction); with ``--feature-dim d --batch-size B`` also ``min(B, d)``,
+  a flat spectrum;
+* ``tcr`` (the reference form ``logdet(I + mu/d zn^T zn)`` on unit-norm rows,
+  what MatrixInfoHook logs by default), with ``--feature-dim`` and
+  ``--batch-size`` (and ``--tcr-mu``, default 1): the collapse floor
+  ``log(1 + mu B / d)`` (rank one, the minimum over unit-norm batches: the
+  trace is ``mu B / d`` whatever the features, and ``logdet`` is concave) and
+  the flat-spectrum ceiling ``r log(1 + mu B / (d r))``, ``r = min(B, d)``.
+
 It exits with status 1 and says why when there is nothing to draw.
 """
 import argparse
 import glob
 import json
 import os
+import math
 import os.path as osp
 from typing import Dict, List, Optional, Tuple
 
@@ -31,6 +46,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 # Drawing order and axis labels of every quantity MatrixInfoHook logs.
 QUANTITIES = {
@@ -55,6 +71,10 @@ FIGURE_NAMES = {
 }
 
 Series = Dict[str, Tuple[List[int], List[float]]]
+# Curves with more logged points than this are drawn without markers.
+MAX_MARKED_POINTS = 60
+# (value, label, line style) per quantity.
+References = Dict[str, List[Tuple[float, str, str]]]
 
 
 def parse_args() -> argparse.Namespace:
@@ -79,7 +99,67 @@ def parse_args() -> argparse.Namespace:
         '--smooth', type=int, default=1,
         help='moving-average window (in logged points)')
     parser.add_argument('--title', default=None, help='figure title')
+    parser.add_argument(
+        '--feature-dim', type=positive_int, default=None, metavar='D',
+        help='feature dimension d the hook saw (the embedding width, e.g. '
+        '128 for the Fashion-MNIST ViT): draws the full-rank and TCR lines')
+    parser.add_argument(
+        '--batch-size', type=positive_int, default=None, metavar='B',
+        help='global batch B the hook sampled (all ranks): with '
+        '--feature-dim, draws the full-rank and TCR lines')
+    parser.add_argument(
+        '--tcr-mu', type=float, default=1.0, metavar='MU',
+        help="mu of the logged TCR's reference form (default 1, the hook's "
+        'default; the ViT-L M-MAE config uses 3)')
     return parser.parse_args()
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is not allowed: expected an integer >= 1')
+    return value
+
+
+def reference_lines(feature_dim: Optional[int], batch_size: Optional[int],
+                    mu: float = 1.0) -> References:
+    """Bounds of erank, RankMe and TCR, as horizontal reference lines.
+
+    Args:
+        feature_dim: Feature dimension d, or None if unknown.
+        batch_size: Number of features B per sample, or None if unknown.
+        mu: ``mu`` of TCR's reference form ``logdet(I + mu/d zn^T zn)``.
+
+    Returns:
+        ``{quantity: [(value, label, linestyle), ...]}``; only the bounds
+        that need no unknown size when d or B is missing.
+    """
+    lines: References = {
+        'erank': [(1.0, 'collapse: 1', ':')],
+        'rankme': [(1.0, 'collapse: 1', ':')],
+    }
+    if feature_dim is None or batch_size is None:
+        return lines
+    d, b = feature_dim, batch_size
+    rank = min(b, d)
+    for key in ('erank', 'rankme'):
+        lines[key].append((float(rank), f'flat spectrum: min(B, d) = {rank}',
+                           '--'))
+    trace = mu * b / d
+    mu_text = '' if mu == 1 else f'{mu:g}'
+    lines['tcr'] = [
+        (math.log1p(trace), f'collapse floor: log(1 + {mu_text}B/d) = '
+         f'{math.log1p(trace):.3f}', ':'),
+        (rank * math.log1p(trace / rank),
+         f'flat spectrum: r log(1 + {mu_text}B/(d r)) = '
+         f'{rank * math.log1p(trace / rank):.3f}', '--'),
+    ]
+    return lines
 
 
 def find_scalars(work_dir: str, prefix: str) -> str:
@@ -148,14 +228,29 @@ def moving_average(values: List[float], window: int) -> List[float]:
     return out
 
 
-def draw(ax, runs: List[Tuple[str, Series]], key: str, smooth: int) -> None:
-    """One panel: ``key`` over training, one curve per method."""
+def draw(ax, runs: List[Tuple[str, Series]], key: str, smooth: int,
+         references: Optional[References] = None) -> None:
+    """One panel: ``key`` over training, one curve per method.
+
+    Args:
+        ax: Matplotlib axes.
+        runs: ``(label, series)`` per method.
+        key: The quantity.
+        smooth: Moving-average window.
+        references: Horizontal reference lines per quantity.
+    """
     for label, series in runs:
         if key not in series:
             continue
         steps, values = series[key]
-        ax.plot(steps, moving_average(values, smooth), label=label)
+        marker = 'o' if len(steps) <= MAX_MARKED_POINTS else None
+        ax.plot(steps, moving_average(values, smooth), label=label,
+                marker=marker, markersize=4)
+    for value, label, style in (references or {}).get(key, []):
+        ax.axhline(value, color='grey', linestyle=style, linewidth=1,
+                   label=label)
     ax.set_xlabel('Training iteration')
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(QUANTITIES[key])
     ax.grid(alpha=0.3)
     ax.legend()
@@ -171,7 +266,8 @@ def save(fig, out_dir: str, name: str) -> List[str]:
 
 
 def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
-         smooth: int = 1, title: Optional[str] = None) -> List[str]:
+         smooth: int = 1, title: Optional[str] = None,
+         references: Optional[References] = None) -> List[str]:
     """Draw the combined figure and one figure per quantity.
 
     Args:
@@ -180,6 +276,7 @@ def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
         out_dir: Output folder (created).
         smooth: Moving-average window.
         title: Optional title of the combined figure.
+        references: Reference lines (:func:`reference_lines`).
 
     Returns:
         Paths of the written files.
@@ -190,7 +287,7 @@ def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
     fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows),
                              squeeze=False)
     for ax, key in zip(axes.flat, keys):
-        draw(ax, runs, key, smooth)
+        draw(ax, runs, key, smooth, references)
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     if title:
@@ -198,7 +295,7 @@ def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
     written = save(fig, out_dir, 'matrix_info')
     for key in keys:
         fig, ax = plt.subplots(figsize=(6, 4))
-        draw(ax, runs, key, smooth)
+        draw(ax, runs, key, smooth, references)
         written += save(fig, out_dir, FIGURE_NAMES.get(key, f'minfo_{key}'))
     return written
 
@@ -244,7 +341,13 @@ def main() -> None:
         label = args.labels[index] if args.labels else method_label(work_dir)
         runs.append((label, read_series(path, args.prefix)))
     keys = keys_to_draw(runs, args.keys)
-    for path in plot(runs, keys, args.out_dir, args.smooth, args.title):
+    references = reference_lines(args.feature_dim, args.batch_size,
+                                 args.tcr_mu)
+    if 'tcr' in keys and 'tcr' not in references:
+        print('note: pass --feature-dim and --batch-size to draw the TCR '
+              'collapse floor and the flat-spectrum lines')
+    for path in plot(runs, keys, args.out_dir, args.smooth, args.title,
+                     references):
         print(f'saved {path}')
 
 
