@@ -14,11 +14,16 @@ from mmengine.runner import Runner
 
 
 class ToyModel(BaseModel):
-    """A linear regression: 2 inputs, 1 output, mean squared error."""
+    """A linear regression: 2 inputs, 1 output, mean squared error.
+
+    ``table`` (saved, unused) is a tensor record big enough to corrupt
+    64 bytes inside it.
+    """
 
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(2, 1)
+        self.register_buffer('table', torch.arange(64, dtype=torch.float32))
 
     def forward(self, inputs, labels=None, mode='tensor'):
         out = self.linear(torch.stack(inputs))

@@ -108,8 +108,11 @@ def run_suite(python: str, tree: str, paths: List[str], junit: str,
                                   if env.get('PYTHONPATH') else []))
     # A module that fails to import (a missing optional dependency) fails the
     # same way in both runs; the rest of the suite still runs.
+    # --tb=native: pytest's own traceback formatting re-parses sources and
+    # crashes the whole session on Python 3.11's AST recursion check after
+    # some of mmengine's tests.
     command = [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-               '--continue-on-collection-errors',
+               '--continue-on-collection-errors', '--tb=native',
                f'--junitxml={junit}', f'--timeout={timeout}', '-o',
                'junit_family=xunit1'] + paths
     if with_plugin:
@@ -120,17 +123,48 @@ def run_suite(python: str, tree: str, paths: List[str], junit: str,
                               stderr=subprocess.STDOUT).returncode
 
 
-def outcomes(junit: str) -> Dict[str, str]:
-    """Outcome of every test case in a junit XML file.
+def expand_paths(tree: str, paths: List[str]) -> List[str]:
+    """Split ``tests`` into its top-level folders and files.
+
+    One pytest session per part: a part that crashes or hangs pytest costs
+    that part only.
 
     Args:
-        junit: Path of the XML file pytest wrote.
+        tree: The suite's folder.
+        paths: Test paths relative to it.
+
+    Returns:
+        The paths, with ``tests`` replaced by its ``test_*`` entries.
+    """
+    expanded = []
+    for path in paths:
+        if path.rstrip('/') != 'tests':
+            expanded.append(path)
+            continue
+        for name in sorted(os.listdir(osp.join(tree, 'tests'))):
+            if name.startswith('test_') and (
+                    name.endswith('.py')
+                    or osp.isdir(osp.join(tree, 'tests', name))):
+                expanded.append(f'tests/{name}')
+    return expanded
+
+
+def outcomes(junits: List[str]) -> Dict[str, str]:
+    """Outcome of every test case in some junit XML files.
+
+    Args:
+        junits: Paths of the XML files pytest wrote (missing ones, from a
+            session that crashed before writing, are skipped).
 
     Returns:
         ``{test id: 'passed' | 'failed' | 'error' | 'skipped'}``.
     """
     result = {}
-    for case in ET.parse(junit).getroot().iter('testcase'):
+    cases = []
+    for junit in junits:
+        if osp.exists(junit):
+            cases += list(ET.parse(junit).getroot().iter('testcase'))
+    for case in cases:
         test_id = f"{case.get('classname')}::{case.get('name')}"
         outcome = 'passed'
         for child in case:
@@ -141,6 +175,12 @@ def outcomes(junit: str) -> Dict[str, str]:
         if result.get(test_id) not in ('failed', 'error'):
             result[test_id] = outcome
     return result
+
+
+def junit_path(out: str, suite: str, mode: str, test_path: str) -> str:
+    """Where the junit XML of one part of one run goes."""
+    part = test_path.replace('/', '.').replace('.py', '')
+    return osp.join(out, 'junit', f'{suite}-{mode}-{part}.xml')
 
 
 def differences(plain: Dict[str, str],
@@ -190,14 +230,19 @@ def main() -> None:
                              f'got {suite!r}')
         source, _, paths = rest.partition(':')
         tree = source_tree(suite, source, out)
-        test_paths = paths.split(',') if paths else ['tests']
-        junits = {}
+        test_paths = expand_paths(tree, paths.split(',') if paths
+                                  else ['tests'])
         for mode in args.modes.split(','):
-            junits[mode] = osp.join(out, 'junit', f'{suite}-{mode}.xml')
-            status = run_suite(python, tree, test_paths, junits[mode],
-                               mode == 'plugin', args.timeout)
-            print(f'{suite} {mode}: pytest exit status {status}', flush=True)
-        if not {'plain', 'plugin'} <= set(junits):
+            for path in test_paths:
+                junit = junit_path(out, suite, mode, path)
+                status = run_suite(python, tree, [path], junit,
+                                   mode == 'plugin', args.timeout)
+                print(f'{suite} {mode} {path}: pytest exit status {status}',
+                      flush=True)
+        junits = {mode: [junit_path(out, suite, mode, path)
+                         for path in test_paths]
+                  for mode in ('plain', 'plugin')}
+        if not all(osp.exists(j) for j in junits['plain'] + junits['plugin']):
             continue
         plain, plugin = outcomes(junits['plain']), outcomes(junits['plugin'])
         diff = differences(plain, plugin)

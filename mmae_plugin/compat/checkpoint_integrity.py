@@ -17,10 +17,13 @@ What changes, for local paths only (other backends are left to upstream):
   atomically by :mod:`.atomic_checkpoint_write`); ``CheckpointHook`` writes
   ``last_checkpoint`` only after that. An ``OSError`` of the write names the
   checkpoint.
-* The local loader (``load_from``, ``--resume``, ``Pretrained`` init): a
-  checkpoint whose sidecar disagrees raises :class:`CorruptCheckpointError`
-  naming it and the newest intact checkpoint in its folder; every error of
-  reading a checkpoint names the file; an empty path is refused by name.
+* The local loader (``load_from``, ``--resume``, ``Pretrained`` init,
+  ``get_model``): a checkpoint that fails verification (below) raises
+  :class:`CorruptCheckpointError` naming it and the newest intact
+  checkpoint in its folder; every error of reading a checkpoint names the
+  file; an empty path is refused by name. Verification reads the file once
+  more before torch does (a SHA-256 or CRC-32 pass, about a second per GB;
+  a file is verified once per process while unchanged).
 * ``find_latest_checkpoint`` (auto-resume): what ``last_checkpoint`` names is
   verified; if ``last_checkpoint`` is empty or names a missing, truncated or
   corrupt file, a warning names the problem and the newest intact
@@ -42,10 +45,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 SIDECAR_SUFFIX = '.sha256'
 _CHUNK = 1 << 22
-# Verification results by (path, inode, size, mtime): resume verifies the
+# Verification results by (path, inode, size, mtime, sidecar mtime): resume verifies the
 # candidate in find_latest_checkpoint and again when the loader opens it;
 # hashing a multi-GB file twice would double the resume time for nothing.
-_VERIFIED: Dict[Tuple[str, int, int, int], Optional[str]] = {}
+_VERIFIED: Dict[Tuple[str, int, int, int, int], Optional[str]] = {}
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -172,7 +175,12 @@ def checkpoint_problem(path: str) -> Optional[str]:
         return 'it does not exist'
     except OSError as err:
         return f'it cannot be read ({err})'
-    key = (osp.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    try:
+        sidecar_mtime = os.stat(sidecar_path(path)).st_mtime_ns
+    except OSError:
+        sidecar_mtime = -1  # no sidecar (or removed since: verify again)
+    key = (osp.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns,
+           sidecar_mtime)
     if key not in _VERIFIED:
         _VERIFIED[key] = _compute_problem(path)
     return _VERIFIED[key]
@@ -300,7 +308,7 @@ def guard_local_loader(original: Callable) -> Callable:
                 'the checkpoint path is empty (an empty last_checkpoint '
                 'file, or load_from=""): name a checkpoint file')
         path = osp.expanduser(os.fspath(filename))
-        if osp.isfile(path) and read_sidecar_or_none(path) is not None:
+        if osp.isfile(path):
             problem = checkpoint_problem(path)
             if problem is not None:
                 raise CorruptCheckpointError(
@@ -325,14 +333,6 @@ def guard_local_loader(original: Callable) -> Callable:
 
     load_from_local._mmae_integrity = True
     return load_from_local
-
-
-def read_sidecar_or_none(path: str) -> Optional[str]:
-    """:func:`read_sidecar`, with a malformed sidecar reported as present."""
-    try:
-        return read_sidecar(path)
-    except CorruptCheckpointError:
-        return 'malformed'
 
 
 def verified_latest(original: Callable) -> Callable:
