@@ -18,13 +18,39 @@ could redefine ``mean`` as ``min`` for the whole process), so under
 checkpoint's statistics against this process's and turns the object into a
 plain ``HistoryBuffer``. Ordinary pickling (``copy.deepcopy``, full
 ``pickle``) keeps upstream's ``__setstate__``.
+
+torch 2.4 and 2.5 allow-list an object only under its own
+``__module__.__name__`` (the ``(object, 'module.name')`` form is torch 2.6,
+pytorch#142153); there each entry that needs another name is a named alias
+(:func:`named_safe_global`), and statistics registered by code are not
+allow-listed (a checkpoint naming one is refused, as without the plugin).
+numpy 1.x pickles ``numpy.core.multiarray`` and 2.x ``numpy._core.
+multiarray``: both spellings are allowed, so checkpoints load across them.
+
+Statistics policy: a checkpoint never defines or redefines a
+``HistoryBuffer`` statistic. It may name the built-in four and statistics
+that code in this process registered (by their import path); one of the
+latter that code has since removed from ``HistoryBuffer._statistics_methods``
+is restored, as upstream does (mmengine's own ``test_runner::test_checkpoint``
+clears the class dict and expects a load to restore it); a name this process
+holds with another function refuses the whole checkpoint, changing nothing.
+
+Determinism: torch keeps the user allow-list in a ``set``, so when a
+statistic's owner stand-in and a user-allow-listed class claim one path the
+winner depended on the hash seed; :func:`prefer_real_entries_to_stand_ins`
+gives such paths to the user's entry under every seed.
 """
+import codecs
 import functools
 import pickle
 from typing import Any, Callable, Dict, List
 
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
+from torch.torch_version import TorchVersion
+
+#: torch >= 2.6 takes ``(object, 'module.name')`` in ``add_safe_globals``.
+NAMED_SAFE_GLOBALS = TorchVersion(torch.__version__) >= (2, 6)
 
 
 #: The statistics ``HistoryBuffer`` defines itself; the only names the
@@ -100,11 +126,19 @@ def history_buffer_statistic(owner: Any, name: str) -> Any:
         The statistics method, or the stand-in of a registered one.
     """
     if type(name) is str:
-        if (owner is HistoryBuffer or owner is CheckpointHistoryBuffer) \
+        if (owner is HistoryBuffer or owner in _HISTORY_BUFFER_ALIASES) \
                 and name in BUILTIN_STATISTICS:
             return HistoryBuffer.__dict__[name]
         if type(owner) is RegisteredStatisticOwner:
             found = _REGISTERED_STATISTICS.get(f'{owner.path}.{name}')
+            if found is not None:
+                return found
+        if isinstance(owner, type):
+            # The owner's path resolved to the real class, which the user
+            # allow-listed (see prefer_real_entries_to_stand_ins); the
+            # statistic still resolves to its stand-in, never the function.
+            found = _REGISTERED_STATISTICS.get(
+                f'{owner.__module__}.{owner.__qualname__}.{name}')
             if found is not None:
                 return found
     raise pickle.UnpicklingError(
@@ -139,8 +173,51 @@ class CheckpointHistoryBuffer(HistoryBuffer):
         self.__class__ = HistoryBuffer
 
 
+#: What a checkpoint's HistoryBuffer path may resolve to (see
+#: :func:`named_safe_global`).
+_HISTORY_BUFFER_ALIASES = [CheckpointHistoryBuffer]
+
+
+def named_safe_global(obj: Any, path: str) -> Any:
+    """An ``add_safe_globals`` entry that allows ``obj`` under ``path``.
+
+    Args:
+        obj: A class or function.
+        path: The ``module.name`` a checkpoint spells it with.
+
+    Returns:
+        ``(obj, path)`` on torch >= 2.6; on older torch, which keys entries
+        by their own ``__module__`` and ``__name__``, a subclass of ``obj``
+        (classes) or a function calling it, named ``path``.
+    """
+    if NAMED_SAFE_GLOBALS:
+        return (obj, path)
+    module, name = path.rsplit('.', 1)
+    if isinstance(obj, type):
+        alias = type(name, (obj, ), {'__module__': module,
+                                     '__qualname__': name})
+        if issubclass(obj, CheckpointHistoryBuffer):
+            _HISTORY_BUFFER_ALIASES.append(alias)
+        return alias
+
+    def alias(*args: Any) -> Any:
+        return obj(*args)
+
+    alias.__module__, alias.__name__, alias.__qualname__ = module, name, name
+    return alias
+
+
 def check_checkpoint_statistics(statistics: Any) -> None:
     """Refuse a checkpoint whose statistics differ from this process's.
+
+    Policy: a checkpoint never defines or redefines a statistic. It may only
+    name, under their own names, the built-in four (always present) and
+    statistics that code in this process registered, which it reaches
+    through their :class:`RegisteredStatistic` stand-ins. A registered
+    statistic that is missing from ``HistoryBuffer._statistics_methods`` at
+    load time (code cleared or deleted it) is restored, as upstream's
+    ``__setstate__`` restores every statistic a checkpoint holds; a name
+    this process holds with a different function is refused.
 
     Args:
         statistics: The ``statistics_methods`` a checkpoint's HistoryBuffer
@@ -148,7 +225,8 @@ def check_checkpoint_statistics(statistics: Any) -> None:
 
     Raises:
         pickle.UnpicklingError: If a name is not registered here with the
-            very same function.
+            very same function, and is not a statistic this process
+            registered by code under that name.
     """
     if not isinstance(statistics, dict):
         raise pickle.UnpicklingError(
@@ -156,15 +234,23 @@ def check_checkpoint_statistics(statistics: Any) -> None:
             f'{type(statistics)}')
     HistoryBuffer()  # the built-in four are registered on the first instance
     registered = HistoryBuffer._statistics_methods
+    restore = {}
     for name, method in statistics.items():
         if type(method) is RegisteredStatistic:
             method = method.method if method.name == name else None
+            if type(name) is str and method is not None \
+                    and name not in registered:
+                restore[name] = method
+                continue
         if type(name) is not str or registered.get(name) is not method:
             raise pickle.UnpicklingError(
                 f'checkpoint HistoryBuffer statistic {name!r} is {method!r}, '
                 f'but this process has {registered.get(name)!r}; a checkpoint '
                 'cannot define or redefine statistics (register yours with '
                 'HistoryBuffer.register_statistics before loading)')
+    # Only once every name has passed, so a refused checkpoint changes
+    # nothing.
+    registered.update(restore)
 
 
 def allow_registered_statistic(method: Callable) -> None:
@@ -183,9 +269,63 @@ def allow_registered_statistic(method: Callable) -> None:
     for depth in range(1, len(parts)):
         owner = '.'.join([module] + parts[:depth])
         safe.append((RegisteredStatisticOwner(owner), owner))
+    if not NAMED_SAFE_GLOBALS:
+        return  # an object cannot be allow-listed under a path before 2.6
     for stand_in, path in safe:
         _REGISTERED_STATISTICS[path] = stand_in
     torch.serialization.add_safe_globals(safe)
+
+
+STAND_IN_TYPES = (RegisteredStatistic, RegisteredStatisticOwner)
+
+
+def entry_path(entry: Any) -> str:
+    """The path an ``add_safe_globals`` entry allows its object under.
+
+    Args:
+        entry: An object, or an ``(object, 'module.name')`` tuple.
+
+    Returns:
+        ``'module.name'``.
+    """
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
+
+
+def prefer_real_entries_to_stand_ins() -> None:
+    """Resolve a path both a stand-in and a user entry claim to the latter.
+
+    torch (2.6 to at least 2.14) keeps the user allow-list in a ``set`` and
+    ``_get_user_allowed_globals`` builds ``{path: object}`` by iterating it,
+    so when two entries claim one path the winner depends on the hash seed.
+    A statistic defined in a class the user allow-listed (``Owner.stat``)
+    makes :class:`RegisteredStatisticOwner` claim ``module.Owner`` too;
+    whenever it won, the user's ``Owner`` objects failed to load. The wrapped
+    function gives every such path to the user's entry, whatever the seed;
+    :func:`history_buffer_statistic` resolves statistics below the real
+    class as below the stand-in. Paths no stand-in claims are untouched.
+    """
+    import torch._weights_only_unpickler as unpickler
+    original = unpickler._get_user_allowed_globals
+    if getattr(original, '_mmae_fixed', False):
+        return
+
+    @functools.wraps(original)
+    def get_user_allowed_globals() -> Dict[str, Any]:
+        allowed = original()
+        stand_in_paths = {path for path, found in allowed.items()
+                          if type(found) in STAND_IN_TYPES}
+        if stand_in_paths:
+            for entry in list(unpickler._marked_safe_globals_set):
+                found = entry[0] if isinstance(entry, tuple) else entry
+                if type(found) not in STAND_IN_TYPES \
+                        and entry_path(entry) in stand_in_paths:
+                    allowed[entry_path(entry)] = found
+        return allowed
+
+    get_user_allowed_globals._mmae_fixed = True
+    unpickler._get_user_allowed_globals = get_user_allowed_globals
 
 
 def remember_registered_statistics() -> None:
@@ -209,6 +349,7 @@ def remember_registered_statistics() -> None:
 
     register_statistics._mmae_fixed = True
     HistoryBuffer.register_statistics = classmethod(register_statistics)
+    prefer_real_entries_to_stand_ins()
     HistoryBuffer()  # registers the built-in four
     for name, method in list(HistoryBuffer._statistics_methods.items()):
         if name not in BUILTIN_STATISTICS:
@@ -224,20 +365,26 @@ def checkpoint_safe_globals() -> List[Any]:
     import numpy as np
     from mmengine.config.config import ConfigDict
 
-    # numpy arrays and scalars inside HistoryBuffer (message hub) and meta.
-    numpy_core = getattr(np, '_core', None) or np.core
+    # numpy arrays and scalars inside HistoryBuffer (message hub) and meta;
+    # numpy 1.26's numpy._core.multiarray re-exports numpy.core's.
+    from numpy._core import multiarray
     dtype_classes = [type(np.dtype(t)) for t in (
         np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8,
         np.bool_)]
     return [
-        (CheckpointHistoryBuffer,
-         f'{HistoryBuffer.__module__}.{HistoryBuffer.__qualname__}'),
-        ConfigDict, np.ndarray, np.dtype,
-        numpy_core.multiarray._reconstruct, numpy_core.multiarray.scalar,
-        *dtype_classes,
+        named_safe_global(
+            CheckpointHistoryBuffer,
+            f'{HistoryBuffer.__module__}.{HistoryBuffer.__qualname__}'),
+        ConfigDict, np.ndarray, np.dtype, *dtype_classes,
+        *[named_safe_global(function, f'{module}.{function.__name__}')
+          for function in (multiarray._reconstruct, multiarray.scalar)
+          for module in ('numpy.core.multiarray', 'numpy._core.multiarray')],
+        # Protocol 2 pickles bytes (numpy's array data) as
+        # _codecs.encode(str, 'latin1'); torch >= 2.5 allows it by default.
+        codecs.encode,
         # pickle protocol 2 spells the builtin module ``__builtin__``.
-        (history_buffer_statistic, '__builtin__.getattr'),
-        (history_buffer_statistic, 'builtins.getattr'),
+        named_safe_global(history_buffer_statistic, '__builtin__.getattr'),
+        named_safe_global(history_buffer_statistic, 'builtins.getattr'),
     ]
 
 
