@@ -148,3 +148,17 @@ def test_regularizers_are_scale_invariant_at_any_scale(cls, scale):
     loss_fn = cls(gather='local', loss_weight=1.0)
     torch.testing.assert_close(loss_fn(z * scale), loss_fn(z))
     assert loss_fn(z).item() != 0.0
+
+
+@pytest.mark.parametrize('form', ['reference', 'paper'])
+def test_tcr_under_bf16_autocast_is_the_float64_value(form):
+    """The term runs in float64 with autocast off, whatever the context."""
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=(24, 16))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        loss = TCRLoss(mu=1.5, form=form, gather='local',
+                       loss_weight=1.0)(torch.tensor(z, dtype=torch.float32))
+    expected = np_tcr(z.astype(np.float32).astype(np.float64), 1.5, form,
+                      False)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
