@@ -72,7 +72,7 @@ def test_checkpoint_with_arbitrary_callable_is_refused(tmp_path):
     path = tmp_path / 'evil.pth'
     torch.save({'state_dict': {}, 'meta': Payload()}, path)
     with pytest.raises(pickle.UnpicklingError):
-        torch.load(path)
+        torch.load(path, weights_only=True)
     with pytest.raises(pickle.UnpicklingError):
         load_checkpoint(MODELS.build(TINY_VIT), str(path))
     assert not os.path.exists('/tmp/mmae-plugin-pwned')
@@ -95,7 +95,7 @@ def test_getattr_is_restricted_to_history_buffer_statistics(
     path = tmp_path / 'getattr.pth'
     torch.save({'x': GetattrPayload(owner, name)}, path)
     with pytest.raises(pickle.UnpicklingError, match='getattr'):
-        torch.load(path)
+        torch.load(path, weights_only=True)
 
 
 def test_mmpretrain_get_model_loads_plugin_checkpoint(tmp_path):

@@ -120,8 +120,17 @@ fi
 rm -rf "$SRC"
 mkdir -p "$SRC"
 git -C "$ROOT" archive "$COMPAT_REF" | tar -x -C "$SRC"
-# Scripts that call <repo>/.venv/bin/python find this stack's interpreter.
+# A repository of its own: tests list tracked files with git ls-files.
+git -C "$SRC" init -q
+git -C "$SRC" add -A
+git -C "$SRC" -c user.name=compat_check -c user.email=compat@localhost \
+  commit -q -m "$(git -C "$ROOT" rev-parse "$COMPAT_REF")"
+# Scripts that call <repo>/.venv/bin/python find this stack's interpreter,
+# and tools/setup_env.sh (run by tools/quickstart.sh) finds its stamp up to
+# date instead of installing the pinned torch of constraints.txt here.
 ln -s "$VENV" "$SRC/.venv"
+cat "$SRC/setup.py" "$SRC/constraints.txt" | sha256sum | cut -d' ' -f1 \
+  > "$VENV/.mmae-plugin-setup"
 "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$SRC"
 "$VENV/bin/python" -m pip freeze --exclude-editable > "$VENV/freeze.txt"
 log "testing $(git -C "$ROOT" rev-parse --short "$COMPAT_REF") with" \
@@ -133,6 +142,13 @@ set +e
   --junitxml="$VENV/junit.xml" "${PYTEST_ARGS[@]:-tests}" > "$VENV/pytest.log" 2>&1
 status=$?
 set -e
+"$VENV/bin/python" -m pip freeze --exclude-editable > "$VENV/freeze-after.txt"
+if ! cmp -s "$VENV/freeze.txt" "$VENV/freeze-after.txt"; then
+  log "ERROR: the test run changed the installed packages:"
+  diff "$VENV/freeze.txt" "$VENV/freeze-after.txt" || true
+  rm -f "$stamp"  # reinstall the requested stack next time
+  status=3
+fi
 log "pytest exit status $status; log: $VENV/pytest.log"
 "$VENV/bin/python" - "$VENV/junit.xml" "$TAG" <<'EOF'
 import sys
