@@ -17,6 +17,8 @@ from .checkpoint_allowlist import (allow_mmengine_checkpoints,
                                    remember_registered_statistics)
 from .collate_scope import strip_collate_scope
 from .cpu_distributed import enable_cpu_distributed
+from .fsdp_optim_state_order import load_fsdp_optimizer_state_by_keyword
+from .fsdp_resume_seed import resume_per_rank_seed_once
 from .pkg_resources_check import require_pkg_resources
 from .safe_resume_config import read_resume_config_without_executing
 from .weights_only_load import load_checkpoints_weights_only
@@ -29,6 +31,8 @@ FIXES: List[Callable[[], None]] = [
     read_resume_config_without_executing,
     strip_collate_scope,
     enable_cpu_distributed,
+    load_fsdp_optimizer_state_by_keyword,
+    resume_per_rank_seed_once,
     write_local_files_atomically,
     write_last_checkpoint_atomically,
     verify_checkpoints,

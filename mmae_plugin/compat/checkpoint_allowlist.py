@@ -111,8 +111,10 @@ def history_buffer_statistic(owner: Any, name: str) -> Any:
     """Stand-in for ``getattr`` that only fetches HistoryBuffer statistics.
 
     mmengine's ``HistoryBuffer`` pickles its statistics methods as
-    ``getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr``
-    would let a checkpoint reach any attribute of any allowed object, so
+    ``getattr(HistoryBuffer, 'min')`` (and FSDP's local state dict
+    ``getattr(ShardedTensor, 'ProcessGroupState')``). Allow-listing the real
+    ``getattr`` would let a checkpoint reach any attribute of any allowed
+    object, so
     ``getattr`` in a checkpoint resolves to this function instead. The names
     it resolves are fixed (:data:`BUILTIN_STATISTICS`, plus statistics that
     code registered in this process under a class), never read from state a
@@ -129,6 +131,9 @@ def history_buffer_statistic(owner: Any, name: str) -> Any:
         if (owner is HistoryBuffer or owner in _HISTORY_BUFFER_ALIASES) \
                 and name in BUILTIN_STATISTICS:
             return HistoryBuffer.__dict__[name]
+        nested = _NESTED_CLASSES.get((owner, name))
+        if nested is not None:
+            return nested
         if type(owner) is RegisteredStatisticOwner:
             found = _REGISTERED_STATISTICS.get(f'{owner.path}.{name}')
             if found is not None:
@@ -143,8 +148,9 @@ def history_buffer_statistic(owner: Any, name: str) -> Any:
                 return found
     raise pickle.UnpicklingError(
         f'checkpoint asks for getattr({owner!r}, {name!r}); only the '
-        f'HistoryBuffer statistics {BUILTIN_STATISTICS} and statistics '
-        'registered by code in this process are allowed under weights_only')
+        f'HistoryBuffer statistics {BUILTIN_STATISTICS}, statistics '
+        'registered by code in this process and ShardedTensor.'
+        'ProcessGroupState are allowed under weights_only')
 
 
 class CheckpointHistoryBuffer(HistoryBuffer):
@@ -356,6 +362,48 @@ def remember_registered_statistics() -> None:
             allow_registered_statistic(method)
 
 
+def sharded_tensor_safe_globals() -> List[Any]:
+    """Classes FSDP's local state dict (``ShardedTensor``) pickles.
+
+    Upstream: mmengine's ``FSDPStrategy`` saves one file per rank holding
+    ``torch.distributed._shard`` ``ShardedTensor`` objects (the shipped ViT-L
+    FSDP recipe's default ``state_dict_type``); none of their classes is in
+    torch's ``weights_only`` allow-list, so resuming such a run failed with
+    "Unsupported global: ...ShardedTensor". These are torch's own metadata
+    dataclasses; the tensors inside are rebuilt by torch's allowed rebuild
+    functions. ``ShardedTensor.ProcessGroupState`` is pickled as
+    ``getattr(ShardedTensor, 'ProcessGroupState')`` and is resolved by
+    :func:`history_buffer_statistic` from :data:`_NESTED_CLASSES`.
+
+    Returns:
+        The entries, or ``[]`` where torch was built without distributed.
+    """
+    if not torch.distributed.is_available():
+        return []
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.metadata import (
+        MEM_FORMAT_ENCODING, ShardedTensorMetadata, TensorProperties)
+    from torch.distributed._shard.sharded_tensor.shard import Shard
+    from torch.distributed._shard.sharding_spec.api import \
+        EnumerableShardingSpec
+    from torch.distributed._shard.sharding_spec.chunk_sharding_spec import \
+        ChunkShardingSpec
+    from torch.distributed.remote_device import _remote_device
+    _NESTED_CLASSES[(ShardedTensor, 'ProcessGroupState')] = \
+        ShardedTensor.ProcessGroupState
+    return [
+        ShardedTensor, ShardedTensor.ProcessGroupState, Shard, ShardMetadata,
+        ShardedTensorMetadata, TensorProperties, MEM_FORMAT_ENCODING,
+        EnumerableShardingSpec, ChunkShardingSpec, _remote_device
+    ]
+
+
+#: ``(owner, name)`` -> class, for the nested classes a checkpoint reaches
+#: with ``getattr``; filled only by this module, never from loaded data.
+_NESTED_CLASSES: Dict[tuple, type] = {}
+
+
 def checkpoint_safe_globals() -> List[Any]:
     """Classes and functions an mmengine/mmpretrain checkpoint pickles.
 
@@ -385,6 +433,7 @@ def checkpoint_safe_globals() -> List[Any]:
         # pickle protocol 2 spells the builtin module ``__builtin__``.
         named_safe_global(history_buffer_statistic, '__builtin__.getattr'),
         named_safe_global(history_buffer_statistic, 'builtins.getattr'),
+        *sharded_tensor_safe_globals(),
     ]
 
 

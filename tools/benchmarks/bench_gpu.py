@@ -103,7 +103,9 @@ def build(config: str, device: str, amp: bool, cfg_options: dict):
     optim_cfg = copy.deepcopy(cfg.optim_wrapper)
     if not amp:
         optim_cfg.type = 'OptimWrapper'
-        optim_cfg.pop('loss_scale', None)
+        # AmpOptimWrapper's own arguments; OptimWrapper refuses them.
+        for key in ('loss_scale', 'dtype'):
+            optim_cfg.pop(key, None)
     return model, build_optim_wrapper(model, optim_cfg)
 
 
