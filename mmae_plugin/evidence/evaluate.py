@@ -1,0 +1,160 @@
+"""Every frozen-feature metric of one checkpoint, from one feature pass.
+
+One pass of the encoder over the training images (the kNN neighbours and
+the probes' training set) and the test images gives the CLS + mean-patch
+features of the plugin's ``'cls+mean'`` pooling
+(:func:`~mmae_plugin.models.necks.pool_tokens`, the evaluation config's
+``KNNClassifier``); the CLS token is their first half, exactly the
+``'cls'`` pooling. On each pooling's cached features: weighted kNN in
+float64, the full-label linear probe, low-shot probes and the
+representation statistics of :mod:`mmae_plugin.evaluation.statistics`
+(whatever keys it defines, prefixed ``repr/``).
+"""
+from typing import Dict, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mmae_plugin.evaluation.frozen import accuracy, extract_features
+from mmae_plugin.evaluation.linear_probe import fit_linear_probe
+from mmae_plugin.evaluation.statistics import representation_statistics
+
+from .knn64 import knn_scores_float64
+from .lowshot import fit_lowshot_probe, lowshot_indices
+
+
+def split_poolings(cls_mean: Tensor) -> Dict[str, Tensor]:
+    """The ``'cls'`` and ``'cls+mean'`` features of ``'cls+mean'`` output.
+
+    ``pool_tokens(..., 'cls+mean')`` concatenates ``[cls, patch mean]``,
+    so the first half of each row is the ``'cls'`` pooling.
+    """
+    if cls_mean.dim() != 2 or cls_mean.shape[1] % 2:
+        raise ValueError('expected (N, 2C) cls+mean features, got shape '
+                         f'{tuple(cls_mean.shape)}')
+    return {'cls': cls_mean[:, :cls_mean.shape[1] // 2],
+            'cls+mean': cls_mean}
+
+
+def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
+                    test_y: Tensor, num_classes: int, seed: int,
+                    shots: Sequence[int] = (10, 100), k: int = 20,
+                    temperature: float = 0.07,
+                    weight_decay: float = 1e-4) -> Dict[str, float]:
+    """kNN, linear, low-shot and statistics of one pooling's features.
+
+    Args:
+        train_x: Training features (N, d).
+        train_y: Training labels (N,).
+        test_x: Test features (M, d).
+        test_y: Test labels (M,).
+        num_classes: Number of classes.
+        seed: Fixes the low-shot label subsets (see
+            :func:`~mmae_plugin.evidence.lowshot.lowshot_indices`).
+        shots: Labels per class of the low-shot probes.
+        k: kNN neighbours.
+        temperature: kNN vote temperature.
+        weight_decay: L2 coefficient of every probe.
+
+    Returns:
+        ``knn_top1``, ``knn_top5``, ``linear_top1``, ``linear_train_top1``,
+        ``lowshot<k>_top1`` per shot, and ``repr/<statistic>``.
+    """
+    train_x, test_x = train_x.double(), test_x.double()
+    scores = knn_scores_float64(test_x, train_x, train_y, num_classes, k,
+                                temperature)
+    metrics = {'knn_top1': accuracy(scores, test_y, 1),
+               'knn_top5': accuracy(scores, test_y, 5)}
+    probe = fit_linear_probe(train_x, train_y, num_classes, weight_decay)
+    metrics['linear_top1'] = accuracy(probe.logits(test_x), test_y)
+    metrics['linear_train_top1'] = accuracy(probe.logits(train_x), train_y)
+    labels = train_y.cpu().numpy()
+    for shot in shots:
+        rows = lowshot_indices(labels, shot, seed)
+        low = fit_lowshot_probe(train_x, train_y, rows, num_classes,
+                                weight_decay)
+        metrics[f'lowshot{shot}_top1'] = accuracy(low.logits(test_x), test_y)
+    metrics.update({f'repr/{key}': value for key, value in
+                    representation_statistics(test_x).items()})
+    return metrics
+
+
+def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
+                        shots: Sequence[int] = (10, 100),
+                        bank_images: Optional[int] = None,
+                        test_images: Optional[int] = None,
+                        weight_decay: float = 1e-4) -> Dict[str, float]:
+    """Metrics of a checkpoint's frozen encoder on both poolings.
+
+    Args:
+        eval_config: A ``KNNClassifier`` config with ``pooling='cls+mean'``
+            (``configs/fashion_mnist/knn_fmnist_clsmean.py``).
+        checkpoint: Checkpoint with ``backbone.*`` weights (pretraining,
+            supervised classifier or random init).
+        seed: The run's seed (fixes the low-shot subsets).
+        shots: Labels per class of the low-shot probes.
+        bank_images: Use the first N training images (``None``: all).
+        test_images: Classify the first M test images (``None``: all).
+        weight_decay: L2 coefficient of every probe.
+
+    Returns:
+        ``<pooling>/<metric>`` for pooling ``cls`` and ``cls+mean`` (see
+        :func:`feature_metrics`), plus ``train_images`` and
+        ``test_images``.
+    """
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import load_checkpoint
+
+    from mmae_plugin.evaluation.frozen import build_model
+
+    init_default_scope('mmpretrain')
+    cfg = Config.fromfile(eval_config)
+    if cfg.model.get('pooling') != 'cls+mean':
+        raise ValueError(f'eval_config must pool cls+mean, got pooling='
+                         f'{cfg.model.get("pooling")!r} in {eval_config}')
+    options = {'model.prototype.num_workers': 0,
+               'test_dataloader.num_workers': 0,
+               'test_dataloader.persistent_workers': False}
+    if bank_images is not None:
+        options['model.prototype.dataset.indices'] = bank_images
+    if test_images is not None:
+        options['test_dataloader.dataset.indices'] = test_images
+    cfg.merge_from_dict(options)
+    model = build_model(cfg)
+    load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
+    # float32 features (no autocast): the study's numbers carry no AMP noise.
+    train_x, train_y = extract_features(model, cfg.model.prototype)
+    test_x, test_y = extract_features(model, cfg.test_dataloader)
+    metrics = {'train_images': int(train_x.shape[0]),
+               'test_images': int(test_x.shape[0])}
+    train, test = split_poolings(train_x), split_poolings(test_x)
+    for pooling in train:
+        values = feature_metrics(
+            train[pooling], train_y, test[pooling], test_y,
+            model.num_classes, seed, shots, model.k, model.temperature,
+            weight_decay)
+        metrics.update({f'{pooling}/{key}': value
+                        for key, value in values.items()})
+    return metrics
+
+
+def random_init_state(eval_config: str, seed: int) -> Dict[str, Tensor]:
+    """``backbone.*`` weights of the evaluation encoder, randomly initialised.
+
+    The architecture's own initialisation (mmpretrain's
+    ``VisionTransformer.init_weights``) after seeding every generator with
+    ``seed``: the random-init control of the study.
+    """
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import set_random_seed
+
+    from mmae_plugin.evaluation.frozen import build_model
+
+    init_default_scope('mmpretrain')
+    set_random_seed(seed)
+    model = build_model(Config.fromfile(eval_config))
+    model.init_weights()
+    return {f'backbone.{key}': value.detach().cpu().clone()
+            for key, value in model.image_encoder.state_dict().items()}

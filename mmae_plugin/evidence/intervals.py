@@ -1,0 +1,134 @@
+"""Paired differences over seeds with Student-t intervals (the one place).
+
+Every comparison in the evidence reports (the sweep, the quick start over
+seeds, the long study) is a paired difference: ``a[seed] - b[seed]`` over
+the seeds both sides have, its mean, and a two-sided Student-t interval of
+that mean. With a single common seed there is no interval, and the text says
+so instead of printing a zero-width ``[mean, mean]``.
+"""
+import dataclasses
+import math
+from typing import Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy import stats
+
+#: The text of a difference measured on one seed only.
+NO_INTERVAL = 'n=1, no interval'
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedInterval:
+    """Mean paired difference and its two-sided t-interval.
+
+    Attributes:
+        mean: Mean of the per-seed differences.
+        low: Lower end of the interval; ``None`` when ``n == 1``.
+        high: Upper end of the interval; ``None`` when ``n == 1``.
+        n: Number of paired seeds.
+        level: Confidence level, e.g. 0.95.
+    """
+    mean: float
+    low: Optional[float]
+    high: Optional[float]
+    n: int
+    level: float = 0.95
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None
+
+    @property
+    def half_width(self) -> Optional[float]:
+        return None if self.low is None else (self.high - self.low) / 2
+
+    def verdict(self) -> str:
+        """``'better'``, ``'worse'``, ``'no sig. difference'`` or ``'n/a'``
+        (one seed: nothing can be said)."""
+        if not self.has_interval:
+            return 'n/a'
+        if self.low > 0:
+            return 'better'
+        if self.high < 0:
+            return 'worse'
+        return 'no sig. difference'
+
+    def text(self, digits: int = 2) -> str:
+        """``+0.12 [-0.30, +0.54] (n=5)``, or ``+0.12 (n=1, no interval)``."""
+        if not self.has_interval:
+            return f'{self.mean:+.{digits}f} ({NO_INTERVAL})'
+        return (f'{self.mean:+.{digits}f} [{self.low:+.{digits}f}, '
+                f'{self.high:+.{digits}f}] (n={self.n})')
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def t_interval(values: Sequence[float],
+               level: float = 0.95) -> PairedInterval:
+    """Mean of ``values`` with its two-sided Student-t interval.
+
+    Args:
+        values: The per-seed differences (at least one).
+        level: Confidence level in (0, 1).
+
+    Returns:
+        The :class:`PairedInterval`; without ends for a single value.
+
+    Raises:
+        ValueError: If ``values`` is empty, not finite, or ``level`` is
+            outside (0, 1).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f'level must be in (0, 1), got {level!r}')
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f'values must be a non-empty 1-D sequence, got '
+                         f'shape {x.shape}')
+    if not np.isfinite(x).all():
+        raise ValueError(f'values must be finite, got {x.tolist()}')
+    mean = float(x.mean())
+    if x.size == 1:
+        return PairedInterval(mean, None, None, 1, level)
+    sem = float(x.std(ddof=1)) / math.sqrt(x.size)
+    quantile = float(stats.t.ppf(0.5 + level / 2, x.size - 1))
+    return PairedInterval(mean, mean - quantile * sem, mean + quantile * sem,
+                          int(x.size), level)
+
+
+def paired_interval(ours: Mapping[int, float], base: Mapping[int, float],
+                    level: float = 0.95) -> Optional[PairedInterval]:
+    """``ours - base`` paired by seed, over the seeds both have.
+
+    Args:
+        ours: Seed -> value of the compared arm.
+        base: Seed -> value of the baseline.
+        level: Confidence level.
+
+    Returns:
+        The interval of the mean difference, or ``None`` when no seed is
+        common to both.
+    """
+    seeds = sorted(set(ours) & set(base))
+    if not seeds:
+        return None
+    return t_interval([ours[s] - base[s] for s in seeds], level)
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    """Mean and sample standard deviation (NaN for fewer than 2 values)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return float('nan'), float('nan')
+    std = float(x.std(ddof=1)) if x.size > 1 else float('nan')
+    return float(x.mean()), std
+
+
+def format_mean_std(values: Sequence[float], digits: int = 2) -> str:
+    """``84.10 ± 0.32`` (the std over seeds), or the value alone for one."""
+    mean, std = mean_std(values)
+    if math.isnan(mean):
+        return '–'
+    if math.isnan(std):
+        return f'{mean:.{digits}f}'
+    return f'{mean:.{digits}f} ± {std:.{digits}f}'

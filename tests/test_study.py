@@ -1,0 +1,202 @@
+"""The long study's library: intervals, low-shot subsets, and the driver
+end to end at its --quick size with the real Runner, killed and resumed."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mmae_plugin.evidence.intervals import (NO_INTERVAL, mean_std,
+                                            paired_interval, t_interval)
+from mmae_plugin.evidence.lowshot import lowshot_indices
+from mmae_plugin.evidence.study import STUDY_ARMS, full_study
+
+SCRIPT = 'tools/benchmarks/run_study.py'
+
+
+# ----------------------------------------------------------------------------
+# Paired t-intervals against float64 closed forms
+# ----------------------------------------------------------------------------
+def closed_form_t975(dof: int) -> float:
+    """Student-t 0.975 quantile in closed form (1 and 2 degrees of freedom):
+    tan(pi (p - 1/2)) and (2p - 1) / sqrt(2 p (1 - p))."""
+    p = 0.975
+    if dof == 1:
+        return math.tan(math.pi * (p - 0.5))
+    assert dof == 2
+    return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+
+
+@pytest.mark.parametrize('values', [[0.3, -0.1], [1.25, -0.5, 0.75]])
+def test_t_interval_equals_float64_closed_form(values):
+    n = len(values)
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean)**2 for v in values) / (n - 1))
+    half = closed_form_t975(n - 1) * sd / math.sqrt(n)
+    got = t_interval(values)
+    assert got.n == n
+    assert got.mean == pytest.approx(mean, rel=1e-14, abs=1e-15)
+    assert got.low == pytest.approx(mean - half, rel=1e-12)
+    assert got.high == pytest.approx(mean + half, rel=1e-12)
+
+
+def test_paired_interval_pairs_by_common_seed():
+    ours = {0: 84.0, 1: 85.0, 2: 86.5, 7: 99.0}
+    base = {0: 83.0, 1: 85.5, 2: 85.0, 3: 10.0}
+    got = paired_interval(ours, base)
+    expected = t_interval([1.0, -0.5, 1.5])
+    assert got == expected and got.n == 3
+    assert paired_interval({0: 1.0}, {1: 2.0}) is None
+
+
+def test_one_seed_says_no_interval_never_a_zero_width_one():
+    got = paired_interval({0: 84.5}, {0: 84.0})
+    assert got.n == 1 and got.low is None and got.high is None
+    assert got.mean == pytest.approx(0.5)
+    assert NO_INTERVAL in got.text() and '[' not in got.text()
+    assert got.verdict() == 'n/a'
+
+
+def test_interval_refuses_bad_input_by_name():
+    with pytest.raises(ValueError, match='values must be a non-empty'):
+        t_interval([])
+    with pytest.raises(ValueError, match='values must be finite'):
+        t_interval([1.0, float('nan')])
+    with pytest.raises(ValueError, match='level must be in'):
+        t_interval([1.0, 2.0], level=1.5)
+    assert math.isnan(mean_std([3.0])[1])
+
+
+# ----------------------------------------------------------------------------
+# Low-shot subsets
+# ----------------------------------------------------------------------------
+def test_lowshot_subsets_are_fixed_per_seed_and_balanced():
+    labels = np.random.RandomState(123).randint(0, 10, size=5000)
+    first = lowshot_indices(labels, 10, seed=3)
+    assert np.array_equal(first, lowshot_indices(labels.tolist(), 10, 3))
+    assert not np.array_equal(first, lowshot_indices(labels, 10, seed=4))
+    assert len(set(first.tolist())) == 100
+    assert np.bincount(labels[first], minlength=10).tolist() == [10] * 10
+    # The 10-shot draw of a seed does not depend on other shot counts.
+    assert np.array_equal(first, lowshot_indices(labels, 10, seed=3))
+
+
+def test_lowshot_refuses_too_few_rows_and_bad_shots():
+    labels = np.array([0, 0, 1, 1, 1])
+    with pytest.raises(ValueError, match='shots=3 but class 0 has only 2'):
+        lowshot_indices(labels, 3, 0)
+    with pytest.raises(ValueError, match='shots must be an integer >= 1'):
+        lowshot_indices(labels, 0, 0)
+
+
+def test_full_study_is_the_issue_regime():
+    study = full_study()
+    assert study.images == 60000 and study.epochs >= 20
+    assert len(study.seeds) >= 5
+    assert {'mae', 'mmae_lam0.01_mu1', 'mmae_lam0.00125_mu1',
+            'random_init', 'supervised'} == set(study.arms)
+    assert study.shots == (10, 100) and study.eval_epochs[-1] == 20
+    with pytest.raises(ValueError, match='eval_epochs must be increasing'):
+        full_study(eval_epochs=(5, 10))
+
+
+# ----------------------------------------------------------------------------
+# The --quick study with the real Runner: killed mid-run, then resumed
+# ----------------------------------------------------------------------------
+def study_command(out_dir, *extra):
+    return [sys.executable, SCRIPT, '--quick', '--seeds', '0',
+            '--out-dir', str(out_dir), *extra]
+
+
+def eval_file(out_dir, arm, epoch):
+    return out_dir / arm / 'seed0' / 'eval' / f'epoch{epoch}.json'
+
+
+@pytest.fixture(scope='module')
+def killed_and_resumed(repo_root, tmp_path_factory):
+    """Start the quick study, kill the driver and its children as soon as
+    MAE's first evaluation is written, then rerun the same command."""
+    out_dir = tmp_path_factory.mktemp('study')
+    first = eval_file(out_dir, 'mae', 1)
+    proc = subprocess.Popen(study_command(out_dir), cwd=repo_root,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 1200
+    try:
+        while not first.exists():
+            assert proc.poll() is None, 'the driver exited before the kill'
+            assert time.time() < deadline, 'no MAE evaluation in time'
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = {p: p.stat().st_mtime_ns
+                 for p in out_dir.glob('*/seed0/eval/*.json')}
+    assert not eval_file(out_dir, 'mae', 2).exists()
+    resumed = subprocess.run(study_command(out_dir), cwd=repo_root,
+                             capture_output=True, text=True, timeout=1800)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + \
+        resumed.stderr[-3000:]
+    return out_dir, killed_at, resumed.stdout
+
+
+def test_resume_does_not_redo_finished_evaluations(killed_and_resumed):
+    out_dir, killed_at, stdout = killed_and_resumed
+    assert eval_file(out_dir, 'mae', 1) in killed_at
+    for path, mtime in killed_at.items():
+        assert path.stat().st_mtime_ns == mtime, f'{path} was redone'
+    assert 'mae seed 0: eval epoch 1' not in stdout
+    assert 'mae seed 0: eval epoch 2 done' in stdout
+    # MAE's second segment resumed from its epoch-1 checkpoint.
+    log = (out_dir / 'mae' / 'seed0' / 'run.log').read_text()
+    assert 'resumed epoch: 1' in log.lower() or 'resumed epoch 1' in \
+        log.lower() or 'Load checkpoint from' in log, log[-2000:]
+
+
+def test_quick_study_evaluates_every_arm_and_epoch(killed_and_resumed):
+    out_dir, _, _ = killed_and_resumed
+    for arm in STUDY_ARMS:
+        epochs = (1, 2) if arm.trains else (0, )
+        for epoch in epochs:
+            row = json.loads(eval_file(out_dir, arm.name, epoch).read_text())
+            assert row['arm'] == arm.name and row['epoch'] == epoch
+            assert not os.path.isabs(row['checkpoint'])
+            assert (out_dir / row['checkpoint']).is_file()
+            for pooling in ('cls', 'cls+mean'):
+                for key in ('knn_top1', 'linear_top1', 'lowshot2_top1',
+                            'lowshot10_top1'):
+                    assert 0 <= row[f'{pooling}/{key}'] <= 100
+            assert row['test_images'] == 300 and row['train_images'] == 600
+    # Kept checkpoints: the evaluation epochs (and nothing else).
+    assert sorted(p.name for p in (out_dir / 'mae' / 'seed0').glob(
+        'epoch_*.pth')) == ['epoch_1.pth', 'epoch_2.pth']
+
+
+def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
+    out_dir, _, _ = killed_and_resumed
+    report = (out_dir / 'report' / 'study.md').read_text()
+    for label in ('random init (control)', 'supervised (control)', 'MAE',
+                  'M-MAE λ=0.01 μ=1', 'M-MAE λ=0.00125 μ=1'):
+        assert f'| {label} | 1 |' in report
+    assert 'n=1, no interval' in report
+    for figure in ('paired_differences', 'learning_curves', 'rank_curves'):
+        assert (out_dir / 'report' / 'study' / f'{figure}.png').stat().st_size
+    rows = json.loads((out_dir / 'report' / 'study' / 'runs.json').read_text())
+    assert len(rows) == 9 and all(not os.path.isabs(r['checkpoint'])
+                                  for r in rows)
+    status = subprocess.run(study_command(out_dir, '--status'),
+                            cwd=repo_root, capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    assert '5 of 5 runs finished, 9 of 9 evaluations done' in status.stdout
+    # A different budget in the same out dir is refused, naming the option.
+    other = subprocess.run(
+        [sys.executable, SCRIPT, '--out-dir', str(out_dir), '--seeds', '0'],
+        cwd=repo_root, capture_output=True, text=True)
+    assert other.returncode != 0
+    assert 'holds a different study' in other.stderr + other.stdout
