@@ -17,6 +17,7 @@ from mmengine.config import Config
 TOOLS_DIR = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools')
 sys.path.insert(0, TOOLS_DIR)
 from _cli import load_mmpretrain_tool, mmpretrain_tool_path  # noqa: E402
+from doc_snippets import doc_config  # noqa: E402
 
 PRETRAIN = 'configs/fashion_mnist/mmae_fmnist.py'
 LINEAR = 'configs/fashion_mnist/linear_fmnist.py'
@@ -53,31 +54,12 @@ def dumped_config(work_dir, config):
     return Config.fromfile(osp.join(work_dir, osp.basename(config))).to_dict()
 
 
-def readme_block(repo_root, name):
-    """The code block after ``<!-- readme-test: name -->`` in README.md."""
-    with open(osp.join(repo_root, 'README.md'), encoding='utf-8') as f:
-        text = f.read()
-    after = text.split(f'<!-- readme-test: {name} -->', 1)[1]
-    return after.split('```python\n', 1)[1].split('```', 1)[0]
-
-
-def readme_config(repo_root, name, folder):
-    """A README config snippet saved in ``folder``; its relative ``_base_``
-    (a Fashion-MNIST config) made absolute."""
-    base_dir = osp.join(repo_root, 'configs', 'fashion_mnist')
-    text = readme_block(repo_root, name).replace(
-        "_base_ = ['", f"_base_ = ['{base_dir}/", 1)
-    path = folder / f'{name}.py'
-    path.write_text(text)
-    return str(path)
-
-
 @pytest.fixture(scope='module')
 def pretrained(repo_root, tmp_path_factory):
     """A 1-epoch checkpoint from the plugin's train.py, trained with the
-    README's TensorBoard config."""
+    TensorBoard config of docs/usage.md."""
     work_dir = tmp_path_factory.mktemp('pretrain')
-    config = readme_config(repo_root, 'tensorboard-config', work_dir)
+    config = doc_config(repo_root, 'tensorboard-config', work_dir)
     run_tool(repo_root, 'train.py', [
         config, '--work-dir', str(work_dir), '--cfg-options',
         'train_cfg.max_epochs=1', *TINY_TRAIN
@@ -85,7 +67,7 @@ def pretrained(repo_root, tmp_path_factory):
     return work_dir / 'epoch_1.pth'
 
 
-def test_readme_tensorboard_config_writes_event_files(pretrained):
+def test_documented_tensorboard_config_writes_event_files(pretrained):
     events = list(pretrained.parent.glob('*/vis_data/events.out.tfevents.*'))
     assert len(events) == 1 and events[0].stat().st_size > 0
 

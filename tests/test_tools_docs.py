@@ -1,6 +1,15 @@
-"""The README's guide to adding a regulariser, run as written."""
+"""The documentation: its guides run as written, its pages reachable.
+
+The guide to adding a regulariser (docs/usage.md) runs as written; the
+README stays a front door (at most 200 lines, every docs page linked, no
+hand copy of the generated results), every relative link and anchor of the
+README and docs/ resolves, and every upstream workaround module has its
+section in docs/upstream_workarounds.md.
+"""
+import glob
+import os
 import os.path as osp
-import sys
+import re
 
 import numpy as np
 import torch
@@ -8,16 +17,16 @@ from mmengine.config import Config
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from test_tools import readme_block, readme_config  # noqa: E402
+from doc_snippets import doc_block, doc_config
 
 
-def test_readme_regularizer_trains_in_mmae(repo_root, tmp_path, monkeypatch):
+def test_documented_regularizer_trains_in_mmae(repo_root, tmp_path,
+                                               monkeypatch):
     (tmp_path / 'my_regularizers.py').write_text(
-        readme_block(repo_root, 'regularizer-module'))
+        doc_block(repo_root, 'regularizer-module'))
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = Config.fromfile(
-        readme_config(repo_root, 'regularizer-config', tmp_path))
+        doc_config(repo_root, 'regularizer-config', tmp_path))
     model = MODELS.build(cfg.model)
     reg = model.regularizer
     assert type(reg).__name__ == 'SpectralSpreadLoss'
@@ -36,3 +45,108 @@ def test_readme_regularizer_trains_in_mmae(repo_root, tmp_path, monkeypatch):
     assert torch.isfinite(losses['loss_spread'])
     losses['loss_spread'].backward()
     assert model.backbone.cls_token.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------
+# The README as a front door, and links that resolve
+# ---------------------------------------------------------------------------
+README_MAX_LINES = 200
+LINK = re.compile(r'\[[^\]]*\]\(([^)\s]+)\)')
+FENCE = re.compile(r'^```.*?^```', re.S | re.M)
+
+
+def read(path):
+    with open(path, encoding='utf-8') as f:
+        return f.read()
+
+
+def markdown_pages(repo_root):
+    """README.md, docs/*.md and the collection READMEs."""
+    return [osp.join(repo_root, 'README.md'),
+            *sorted(glob.glob(osp.join(repo_root, 'docs', '*.md'))),
+            *sorted(glob.glob(osp.join(repo_root, 'configs', '*',
+                                       'README.md')))]
+
+
+def github_anchor(heading):
+    """The anchor GitHub gives a Markdown heading."""
+    text = heading.strip().lower()
+    text = re.sub(r'[^\w\- ]', '', text)
+    return text.replace(' ', '-')
+
+
+def anchors(path):
+    headings = re.findall(r'^#{1,6} (.+)$', FENCE.sub('', read(path)), re.M)
+    return {github_anchor(h) for h in headings}
+
+
+def relative_links(path):
+    """(target path, anchor) of every relative link outside code blocks."""
+    links = []
+    for target in LINK.findall(FENCE.sub('', read(path))):
+        if re.match(r'[a-z]+:', target):
+            continue  # http(s), mailto
+        file_part, _, anchor = target.partition('#')
+        resolved = osp.normpath(osp.join(osp.dirname(path), file_part)) \
+            if file_part else path
+        links.append((resolved, anchor))
+    return links
+
+
+def test_readme_is_a_front_door_linking_every_docs_page(repo_root):
+    readme = read(osp.join(repo_root, 'README.md'))
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    linked = {osp.normpath(target) for target, _ in
+              relative_links(osp.join(repo_root, 'README.md'))}
+    pages = glob.glob(osp.join(repo_root, 'docs', '*.md'))
+    assert len(pages) >= 10
+    unlinked = [osp.relpath(p, repo_root) for p in pages
+                if osp.normpath(p) not in linked]
+    assert not unlinked, f'docs pages the README does not link: {unlinked}'
+    # The two commands, the test one exactly as CI runs it.
+    ci = read(osp.join(repo_root, '.ci', 'run'))
+    assert 'bash tools/run_tests.sh -q' in ci
+    assert 'bash tools/run_tests.sh -q' in readme
+    assert 'bash tools/quickstart.sh' in readme
+    assert 'source .venv/bin/activate' in readme
+
+
+def test_readme_links_the_generated_results_instead_of_copying_them(
+        repo_root):
+    readme = read(osp.join(repo_root, 'README.md'))
+    results = read(osp.join(repo_root, 'docs', 'results.md'))
+    rows = [line for line in results.splitlines()
+            if line.startswith('| ') and not line.startswith('| cell')
+            and '---' not in line]
+    assert len(rows) > 20
+    copied = [row for row in rows if row in readme]
+    assert not copied, copied
+    # Not even a row's numbers (a reformatted copy): the MAE cell's kNN mean.
+    mae = next(row for row in rows if row.startswith('| MAE |'))
+    assert mae.split(' | ')[2] not in readme
+    assert '(docs/results.md)' in readme
+
+
+def test_every_relative_link_and_anchor_resolves(repo_root):
+    broken = []
+    for page in markdown_pages(repo_root):
+        for target, anchor in relative_links(page):
+            where = f'{osp.relpath(page, repo_root)} -> ' \
+                f'{osp.relpath(target, repo_root)}#{anchor}'
+            if not osp.exists(target):
+                broken.append(where)
+            elif anchor and target.endswith('.md') and \
+                    anchor not in anchors(target):
+                broken.append(where)
+    assert not broken, broken
+
+
+def test_every_compat_module_has_its_section(repo_root):
+    compat = osp.join(repo_root, 'mmae_plugin', 'compat')
+    modules = sorted(name[:-3] for name in os.listdir(compat)
+                     if name.endswith('.py') and name != '__init__.py')
+    assert 'fsdp_resume_seed' in modules and len(modules) >= 10
+    page = read(osp.join(repo_root, 'docs', 'upstream_workarounds.md'))
+    sections = re.findall(r'^## `(\w+)`', page, re.M)
+    assert len(set(sections)) == len(sections), sections
+    assert sorted(sections) == modules

@@ -337,6 +337,54 @@ def zoo_name(cell: Cell) -> str:
     return f'{cell.method}_vit-tiny-p4_fmnist'
 
 
+def training_resources() -> str:
+    """What the sweep's runs trained on: this machine's GPUs or CPU cores."""
+    import torch
+    if torch.cuda.is_available():
+        return f'{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}'
+    return f'{os.cpu_count()} CPU cores'
+
+
+def model_complexity(config: str) -> Dict[str, int]:
+    """Metafile ``FLOPs`` and ``Parameters`` of a Fashion-MNIST config.
+
+    Counted as mmpretrain's ``tools/analysis_tools/get_flops.py`` does
+    (``extract_feat`` on one unmasked 1 x 28 x 28 image, one multiply-add
+    per FLOP, every parameter of the built model), plus the two matrix
+    products inside ``scaled_dot_product_attention``, which mmengine's
+    counter skips.
+
+    Args:
+        config: A config path relative to the repository.
+
+    Returns:
+        ``{'FLOPs': ..., 'Parameters': ...}``.
+    """
+    import torch
+    from mmengine.analysis import FlopAnalyzer, parameter_count
+    from mmengine.analysis.jit_handles import get_shape
+    from mmengine.config import Config
+    from mmpretrain.registry import MODELS
+
+    def attention_flops(inputs, outputs) -> int:
+        query, key = get_shape(inputs[0]), get_shape(inputs[1])
+        heads = int(torch.tensor(query[:-2]).prod())
+        return 2 * heads * query[-2] * key[-2] * query[-1]
+
+    model_cfg = Config.fromfile(osp.join(REPO, config)).model
+    model_cfg.get('backbone', {}).pop('init_cfg', None)
+    model = MODELS.build(model_cfg).eval()
+    model.forward = model.extract_feat
+    with torch.no_grad():
+        counter = FlopAnalyzer(model, torch.zeros(1, 1, 28, 28))
+        counter.set_op_handle('aten::scaled_dot_product_attention',
+                              attention_flops)
+        counter.unsupported_ops_warnings(False)
+        counter.uncalled_modules_warnings(False)
+        flops = counter.total()
+    return {'FLOPs': int(flops), 'Parameters': int(parameter_count(model)[''])}
+
+
 def export_zoo(out_dir: str, budget: Budget, quick: bool = False,
                zoo_dir: str = ZOO_DIR, metafile: str = ZOO_METAFILE) -> None:
     """Write the zoo checkpoints and the Fashion-MNIST metafile.
@@ -382,19 +430,22 @@ def export_zoo(out_dir: str, budget: Budget, quick: bool = False,
         torch.save({'state_dict': state,
                     'meta': dict(mmae_zoo=provenance)},
                    osp.join(zoo_dir, f'{name}.pth'))
-        common = {'Epochs': budget.epochs, 'Batch Size': 256,
-                  'Training Data': f'Fashion-MNIST (first {budget.images} '
-                  'training images)', 'Seed': seed,
-                  'Results Source': 'measured by tools/benchmarks/'
-                  'run_evidence.py --export-zoo'}
+        def metadata(config: str) -> Dict:
+            return {'Epochs': budget.epochs, 'Batch Size': 256,
+                    **model_complexity(config),
+                    'Training Resources': training_resources(),
+                    'Training Data': f'Fashion-MNIST (first {budget.images} '
+                    'training images)', 'Seed': seed,
+                    'Results Source': 'measured by tools/benchmarks/'
+                    'run_evidence.py --export-zoo'}
         weights = f'mmae-zoo://fmnist/{name}.pth'
         models += [
             {'Name': name, 'In Collection': COLLECTIONS[method],
-             'Metadata': common, 'Results': None, 'Weights': weights,
-             'Config': PRETRAIN_CONFIGS[method]},
+             'Metadata': metadata(PRETRAIN_CONFIGS[method]), 'Results': None,
+             'Weights': weights, 'Config': PRETRAIN_CONFIGS[method]},
             {'Name': f'{name}_knn', 'In Collection': COLLECTIONS[method],
-             'Metadata': dict(common, **{'kNN': 'k=20, T=0.07, 60,000 '
-                                         'neighbours'}),
+             'Metadata': dict(metadata(KNN_CONFIG),
+                              **{'kNN': 'k=20, T=0.07, 60,000 neighbours'}),
              'Results': [result(metrics['knn/top1'])],
              'Weights': weights, 'Config': KNN_CONFIG}]
         if method == 'mmae':
@@ -405,7 +456,7 @@ def export_zoo(out_dir: str, budget: Budget, quick: bool = False,
                        osp.join(zoo_dir, f'{linear}.pth'))
             models.append(
                 {'Name': linear, 'In Collection': COLLECTIONS[method],
-                 'Metadata': dict(common, **{
+                 'Metadata': dict(metadata(PROBE_CONFIG), **{
                      'Probe': 'BatchNorm + linear fitted on cached features '
                      'of all 60,000 training images'}),
                  'Results': [result(metrics['linear/top1'])],
@@ -414,7 +465,9 @@ def export_zoo(out_dir: str, budget: Budget, quick: bool = False,
     header = ('# Fashion-MNIST models, written by\n'
               '#   python tools/benchmarks/run_evidence.py --export-zoo\n'
               "# from the sweep's seed-0 runs; results measured on the "
-              '10,000 test images.\n')
+              '10,000 test images. FLOPs and Parameters as mmpretrain\'s\n'
+              '# get_flops.py counts them (extract_feat on one 1 x 28 x 28 '
+              'image, attention included).\n')
     with open(metafile, 'w') as f:
         f.write(header)
         yaml.safe_dump({'Models': models}, f, sort_keys=False,
