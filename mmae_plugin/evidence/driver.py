@@ -62,7 +62,9 @@ def step_eval(out_dir: str, study: Study, arm_name: str, seed: int,
     checkpoint = checkpoint_path(out_dir, arm_name, seed, epoch)
     metrics = evaluate_checkpoint(
         frozen_config_path(out_dir, 'eval'), checkpoint, seed, study.shots,
-        study.bank_images, study.test_images, study.weight_decay)
+        study.bank_images, study.test_images, study.weight_decay,
+        features_out=eval_path(out_dir, arm_name, seed, epoch)[:-5] +
+        '_test_features.pt')
     metrics.update(arm=arm_name, seed=seed, epoch=epoch,
                    checkpoint=osp.relpath(checkpoint, out_dir),
                    eval_s=round(time.time() - start, 1))

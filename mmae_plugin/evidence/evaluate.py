@@ -10,6 +10,7 @@ float64, the full-label linear probe, low-shot probes and the
 representation statistics of :mod:`mmae_plugin.evaluation.statistics`
 (whatever keys it defines, prefixed ``repr/``).
 """
+import os
 from typing import Dict, Optional, Sequence
 
 import torch
@@ -83,7 +84,9 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
                         shots: Sequence[int] = (10, 100),
                         bank_images: Optional[int] = None,
                         test_images: Optional[int] = None,
-                        weight_decay: float = 1e-4) -> Dict[str, float]:
+                        weight_decay: float = 1e-4,
+                        features_out: Optional[str] = None
+                        ) -> Dict[str, float]:
     """Metrics of a checkpoint's frozen encoder on both poolings.
 
     Args:
@@ -96,6 +99,9 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
         bank_images: Use the first N training images (``None``: all).
         test_images: Classify the first M test images (``None``: all).
         weight_decay: L2 coefficient of every probe.
+        features_out: If given, save the test features (cls+mean, float32)
+            and labels there, so statistics can be recomputed later without
+            the encoder.
 
     Returns:
         ``<pooling>/<metric>`` for pooling ``cls`` and ``cls+mean`` (see
@@ -126,6 +132,12 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
     # float32 features (no autocast): the study's numbers carry no AMP noise.
     train_x, train_y = extract_features(model, cfg.model.prototype)
     test_x, test_y = extract_features(model, cfg.test_dataloader)
+    if features_out is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(features_out)),
+                    exist_ok=True)
+        torch.save({'cls+mean': test_x.float().cpu(), 'labels': test_y.cpu()},
+                   features_out + '.tmp')
+        os.replace(features_out + '.tmp', features_out)
     metrics = {'train_images': int(train_x.shape[0]),
                'test_images': int(test_x.shape[0])}
     train, test = split_poolings(train_x), split_poolings(test_x)
