@@ -101,3 +101,59 @@ def normalized_gram(z: np.ndarray) -> np.ndarray:
     """Gram matrix of l2-normalised rows."""
     zn = z / np.linalg.norm(z, axis=1, keepdims=True)
     return zn @ zn.T
+
+
+# ---------------------------------------------------------------------------
+# The named statistics of mmae_plugin.matrix_info.representation, written
+# out from their definitions (float64 numpy, matrix functions where there
+# are any), for tests/test_statistic_keys.py.
+# ---------------------------------------------------------------------------
+def pool(tokens: np.ndarray, pooling: str) -> np.ndarray:
+    """'cls': token 0; 'mean': mean of tokens 1:; 'cls+mean': both."""
+    cls_token, patch_mean = tokens[:, 0], tokens[:, 1:].mean(axis=1)
+    return {'cls': cls_token, 'mean': patch_mean,
+            'cls+mean': np.concatenate([cls_token, patch_mean], 1)}[pooling]
+
+
+def coding_rate(z: np.ndarray, form: str, mu: float,
+                centering: bool) -> float:
+    """TCR of unit rows, optionally centred; reference or paper form."""
+    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+    if centering:
+        centering_matrix = np.eye(len(zn)) - np.ones((len(zn), len(zn))) / \
+            len(zn)
+        gram = zn.T @ centering_matrix @ zn
+    else:
+        gram = zn.T @ zn
+    d = z.shape[1]
+    matrix = np.eye(d) + mu / d * gram if form == 'reference' else \
+        mu * np.eye(d) + gram
+    sign, value = np.linalg.slogdet(matrix)
+    assert sign > 0
+    return float(value)
+
+
+def renyi_of_spectrum(K: np.ndarray, alpha: float) -> float:
+    """Renyi entropy from the eigenvalues (rank-deficient K allowed)."""
+    p = np.clip(np.linalg.eigvalsh(density(K)), 0, None)
+    p = p[p > 1e-14]
+    if alpha == 1:
+        return float(-(p * np.log(p)).sum())
+    return float(np.log((p ** alpha).sum()) / (1 - alpha))
+
+
+def named_statistics(z: np.ndarray, alpha: float = 1.0, form='reference',
+                     mu: float = 1.0, centering: bool = False) -> dict:
+    """Every one-branch key of both kernels, from its definition."""
+    values = {}
+    for kernel, matrix in (('gram', normalized_gram(z)),
+                           ('cov', normalized_covariance(z))):
+        entropy = renyi_of_spectrum(matrix, alpha)
+        suffix = '' if alpha == 1 else f'_alpha{alpha:g}'
+        values[f'entropy_{kernel}{suffix}'] = entropy
+        values[f'erank_{kernel}'] = float(
+            np.exp(renyi_of_spectrum(matrix, 1.0)))
+    values['rankme_raw'] = rankme(z, 1e-7)
+    key = f'tcr_{form}{"_centered" if centering else ""}_mu{mu:g}'
+    values[key] = coding_rate(z, form, mu, centering)
+    return values

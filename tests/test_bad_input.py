@@ -176,8 +176,8 @@ REFUSED = [
     Row('MMAE', 'head', "'MAEPretrainHead'", TypeError,
         mmae(head='MAEPretrainHead')),
     # Impossible combinations, both settings named.
-    Row('MMAE', "feature='mean_visible'", 'mask_ratio=1.0', ValueError,
-        mmae_backbone(feature='mean_visible',
+    Row('MMAE', "feature='mean'", 'mask_ratio=1.0', ValueError,
+        mmae_backbone(feature='mean',
                       backbone=dict(mask_ratio=1.0))),
     Row('MMAE', 'final_norm_twice=True', 'final_norm is False', ValueError,
         mmae_backbone(final_norm_twice=True,

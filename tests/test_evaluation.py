@@ -13,6 +13,7 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
@@ -49,7 +50,27 @@ def test_knn_scores_match_numpy(k, temperature):
     ours = knn_class_scores(query, bank, labels, 7, k, temperature)
     ref = numpy_knn_scores(query.numpy(), bank.numpy(), labels.numpy(), 7,
                            min(k, 150), temperature)
-    np.testing.assert_allclose(ours.double().numpy(), ref, atol=2e-5)
+    assert ours.dtype == torch.float64
+    np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-12, atol=1e-14)
+
+
+def test_knn_resolves_near_collinear_neighbours_in_float64():
+    """Rows ``(1, t_i)`` with ``t_i`` 1e-5 apart: their cosines to a query
+    ``(1, t)`` differ by about ``(t_i - t)^2 / 2 ~ 1e-10``, below float32's
+    resolution (every similarity rounds to 1) and far above float64's; the
+    nearest row is the one whose ``t_i`` is closest to ``t``."""
+    t = torch.arange(200, dtype=torch.float64) * 1e-5
+    bank = torch.stack([torch.ones_like(t), t], 1).float()
+    labels = torch.arange(200) % 10
+    query = torch.tensor([[1.0, 0.00123], [1.0, 0.00071]])
+    _, idx = knn.top_k_neighbours(query, bank, 3)
+    assert idx[:, 0].tolist() == [123, 71]
+    assert sorted(idx[0].tolist()) == [122, 123, 124]
+    # float32 cannot tell them apart: the search must not run in float32.
+    sims32 = F.normalize(query, dim=1) @ F.normalize(bank, dim=1).T
+    assert sims32[0, 100:150].unique().numel() < 5
+    scores = knn_class_scores(query, bank, labels, 10, k=1)
+    assert scores.argmax(1).tolist() == [3, 1]
 
 
 def test_knn_chunked_search_equals_one_pass(monkeypatch):
@@ -265,19 +286,19 @@ def test_mixed_precision_features_are_float32_and_close(tmp_path, pretrained):
     assert error.max() < 0.05
 
 
-def test_knn_similarities_stay_float32_under_autocast():
+def test_knn_similarities_stay_float64_under_autocast():
     """Under bfloat16 autocast (``tools/test.py --amp`` on a CPU) the
-    neighbours and votes are those of float32, which agree with float64."""
+    neighbours and votes of float32 features are float64's."""
     gen = torch.Generator().manual_seed(5)
     bank = torch.randn(2000, 64, generator=gen)
     labels = torch.randint(0, 10, (2000, ), generator=gen)
     query = torch.randn(100, 64, generator=gen)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        # What the search would do without its float32 region.
+        # What the search would do without its full-precision region.
         assert (query.float() @ bank.float().T).dtype == torch.bfloat16
         sim, idx = knn.top_k_neighbours(query, bank, 20)
         mixed = knn_class_scores(query, bank, labels, 10, 20, 0.07)
-    assert sim.dtype == mixed.dtype == torch.float32
+    assert sim.dtype == mixed.dtype == torch.float64
     torch.testing.assert_close(
         mixed, knn_class_scores(query, bank, labels, 10, 20, 0.07),
         rtol=0, atol=0)

@@ -35,7 +35,7 @@ def test_quick_sweep_writes_report_plots_and_rows(quick_sweep):
         ('mmae_lam0.01_mu1', 1)]
     for row in rows:
         assert 0 <= row['knn/top1'] <= 100 and 0 <= row['linear/top1'] <= 100
-        assert 1 <= row['repr/erank'] <= 128
+        assert 1 <= row['repr/erank_gram'] <= 128
     report = (out_dir / 'report' / 'results.md').read_text()
     assert '| M-MAE λ=0.01 μ=1 | 2 |' in report
     assert 'Summary in plain words' in report

@@ -5,6 +5,7 @@ an independent numpy/scipy implementation, the Gram/covariance duality, and
 finiteness on degenerate and low-precision inputs.
 """
 import math
+import re
 
 import numpy as np
 import pytest
@@ -327,10 +328,12 @@ def test_khatri_rao_factor_used_when_cheaper():
 # --------------------------------------------------------------------------
 # Degenerate inputs and low precision
 # --------------------------------------------------------------------------
-def all_quantities(z: torch.Tensor, z_other: torch.Tensor) -> torch.Tensor:
+def all_quantities(z: torch.Tensor, z_other: torch.Tensor,
+                   builds=(normalized_covariance, normalized_gram)
+                   ) -> torch.Tensor:
     """Sum of every quantity on covariance and Gram sides (finite check)."""
     total = total_coding_rate(z) + effective_rank(z) + rankme(z)
-    for build in (normalized_covariance, normalized_gram):
+    for build in builds:
         for factored in (False, True):
             k1 = build(z, factored=factored)
             k2 = build(z_other, factored=factored)
@@ -365,7 +368,11 @@ def test_finite_values_and_gradients_on_degenerate_inputs(case):
     z = degenerate_inputs()[case].clone().requires_grad_(True)
     other = (degenerate_inputs()[case].float() + 0.1 * torch.randn(
         z.shape, generator=torch.Generator().manual_seed(3))).to(z.dtype)
-    value = all_quantities(z, other)
+    # A collapsed batch has the zero covariance kernel, which is refused
+    # (test_zero_matrix_is_refused_by_every_quantity); its Gram is rank one.
+    builds = (normalized_gram, ) if case == 'collapsed' else \
+        (normalized_covariance, normalized_gram)
+    value = all_quantities(z, other, builds)
     assert value.dtype == torch.float64
     assert torch.isfinite(value)
     grad, = torch.autograd.grad(value, z)
@@ -377,7 +384,10 @@ def test_collapse_reads_as_zero_entropy_and_unit_rank():
     collapsed = random_features(1, 8, 0).repeat(10, 1)
     assert matrix_entropy(normalized_gram(collapsed)).item() == \
         pytest.approx(0, abs=1e-9)
-    assert matrix_entropy(normalized_covariance(collapsed)).item() == 0
+    # Every feature constant over the batch: no correlation is defined.
+    assert torch.count_nonzero(normalized_covariance(collapsed)) == 0
+    with pytest.raises(ValueError, match='K is the zero matrix'):
+        matrix_entropy(normalized_covariance(collapsed))
     assert effective_rank(collapsed).item() == pytest.approx(1, abs=1e-6)
 
 
@@ -462,3 +472,106 @@ def test_toolbox_modules_import_only_torch_and_the_standard_library():
             else:
                 continue
             assert roots <= allowed, (path.name, roots)
+
+
+# --------------------------------------------------------------------------
+# Edge cases: large orders, zero matrices, zero features, huge parameters
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize('alpha', [50.0, 500.0, 1075.0, 1e4, 1e6, 1e300])
+def test_large_orders_match_the_closed_form(alpha):
+    """``K = diag(2, 1, 1)``: ``p = (1/2, 1/4, 1/4)``, so ``H_alpha =
+    (alpha log(1/2) + log(1 + 2^(1 - alpha))) / (1 - alpha)``, which tends
+    to the min-entropy log 2 (``p ** alpha`` underflows from alpha ~1075)."""
+    K = torch.diag(torch.tensor([2.0, 1.0, 1.0], dtype=torch.float64))
+    closed = (-alpha * math.log(2) + math.log1p(2.0**(1 - alpha))) / \
+        (1 - alpha)
+    value = matrix_entropy(K, alpha).item()
+    assert value == pytest.approx(closed, rel=1e-12)
+    assert 0 <= value <= math.log(3)
+    # The identity stays at log n for every order, dense and factored.
+    assert matrix_entropy(torch.eye(7), alpha).item() == pytest.approx(
+        math.log(7), rel=1e-12)
+    assert matrix_entropy(FactoredPSD(torch.eye(7)), alpha).item() == \
+        pytest.approx(math.log(7), rel=1e-12)
+
+
+def test_large_order_entropy_has_finite_gradient_and_is_monotone():
+    k = random_correlation(6, 3).requires_grad_(True)
+    values = [matrix_entropy(k, alpha) for alpha in (2.0, 50.0, 1e3, 1e6)]
+    for higher, lower in zip(values[1:], values[:-1]):
+        assert higher.item() <= lower.item() + 1e-12  # Renyi decreases
+    grad, = torch.autograd.grad(values[-1], k)
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize('alpha', [1e3, 1e6])
+def test_mutual_information_at_large_orders(alpha):
+    """``I(I_n; I_n) = log n + log n - log n``; random kernels stay within
+    ``[.., log n]`` and finite (1e6 gave NaN: inf - inf)."""
+    eye = torch.eye(5, dtype=torch.float64)
+    assert matrix_mutual_information(eye, eye, alpha).item() == \
+        pytest.approx(math.log(5), rel=1e-12)
+    k1, k2 = random_correlation(5, 1), random_correlation(5, 2)
+    value = matrix_mutual_information(k1, k2, alpha).item()
+    assert math.isfinite(value) and value <= math.log(5) + 1e-12
+    assert math.isfinite(matrix_joint_entropy(k1, k2, alpha).item())
+
+
+ZERO = torch.zeros(4, 4, dtype=torch.float64)
+EYE = torch.eye(4, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('name,call,argument', [
+    ('entropy', lambda: matrix_entropy(ZERO), 'K'),
+    ('entropy alpha 2', lambda: matrix_entropy(ZERO, 2.0), 'K'),
+    ('entropy factored', lambda: matrix_entropy(
+        FactoredPSD(torch.zeros(4, 2, dtype=torch.float64))), 'K'),
+    ('joint', lambda: matrix_joint_entropy(ZERO, EYE), 'K1 o K2'),
+    ('mutual information', lambda: matrix_mutual_information(EYE, ZERO),
+     'K2'),
+    ('KL first', lambda: matrix_kl_divergence(ZERO, EYE), 'K1'),
+    ('KL second', lambda: matrix_kl_divergence(EYE, ZERO), 'K2'),
+    ('JS', lambda: matrix_js_divergence(ZERO, ZERO), 'K1'),
+    ('spectrum JS', lambda: spectrum_js_divergence(EYE, ZERO), 'K2'),
+    ('disjoint Hadamard', lambda: matrix_joint_entropy(
+        torch.diag(torch.tensor([1., 1., 0., 0.], dtype=torch.float64)),
+        torch.diag(torch.tensor([0., 0., 1., 1.], dtype=torch.float64))),
+     'K1 o K2'),
+])
+def test_zero_matrix_is_refused_by_every_quantity(name, call, argument):
+    """The zero matrix has no density matrix: no entropy 0, KL 0 or JS
+    log 2 by convention, an error naming the argument instead."""
+    with pytest.raises(ValueError, match=f'^{re.escape(argument)} is the '
+                       'zero matrix \\(trace 0\\)'):
+        call()
+
+
+def test_ranks_of_zero_features_are_zero_for_both_measures():
+    zeros = torch.zeros(6, 3, dtype=torch.float64)
+    assert effective_rank(zeros).item() == 0
+    assert rankme(zeros).item() == 0
+    assert rankme(zeros, eps=0.0).item() == 0
+    # Any non-zero matrix has rank measures >= 1 (rank one: exactly 1).
+    one = torch.zeros(6, 3, dtype=torch.float64)
+    one[0, 0] = 1e-300
+    assert effective_rank(one).item() == pytest.approx(1.0)
+    assert rankme(one, eps=0.0).item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize('mu,words', [
+    (10**400, ['mu', '> 0 and <= 1e+300', 'an integer of 401 digits',
+               'overflows float64']),
+    (1e301, ['mu', '> 0 and <= 1e+300', '1e+301']),
+    (0, ['mu', '> 0', 'got 0']),
+], ids=['10**400', '1e301', '0'])
+def test_tcr_parameters_out_of_range_are_refused_at_build_time(mu, words):
+    from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
+    from mmae_plugin.models import TCRLoss
+    for build in (lambda: TCRLoss(mu=mu),
+                  lambda: MatrixInfoHook(tcr='paper', mu=mu),
+                  lambda: total_coding_rate(torch.eye(3), mu=mu)):
+        with pytest.raises(ValueError) as info:
+            build()
+        for word in words:
+            assert word in str(info.value), (word, str(info.value))
+    assert TCRLoss(mu=1e300).mu == 1e300  # the bound itself is allowed

@@ -25,9 +25,11 @@ from mmae_plugin.matrix_info import (effective_rank, matrix_entropy,
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = os.path.join(REPO, 'configs', 'fashion_mnist')
-TWO_BRANCH_KEYS = ('entropy_1', 'entropy_2', 'mutual_info', 'joint_entropy',
-                   'matrix_js', 'spectrum_js')
-ONE_BRANCH_KEYS = ('entropy', 'erank', 'rankme', 'tcr')
+# The default kernel is the covariance one: every key ends in _cov.
+TWO_BRANCH_KEYS = ('entropy_1_cov', 'entropy_2_cov', 'mutual_info_cov',
+                   'joint_entropy_cov', 'matrix_js_cov', 'spectrum_js_cov')
+ONE_BRANCH_KEYS = ('entropy_cov', 'erank_cov', 'rankme_raw',
+                   'tcr_reference_mu1')
 
 
 def shrink_for_test(cfg: Config, work_dir: str, batch: int,
@@ -92,17 +94,18 @@ def test_siamese_runs_log_every_quantity(method, siamese_runs):
             value = row[f'minfo/{key}']
             assert math.isfinite(value), (key, value)
         d = 128  # embedding size of the configs
-        assert 0 < row['minfo/entropy_1'] <= math.log(d)
-        assert max(row['minfo/entropy_1'], row['minfo/entropy_2']) <= \
-            row['minfo/joint_entropy'] + 1e-9
-        assert row['minfo/mutual_info'] <= math.log(d)
-        assert 0 <= row['minfo/spectrum_js'] <= math.log(2)
-        assert 0 < row['minfo/matrix_js'] <= math.log(2)
+        assert 0 < row['minfo/entropy_1_cov'] <= math.log(d)
+        assert max(row['minfo/entropy_1_cov'], row['minfo/entropy_2_cov']) \
+            <= row['minfo/joint_entropy_cov'] + 1e-9
+        assert row['minfo/mutual_info_cov'] <= math.log(d)
+        assert 0 <= row['minfo/spectrum_js_cov'] <= math.log(2)
+        assert 0 < row['minfo/matrix_js_cov'] <= math.log(2)
     # The values reach the text log as well.
     log_files = glob.glob(os.path.join(work_dir, '*', '*.log'))
     with open(log_files[0]) as handle:
         text = handle.read()
-    assert 'minfo/mutual_info:' in text and 'minfo/spectrum_js:' in text
+    assert 'minfo/mutual_info_cov:' in text and \
+        'minfo/spectrum_js_cov:' in text
 
 
 def test_plot_script_draws_one_curve_per_method(siamese_runs, tmp_path):
@@ -145,8 +148,8 @@ def test_mae_runs_log_one_branch_quantities(config, tmp_path):
     for row in rows:
         for key in ONE_BRANCH_KEYS:
             assert math.isfinite(row[f'minfo/{key}'])
-        assert 1 <= row['minfo/erank'] <= 8  # batch of 8 CLS vectors
-        assert 1 <= row['minfo/rankme'] <= 8.01
+        assert 1 <= row['minfo/erank_cov'] <= 8  # batch of 8 CLS vectors
+        assert 1 <= row['minfo/rankme_raw'] <= 8.01
 
 
 def test_hook_records_the_same_features_as_the_loss(tmp_path):
@@ -172,7 +175,7 @@ def test_hook_records_the_same_features_as_the_loss(tmp_path):
     threads = torch.get_num_threads()
     values = hook.compute([z1, z2])
     assert torch.get_num_threads() == threads  # restored after 1 thread
-    assert values['mutual_info'].dtype == torch.float64
+    assert values['mutual_info_cov'].dtype == torch.float64
     hook.after_run(runner)
 
 
@@ -257,8 +260,12 @@ def numpy_one_branch(z, kernel, alpha, form, mu, centering):
         tcr = np.linalg.slogdet(mu * np.eye(d) + zn.T @ zn)[1]
     else:
         tcr = np.linalg.slogdet(np.eye(d) + (mu / d) * zn.T @ zn)[1]
-    return dict(entropy=renyi, erank=np.exp(shannon),
-                rankme=np.exp(-(q * np.log(q)).sum()), tcr=tcr)
+    suffix = {'covariance': 'cov', 'gram': 'gram'}[kernel]
+    order = '' if alpha == 1 else f'_alpha{alpha:g}'
+    tcr_key = f'tcr_{form}{"_centered" if centering else ""}_mu{mu:g}'
+    return {f'entropy_{suffix}{order}': renyi,
+            f'erank_{suffix}': np.exp(shannon),
+            'rankme_raw': np.exp(-(q * np.log(q)).sum()), tcr_key: tcr}
 
 
 @pytest.mark.parametrize('kernel,alpha,form,mu,centering', [
@@ -275,6 +282,7 @@ def test_one_branch_quantities_match_numpy(kernel, alpha, form, mu,
         z, kernel, alpha, dict(form=form, mu=mu, centering=centering))
     expected = numpy_one_branch(z.numpy(), kernel, alpha, form, mu,
                                 centering)
+    assert set(values) == set(expected)
     for name, value in expected.items():
         assert float(values[name]) == pytest.approx(value, rel=1e-10), name
 
@@ -285,13 +293,13 @@ def test_erank_is_the_papers_effective_rank_not_rankme():
     z = torch.randn(64, 24) * torch.linspace(0.1, 3, 24)
     values = one_branch_quantities(z, 'covariance', 1.0, FALLBACK_TCR)
     dense = normalized_covariance(z)
-    assert float(values['erank']) == pytest.approx(
+    assert float(values['erank_cov']) == pytest.approx(
         float(effective_rank(dense)), rel=1e-10)
-    assert float(values['erank']) == pytest.approx(
+    assert float(values['erank_cov']) == pytest.approx(
         math.exp(float(matrix_entropy(dense))), rel=1e-12)
-    # The raw-feature spectrum measure (the old 'erank') is another number.
-    assert abs(float(values['erank']) - float(effective_rank(z))) > 0.1
-    assert float(values['rankme']) == pytest.approx(float(rankme(z)))
+    # The raw-feature spectrum measure is another number.
+    assert abs(float(values['erank_cov']) - float(effective_rank(z))) > 0.1
+    assert float(values['rankme_raw']) == pytest.approx(float(rankme(z)))
 
 
 @pytest.mark.parametrize('regularizer,norm_twice', [
@@ -321,12 +329,16 @@ def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path, regularizer,
     assert torch.equal(model.regularizer(z), losses['loss_tcr'])
     # ... and the logged tcr is the coding rate that term maximises.
     zn = torch.nn.functional.normalize(z.double(), dim=1)
-    assert float(values['tcr']) == pytest.approx(
+    key = model.regularizer.key
+    assert key == 'tcr_{}{}_mu{:g}'.format(
+        regularizer['form'], '_centered' if regularizer['centering'] else '',
+        regularizer['mu'])
+    assert float(values[key]) == pytest.approx(
         -float(model.regularizer.value(zn)), rel=1e-12)
     expected = numpy_one_branch(z.numpy(), 'covariance', 1.0,
                                 regularizer['form'], regularizer['mu'],
-                                regularizer['centering'])['tcr']
-    assert float(values['tcr']) == pytest.approx(expected, rel=1e-10)
+                                regularizer['centering'])[key]
+    assert float(values[key]) == pytest.approx(expected, rel=1e-10)
     # The paper form with its own mu is an option.
     paper = MatrixInfoHook(tcr='paper', mu=2.0)
     paper.before_run(runner)

@@ -83,9 +83,9 @@ def test_regulariser_sees_the_cls_token_of_the_masked_pass(model_cfgs):
     torch.testing.assert_close(z, latent[:, 0])
 
 
-def test_mean_visible_feature(model_cfgs):
+def test_mean_feature_is_the_mean_of_the_visible_patches(model_cfgs):
     cfg = copy.deepcopy(model_cfgs['mmae'])
-    cfg.feature = 'mean_visible'
+    cfg.feature = 'mean'
     model = build(cfg)
     latent = torch.randn(3, 13, 128)
     torch.testing.assert_close(model.pool(latent), latent[:, 1:].mean(1))
@@ -99,7 +99,7 @@ def hand_layer_norm(x, weight, bias, eps):
     return (x - mean) / torch.sqrt(var + eps) * weight.double() + bias.double()
 
 
-@pytest.mark.parametrize('feature', ['cls', 'mean_visible'])
+@pytest.mark.parametrize('feature', ['cls', 'mean'])
 def test_final_norm_twice_applies_the_encoder_norm_again(model_cfgs, feature):
     cfg = copy.deepcopy(model_cfgs['mmae'])
     cfg.update(feature=feature, final_norm_twice=True)

@@ -15,7 +15,8 @@ from mmengine.visualization import LocalVisBackend
 
 SCRIPT = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
                   'analysis', 'plot_matrix_info.py')
-ONE_BRANCH_KEYS = ('entropy', 'erank', 'rankme', 'tcr')
+ONE_BRANCH_KEYS = ('entropy_cov', 'erank_cov', 'rankme_raw',
+                   'tcr_reference_mu1')
 
 
 def write_run(work_dir, scalars_per_step):
@@ -45,12 +46,14 @@ def test_one_branch_run_draws_its_four_quantities(tmp_path):
 
 
 def test_nothing_to_draw_exits_non_zero_with_a_message(tmp_path):
-    run = write_run(tmp_path / 'mmae', [{'minfo/erank': 3.0}])
+    run = write_run(tmp_path / 'mmae', [{'minfo/erank_cov': 3.0}])
     out = tmp_path / 'figures'
-    result = plot(run, '--keys', 'mutual_info', 'matrix_js', '--out-dir', out)
+    result = plot(run, '--keys', 'mutual_info_cov', 'matrix_js_cov',
+                  '--out-dir', out)
     assert result.returncode == 1
-    assert ("nothing to draw: no run logged ['mutual_info', 'matrix_js']; "
-            "the runs logged ['erank']") in result.stderr
+    assert ("nothing to draw: no run logged ['mutual_info_cov', "
+            "'matrix_js_cov']; the runs logged ['erank_cov']") \
+        in result.stderr
     assert not out.exists()
     assert 'Traceback' not in result.stderr
 
@@ -121,21 +124,41 @@ def test_single_logged_point_is_marked_and_reference_lines_drawn(
         '--feature-dim', '128', '--batch-size', '256'])
     module.main()
     import math
-    tcr_lines = drawn['tcr'].get_lines()
+    tcr_lines = drawn['tcr_reference_mu1'].get_lines()
     curve = tcr_lines[0]
     assert list(curve.get_xdata()) == [1] and curve.get_marker() == 'o'
     levels = sorted(line.get_ydata()[0] for line in tcr_lines[1:])
     assert levels == pytest.approx([math.log(1 + 256 / 128),
                                     128 * math.log(1 + 256 / 128 ** 2)])
     erank_levels = sorted(line.get_ydata()[0]
-                          for line in drawn['erank'].get_lines()[1:])
+                          for line in drawn['erank_cov'].get_lines()[1:])
     assert erank_levels == [1.0, 128.0]
-    legend = [text.get_text() for text in drawn['tcr'].get_legend().get_texts()]
+    # Every rank axis names its kernel.
+    assert 'correlation kernel, centred' in drawn['erank_cov'].get_ylabel()
+    assert 'raw features' in drawn['rankme_raw'].get_ylabel()
+    legend = [text.get_text() for text in
+              drawn['tcr_reference_mu1'].get_legend().get_texts()]
     assert legend[1] == 'collapse floor: log(1 + B/d) = 1.099'
 
 
+def test_tcr_lines_use_the_mu_the_key_names_and_old_keys_still_draw():
+    module = load_plot_module()
+    ranks = module.reference_lines(32, 8)
+    lines = module.lines_for_key('tcr_reference_mu3', ranks, 32, 8)
+    assert lines == module.reference_lines(32, 8, 3.0)['tcr']
+    assert module.lines_for_key('tcr_paper_mu3', ranks, 32, 8) == []
+    assert module.lines_for_key('tcr_reference_centered_mu1', ranks, 32,
+                                8) == []
+    assert 'Gram of unit rows, uncentred' in module.axis_label('erank_gram')
+    assert 'order 2' in module.axis_label('entropy_cov_alpha2')
+    assert module.axis_label('erank') == 'Effective rank'  # an older log
+    assert sorted(['tcr_reference_mu1', 'erank_gram', 'mutual_info_cov'],
+                  key=module.draw_order) == [
+        'mutual_info_cov', 'erank_gram', 'tcr_reference_mu1']
+
+
 def test_bad_sizes_are_refused_naming_the_option(tmp_path):
-    run = write_run(tmp_path / 'mmae', [{'minfo/tcr': 1.0}])
+    run = write_run(tmp_path / 'mmae', [{'minfo/tcr_reference_mu1': 1.0}])
     result = plot(run, '--feature-dim', '0', '--out-dir', tmp_path / 'out')
     assert result.returncode == 2
     assert "argument --feature-dim: '0' is not allowed: expected an integer" \

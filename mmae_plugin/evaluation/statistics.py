@@ -1,39 +1,40 @@
 """Matrix-information statistics of a set of frozen representations."""
-import math
-from typing import Dict
+from typing import Dict, Optional
 
 from torch import Tensor
 
-from mmae_plugin.matrix_info import (matrix_entropy, normalized_gram, rankme,
-                                     total_coding_rate)
+from mmae_plugin.matrix_info.representation import one_branch_statistics
 
 
-def representation_statistics(features: Tensor,
-                              tcr_mu: float = 1.0) -> Dict[str, float]:
-    """Entropy, effective rank, RankMe and TCR of features (N, d).
+def representation_statistics(features: Tensor, tcr_mu: float = 1.0,
+                              tcr_form: str = 'reference',
+                              tcr_centering: bool = False,
+                              kernels: Optional[tuple] = None
+                              ) -> Dict[str, float]:
+    """Entropies, effective ranks, RankMe and TCR of features (N, d).
 
-    * ``entropy``: von Neumann entropy of ``zn^T zn / N`` (l2-normalised
-      rows; trace 1), in nats, at most ``log d``;
-    * ``erank``: the paper's effective rank, ``exp(entropy)``;
-    * ``rankme``: RankMe of the raw features (Garrido et al., eps 1e-7);
-    * ``tcr``: total coding rate in the M-MAE configs' form,
-      ``logdet(I + mu/d zn^T zn)``, of all N rows.
+    The definitions and keys of
+    :mod:`mmae_plugin.matrix_info.representation`, the same
+    ``MatrixInfoHook`` logs: with the defaults, ``entropy_gram``,
+    ``erank_gram`` (uncentred Gram kernel of the unit rows),
+    ``entropy_cov``, ``erank_cov`` (centred: the features' correlation
+    matrix), ``rankme_raw`` (RankMe of the raw features) and
+    ``tcr_reference_mu1`` (``logdet(I + mu/d zn^T zn)`` of all N rows).
 
     Args:
         features: (N, d) features, N >= 2.
-        tcr_mu: mu of the TCR.
+        tcr_mu: mu of the coding rate.
+        tcr_form: ``'reference'`` or ``'paper'``.
+        tcr_centering: Centre the unit rows before the coding rate.
+        kernels: Kernels of the entropies and effective ranks (default
+            both, ``('gram', 'covariance')``).
 
     Returns:
-        Plain floats keyed as above.
+        Plain floats keyed as above; the entropy and effective rank of a
+        zero kernel (constant features for ``cov``) are NaN: undefined.
     """
-    features = features.double()
-    entropy = float(matrix_entropy(normalized_gram(features, factored=True)))
-    zn = features / features.norm(dim=1, keepdim=True)
-    dim = features.shape[1]
-    tcr = float(total_coding_rate(zn * math.sqrt(tcr_mu / dim), mu=1.0))
-    return {
-        'entropy': entropy,
-        'erank': math.exp(entropy),
-        'rankme': float(rankme(features)),
-        'tcr': tcr,
-    }
+    values = one_branch_statistics(
+        features, kernels=kernels or ('gram', 'covariance'),
+        tcr=dict(form=tcr_form, mu=tcr_mu, centering=tcr_centering),
+        undefined='nan')
+    return {key: float(value) for key, value in values.items()}

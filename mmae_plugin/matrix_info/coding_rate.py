@@ -3,6 +3,12 @@
 Pure PyTorch; no framework imports. Rows of ``z`` are samples, so in the
 paper's notation ``Z = z.T`` and ``TCR_mu(Z) = logdet(mu I_d + Z Z^T)``
 (information-flow paper, eq. 8) becomes ``logdet(mu I_d + z^T z)``.
+
+:func:`coding_rate` is the one definition of the coding rate of a batch of
+features that ``TCRLoss`` maximises, ``MatrixInfoHook`` logs and
+``RepresentationStatistics`` reports: rows l2-normalised, optionally
+centred over the batch, then one of the two :data:`TCR_FORMS`. Its logged
+name, :func:`coding_rate_key`, spells all three settings.
 """
 import math
 
@@ -11,8 +17,16 @@ from torch import Tensor
 
 from .gram_logdet import (cholesky_cannot_fail, ridge_gram_logdet,
                           ridge_gram_logdet_flagged)
-from .validation import (check_features, check_finite_result, check_real,
-                         resolve_dtype)
+from .validation import (check_bool, check_choice, check_features,
+                         check_finite_result, check_real, resolve_dtype)
+
+#: ``'reference'``: ``logdet(I_d + (mu / d) zn^T zn)``, what the published
+#: M-MAE code computes; ``'paper'``: ``logdet(mu I_d + zn^T zn)`` (eq. 8, 13).
+TCR_FORMS = ('reference', 'paper')
+#: Largest allowed ``mu``: beyond it the scaled Gram matrix (trace
+#: ``mu B / d`` in the reference form) or the ridge ``mu I`` of a batch of
+#: up to 1e8 unit rows could overflow float64 (max 1.8e308).
+MAX_MU = 1e300
 
 
 def unit_rows(z: Tensor, name: str = 'z') -> Tensor:
@@ -98,14 +112,14 @@ def total_coding_rate(z: Tensor, mu: float = 1.0,
 
     Args:
         z: Features (B, d), rows are samples.
-        mu: Positive ridge of the coding rate.
+        mu: Ridge of the coding rate, in ``(0, MAX_MU]``.
         dtype: ``torch.float64`` (default) or ``torch.float32``, the dtype
             the computation runs in.
 
     Returns:
         Scalar tensor in ``dtype``.
     """
-    mu = check_real(mu, 'mu', minimum=0, strict=True)
+    mu = check_real(mu, 'mu', minimum=0, strict=True, maximum=MAX_MU)
     dtype = resolve_dtype(dtype)
     check_features(z)
     num_samples, dim = z.shape
@@ -158,3 +172,100 @@ def total_coding_rate_sync_free(z: Tensor, mu: float,
         gram = z @ z.T if samples_side else z.T @ z
         value = torch.log(torch.linalg.eigvalsh(gram).clamp_min(0) + mu).sum()
     return offset + value
+
+
+def check_coding_rate_args(form: str, mu: float, centering: bool) -> tuple:
+    """Validate the three settings of :func:`coding_rate`.
+
+    Args:
+        form: One of :data:`TCR_FORMS`.
+        mu: Coding-rate parameter, in ``(0, MAX_MU]``.
+        centering: A bool.
+
+    Returns:
+        ``(form, float(mu), centering)``.
+    """
+    form = check_choice(form, 'form', TCR_FORMS)
+    mu = check_real(mu, 'mu', minimum=0, strict=True, maximum=MAX_MU)
+    return form, mu, check_bool(centering, 'centering')
+
+
+def coding_rate_key(form: str, mu: float, centering: bool) -> str:
+    """The logged name of a coding rate: ``tcr_<form>[_centered]_mu<mu>``.
+
+    ``tcr_reference_mu1`` is the published M-MAE objective at mu 1; the
+    name says everything that changes the value on the same features.
+
+    Args:
+        form: One of :data:`TCR_FORMS`.
+        mu: Coding-rate parameter.
+        centering: Whether the rows are centred over the batch.
+
+    Returns:
+        The key, e.g. ``'tcr_paper_centered_mu0.5'``.
+    """
+    form, mu, centering = check_coding_rate_args(form, mu, centering)
+    return f'tcr_{form}{"_centered" if centering else ""}_mu{mu:g}'
+
+
+def coding_rate_of_unit_rows(zn: Tensor, form: str, mu: float,
+                             centering: bool) -> Tensor:
+    """:func:`coding_rate` of rows already of unit norm, sync-free.
+
+    For the training step (``TCRLoss``): nothing is read on the host (see
+    :func:`total_coding_rate_sync_free`). Runs in ``zn``'s dtype; the caller
+    disables autocast. Arguments are not validated here.
+
+    Args:
+        zn: Finite unit-norm rows (B, d), float32 or float64.
+        form: One of :data:`TCR_FORMS`.
+        mu: Positive coding-rate parameter.
+        centering: Centre the rows over the batch first.
+
+    Returns:
+        Scalar tensor; NaN if the factorisation failed.
+    """
+    num_samples, dim = zn.shape
+    if centering:
+        # zn^T J zn == (J zn)^T (J zn): J = I - 11^T / B is a symmetric
+        # projection. ||J zn||_F^2 <= ||zn||_F^2 = B.
+        zn = zn - zn.mean(dim=0, keepdim=True)
+    if form == 'paper':
+        return total_coding_rate_sync_free(zn, mu, num_samples)
+    scale = math.sqrt(mu / dim)
+    return total_coding_rate_sync_free(zn * scale, 1.0,
+                                       num_samples * scale**2)
+
+
+def coding_rate(z: Tensor, form: str = 'reference', mu: float = 1.0,
+                centering: bool = False) -> Tensor:
+    """Coding rate of a batch of features, the plugin's one definition.
+
+    The rows of ``z`` are l2-normalised (:func:`unit_rows`, any scale; an
+    all-zero row is refused), centred over the batch if ``centering``
+    (``zn`` -> ``J_B zn``, ``J_B = I_B - 11^T / B``), then
+
+    * ``form='reference'``: ``logdet(I_d + (mu / d) zn^T zn)``;
+    * ``form='paper'``: ``logdet(mu I_d + zn^T zn)``.
+
+    The same ``mu`` is not the same quantity in the two forms. Computed in
+    float64 with autocast off, on the cheaper side of Sylvester's identity.
+
+    Args:
+        z: Features (B, d), rows are samples, any floating dtype.
+        form: One of :data:`TCR_FORMS`.
+        mu: Coding-rate parameter in ``(0, MAX_MU]``.
+        centering: Centre the unit rows over the batch (a bool).
+
+    Returns:
+        Scalar float64 tensor, differentiable.
+    """
+    form, mu, centering = check_coding_rate_args(form, mu, centering)
+    check_features(z)
+    with torch.autocast(device_type=z.device.type, enabled=False):
+        zn = unit_rows(z.to(torch.float64))
+        if centering:
+            zn = zn - zn.mean(dim=0, keepdim=True)
+        if form == 'paper':
+            return total_coding_rate(zn, mu)
+        return total_coding_rate(zn * math.sqrt(mu / zn.shape[1]), 1.0)

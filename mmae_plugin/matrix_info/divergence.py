@@ -2,6 +2,8 @@
 
 Conventions (all logarithms natural):
 
+* The zero matrix (trace 0) has no density matrix and is refused with a
+  ``ValueError`` naming the argument.
 * Inputs with a non-unit diagonal are normalised by their trace. For the KL
   divergence, whose value depends on the scale, they are rescaled to trace n
   (``n K / tr K``, the trace of a unit-diagonal matrix), so Proposition 3,
@@ -20,7 +22,8 @@ import torch
 from torch import Tensor
 
 from .kernels import FactoredPSD, PSDInput
-from .spectrum import (dense_symmetric, eigenvalues, normalize_spectrum,
+from .spectrum import (check_nonzero_trace, dense_symmetric, eigenvalues,
+                       normalize_spectrum,
                        prepare_input, prepared_size, prepared_spectrum,
                        shannon_entropy)
 from .validation import (check_eigenvalues_psd, check_non_negative,
@@ -103,16 +106,15 @@ def _rescaled_to_trace_n(K: PSDInput, name: str,
         dtype: Compute dtype.
 
     Returns:
-        Dense symmetric matrix with trace n (or 0).
+        Dense symmetric matrix with trace n; the zero matrix is refused.
     """
     if isinstance(K, FactoredPSD):
         sym = K.to(resolve_dtype(dtype)).dense()
     else:
         sym = dense_symmetric(K, name, dtype)
     trace = torch.diagonal(sym).sum()
-    if float(trace.detach()) > 0:
-        return sym * (sym.shape[0] / trace)
-    return sym
+    check_nonzero_trace(trace, name)
+    return sym * (sym.shape[0] / trace)
 
 
 def matrix_kl_divergence(K1: PSDInput, K2: PSDInput, eps: float = 1e-8,
@@ -248,7 +250,7 @@ def spectrum_js_divergence(K1: PSDInput, K2: PSDInput,
     vals1, n1 = eigenvalues(K1, 'K1', dtype)
     vals2, n2 = eigenvalues(K2, 'K2', dtype)
     check_same_size(n1, n2)
-    q1 = _padded_descending(normalize_spectrum(vals1), n1)
-    q2 = _padded_descending(normalize_spectrum(vals2), n2)
+    q1 = _padded_descending(normalize_spectrum(vals1, 'K1'), n1)
+    q2 = _padded_descending(normalize_spectrum(vals2, 'K2'), n2)
     return shannon_entropy((q1 + q2) / 2) - (shannon_entropy(q1) +
                                              shannon_entropy(q2)) / 2

@@ -53,6 +53,9 @@ def matrix_entropy(K: PSDInput, alpha: float = 1.0,
     """Matrix-based Renyi entropy ``H_alpha(K)`` (Definition 1), in nats.
 
     ``alpha = 2`` needs no eigendecomposition: ``-log ||K||_F^2 / (tr K)^2``.
+    Every positive finite ``alpha`` is computed stably in log space (the
+    limit ``alpha -> inf`` is the min-entropy ``-log max p``). The zero
+    matrix has no density matrix and is refused.
 
     Args:
         K: PSD matrix (n, n), dense or factored; normalised by its trace.
@@ -114,7 +117,7 @@ def matrix_joint_entropy(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
     # The product of PSD matrices is PSD (Schur), so only the inputs are
     # checked, by Cholesky, which is cheaper than their eigenvalues.
     product = hadamard_product(K1, K2, dtype)
-    return renyi_entropy(prepared_spectrum(product), alpha)
+    return renyi_entropy(prepared_spectrum(product, 'K1 o K2'), alpha)
 
 
 def matrix_mutual_information(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
@@ -140,6 +143,6 @@ def matrix_mutual_information(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
     dtype2 = None if isinstance(K2, FactoredPSD) else K2.dtype
     spectrum1 = prepared_spectrum(p1, 'K1', dtype1)
     spectrum2 = prepared_spectrum(p2, 'K2', dtype2)
-    joint = prepared_spectrum(_hadamard(p1, p2))
+    joint = prepared_spectrum(_hadamard(p1, p2), 'K1 o K2')
     return renyi_entropy(spectrum1, alpha) + \
         renyi_entropy(spectrum2, alpha) - renyi_entropy(joint, alpha)

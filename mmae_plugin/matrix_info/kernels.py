@@ -136,8 +136,8 @@ def normalized_covariance(z: Tensor, factored: bool = False,
     with the biased variance of BatchNorm, so ``K`` is the correlation matrix
     of the features (paper section 3). A feature that is constant over the
     batch has no defined correlation: its row and column of ``K`` are zero,
-    and a fully collapsed batch gives the zero matrix, whose entropy the
-    toolbox defines as 0.
+    and a fully collapsed batch gives the zero matrix, which the entropies
+    and divergences refuse (it has no density matrix).
 
     Args:
         z: Features (B, d), B >= 2, any floating dtype.

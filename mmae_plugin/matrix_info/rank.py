@@ -2,9 +2,17 @@
 
 Both are ``exp`` of the Shannon entropy of the l1-normalised singular values:
 the effective rank of Roy & Vetterli (2007) and RankMe (Garrido et al.,
-ICML 2023), which adds ``eps`` to every probability so that the measure is
-defined for a zero matrix and robust to tiny singular values. Singular values
-of a (B, d) matrix cost ``O(B d min(B, d))``: the cheaper side is automatic.
+ICML 2023), which adds ``eps`` to every probability to be robust to tiny
+singular values. Both are 0 for the zero matrix, its rank (RankMe's ``eps``
+alone would give a number near 1, the value of a rank-one matrix). Singular
+values of a (B, d) matrix cost ``O(B d min(B, d))``: the cheaper side is
+automatic.
+
+Which matrix they are applied to is part of the definition: on raw
+features (B, d) they measure the spread of the uncentred, unnormalised
+rows (RankMe's definition, logged as ``rankme_raw``); the kernel-named
+effective ranks of :mod:`.representation` (``erank_gram``, ``erank_cov``)
+are ``exp`` of the von Neumann entropy of a unit-diagonal kernel.
 """
 from typing import Optional
 
@@ -58,8 +66,8 @@ def rankme(z: Tensor, eps: float = 1e-7,
            dtype: Optional[torch.dtype] = None) -> Tensor:
     """RankMe: ``exp(-sum p log p)`` with ``p = s / ||s||_1 + eps``.
 
-    Meant for raw (un-normalised) embeddings, ideally of many samples (the
-    RankMe paper uses about 25k).
+    Meant for raw (un-normalised, uncentred) embeddings, ideally of many
+    samples (the RankMe paper uses about 25k).
 
     Args:
         z: Embeddings (B, d), any floating dtype.
@@ -67,12 +75,12 @@ def rankme(z: Tensor, eps: float = 1e-7,
         dtype: Compute dtype (float64 by default).
 
     Returns:
-        Scalar tensor.
+        Scalar tensor; 0 for the zero matrix (its rank), as
+        :func:`effective_rank`.
     """
     eps = check_non_negative(eps, 'eps')
     s = _singular_values(z, 'z', dtype)
     total = s.sum()
-    p = (s / total if float(total.detach()) > 0 else s * 0) + eps
-    if float(p.detach().max()) == 0:
-        return p.sum() * 0
-    return torch.exp(shannon_entropy(p))
+    if float(total.detach()) == 0:
+        return total * 0
+    return torch.exp(shannon_entropy(s / total + eps))

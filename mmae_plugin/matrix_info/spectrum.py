@@ -144,28 +144,48 @@ def prepared_spectrum(prepared: PSDInput, name: str = '',
         vals = torch.linalg.eigvalsh(prepared)
         if input_dtype is not None:
             check_eigenvalues_psd(vals, name, input_dtype)
-    return normalize_spectrum(vals.clamp_min(0))
+    return normalize_spectrum(vals.clamp_min(0), name)
 
 
-def normalize_spectrum(eigvals: Tensor) -> Tensor:
+ZERO_MATRIX_HINT = (
+    'it has no density matrix K / tr K, so its entropies and divergences '
+    'are undefined (a zero covariance kernel means every feature is '
+    'constant over the batch; a zero Gram kernel, all-zero features)')
+
+
+class ZeroMatrixError(ValueError):
+    """A PSD matrix argument is the zero matrix, which has no density
+    matrix (its entropies and divergences are undefined)."""
+
+
+def check_nonzero_trace(trace: Tensor, name: str) -> None:
+    """Raise :class:`ZeroMatrixError` if a PSD matrix has trace 0.
+
+    Args:
+        trace: Its trace (a scalar tensor).
+        name: Parameter name used in the error message.
+    """
+    if not float(trace.detach()) > 0:
+        raise ZeroMatrixError(f'{name or "the matrix"} is the zero matrix '
+                              f'(trace 0): {ZERO_MATRIX_HINT}')
+
+
+def normalize_spectrum(eigvals: Tensor, name: str = '') -> Tensor:
     """Eigenvalues of ``K`` -> eigenvalues of ``rho = K / tr K`` (sum 1).
 
-    The zero matrix has no density matrix; it is mapped to a pure state
-    (a single eigenvalue 1), so its entropy is 0, the value of a fully
-    collapsed representation. The result stays attached to the graph.
+    The zero matrix has no density matrix and is refused (``ValueError``
+    naming the parameter). The result stays attached to the graph.
 
     Args:
         eigvals: Non-negative eigenvalues.
+        name: Parameter name used in the error message.
 
     Returns:
         Probabilities of the same length.
     """
     total = eigvals.sum()
-    if float(total.detach()) > 0:
-        return eigvals / total
-    pure = torch.zeros_like(eigvals)
-    pure[-1] = 1
-    return eigvals * 0 + pure
+    check_nonzero_trace(total, name)
+    return eigvals / total
 
 
 def _noise_floor(p: Tensor) -> Tensor:
@@ -219,11 +239,32 @@ def renyi_entropy(p: Tensor, alpha: float) -> Tensor:
     """
     if alpha == 1.0:
         return shannon_entropy(p)
+    return log_power_sum(p, alpha) / (1.0 - alpha)
+
+
+def log_power_sum(p: Tensor, alpha: float) -> Tensor:
+    """``log sum p^alpha``, stable for every positive ``alpha``.
+
+    Computed as ``alpha log c + log sum (p / c)^alpha`` with ``c = max p``
+    (held constant in the backward pass; the value does not depend on it):
+    the largest term of the scaled sum is 1, so it neither underflows (``p
+    ** alpha`` is 0 in float64 for ``p <= 1/2`` once alpha exceeds about
+    1075, which made the entropy infinite) nor overflows.
+
+    Args:
+        p: Non-negative probabilities summing to 1.
+        alpha: Positive order.
+
+    Returns:
+        Scalar tensor.
+    """
     # p * p^(alpha-1) with the floored base keeps the alpha < 1 gradient
     # alpha p^(alpha-1) finite at p = 0 (its exact value there is infinite).
     cleaned, floored = _split_at_noise_floor(p)
-    power_sum = (cleaned * floored.pow(alpha - 1.0)).sum()
-    return torch.log(power_sum) / (1.0 - alpha)
+    scale = p.detach().max()
+    scaled_sum = ((cleaned / scale) *
+                  (floored / scale).pow(alpha - 1.0)).sum()
+    return alpha * torch.log(scale) + torch.log(scaled_sum)
 
 
 def purity(K: PSDInput, name: str,
@@ -236,8 +277,7 @@ def purity(K: PSDInput, name: str,
         dtype: Compute dtype (float64 by default).
 
     Returns:
-        Scalar tensor in (0, 1]; 1 for the zero matrix (pure-state
-        convention of :func:`normalize_spectrum`).
+        Scalar tensor in (0, 1]; the zero matrix is refused.
     """
     if isinstance(K, FactoredPSD):
         small = K.to(resolve_dtype(dtype)).small_gram()
@@ -246,9 +286,8 @@ def purity(K: PSDInput, name: str,
         sym = dense_symmetric(K, name, dtype)
         check_psd_by_cholesky(sym, name, K.dtype)
         frob_sq, trace = sym.pow(2).sum(), torch.diagonal(sym).sum()
-    if float(trace.detach()) > 0:
-        return frob_sq / trace.pow(2)
-    return frob_sq * 0 + 1
+    check_nonzero_trace(trace, name)
+    return frob_sq / trace.pow(2)
 
 
 def max_entropy(n: int) -> float:

@@ -79,20 +79,41 @@ def check_real(value: Any, name: str, *, minimum: Optional[float] = None,
     if not _is_real(value):
         raise TypeError(f'{name} must be a real number, got '
                         f'{_describe(value)}')
-    number = float(value)
+    allowed = _allowed_range(minimum, strict, maximum)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64, e.g. 10**400
+        raise ValueError(f'{name} must be a finite number {allowed}, got '
+                         f'{_short_repr(value)}, which overflows float64'
+                         ) from None
     low_ok = minimum is None or (number > minimum if strict
                                  else number >= minimum)
     high_ok = maximum is None or number <= maximum
     if not (math.isfinite(number) and low_ok and high_ok):
-        bounds = []
-        if minimum is not None:
-            bounds.append(f'{">" if strict else ">="} {minimum:g}')
-        if maximum is not None:
-            bounds.append(f'<= {maximum:g}')
-        allowed = ' and '.join(bounds) or 'finite'
         raise ValueError(f'{name} must be a finite number {allowed}, got '
-                         f'{value!r}')
+                         f'{_short_repr(value)}')
     return number
+
+
+def _allowed_range(minimum: Optional[float], strict: bool,
+                   maximum: Optional[float]) -> str:
+    """``'> 0 and <= 1e+300'``: the bounds of :func:`check_real` in words."""
+    bounds = []
+    if minimum is not None:
+        bounds.append(f'{">" if strict else ">="} {minimum:g}')
+    if maximum is not None:
+        bounds.append(f'<= {maximum:g}')
+    return ' and '.join(bounds) or 'finite'
+
+
+def _short_repr(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, a huge integer shortened to its magnitude."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if _is_integer(value):
+        return f'{text[:8]}... (an integer of {len(text.lstrip("-"))} digits)'
+    return text[:limit] + '...'
 
 
 def check_int(value: Any, name: str, minimum: Optional[int] = None) -> int:

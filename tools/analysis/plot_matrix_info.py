@@ -9,28 +9,31 @@ Example::
 reads every work dir's ``<timestamp>/vis_data/scalars.json`` (the newest run
 with MatrixInfoHook values) and writes ``matrix_info.{png,pdf}`` (all panels)
 plus one file per quantity, one curve per run. Without ``--keys`` it draws
-every quantity the runs logged:
+every quantity the runs logged. MatrixInfoHook's keys name the matrix they
+are computed on (``_cov``: the centred correlation kernel, ``_gram``: the
+uncentred Gram kernel of the unit rows), and every axis label says which:
 
-* two-branch runs (SimCLR, BYOL, Barlow Twins): ``mutual_info`` (the
-  information-flow paper's figure 1), ``joint_entropy`` (figure 2),
-  ``matrix_js`` (figure 3a), ``spectrum_js`` (figure 3b), ``entropy_1``,
-  ``entropy_2``;
-* one-branch runs (MAE, U-MAE, M-MAE): ``entropy``, ``erank``, ``rankme``,
-  ``tcr``.
+* two-branch runs (SimCLR, BYOL, Barlow Twins): ``mutual_info_<k>`` (the
+  information-flow paper's figure 1), ``joint_entropy_<k>`` (figure 2),
+  ``matrix_js_<k>`` (figure 3a), ``spectrum_js_<k>`` (figure 3b),
+  ``entropy_1_<k>``, ``entropy_2_<k>``;
+* one-branch runs (MAE, U-MAE, M-MAE): ``entropy_<k>``, ``erank_<k>``,
+  ``rankme_raw`` (RankMe of the raw features), ``tcr_<form>[_centered]_mu<mu>``.
 
+Keys of older logs (``erank``, ``tcr``...) are drawn too, labelled by name.
 Every logged point is marked (up to 60 points per curve; a run with a single
 point still shows it). Reference lines mark what the quantities cannot go
 below or above:
 
-* ``erank`` and ``rankme``: 1, complete collapse (all features along one
-  direction); with ``--feature-dim d --batch-size B`` also ``min(B, d)``,
-  a flat spectrum;
-* ``tcr`` (the reference form ``logdet(I + mu/d zn^T zn)`` on unit-norm rows,
-  what MatrixInfoHook logs by default), with ``--feature-dim`` and
-  ``--batch-size`` (and ``--tcr-mu``, default 1): the collapse floor
-  ``log(1 + mu B / d)`` (rank one, the minimum over unit-norm batches: the
-  trace is ``mu B / d`` whatever the features, and ``logdet`` is concave) and
-  the flat-spectrum ceiling ``r log(1 + mu B / (d r))``, ``r = min(B, d)``.
+* effective ranks and ``rankme_raw``: 1, complete collapse (all features
+  along one direction); with ``--feature-dim d --batch-size B`` also
+  ``min(B, d)``, a flat spectrum;
+* ``tcr_reference_mu<mu>`` (``logdet(I + mu/d zn^T zn)`` on unit-norm rows,
+  uncentred; ``mu`` read from the key), with ``--feature-dim`` and
+  ``--batch-size``: the collapse floor ``log(1 + mu B / d)`` (rank one, the
+  minimum over unit-norm batches: the trace is ``mu B / d`` whatever the
+  features, and ``logdet`` is concave) and the flat-spectrum ceiling
+  ``r log(1 + mu B / (d r))``, ``r = min(B, d)``.
 
 It exits with status 1 and says why when there is nothing to draw.
 """
@@ -40,6 +43,7 @@ import json
 import os
 import math
 import os.path as osp
+import re
 from typing import Dict, List, Optional, Tuple
 
 import matplotlib
@@ -48,7 +52,8 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-# Drawing order and axis labels of every quantity MatrixInfoHook logs.
+# Drawing order and axis labels of the quantities MatrixInfoHook logs, by
+# base name (a logged key adds its kernel, order, form and mu).
 QUANTITIES = {
     'mutual_info': 'Matrix mutual information (nats)',
     'joint_entropy': 'Matrix joint entropy (nats)',
@@ -61,13 +66,22 @@ QUANTITIES = {
     'rankme': 'RankMe',
     'tcr': 'Total coding rate (nats)',
 }
-# The information-flow paper's figures keep their names; others are
-# `minfo_<key>`.
+KERNEL_WORDS = {'cov': 'correlation kernel, centred',
+                'gram': 'Gram of unit rows, uncentred'}
+KERNEL_KEY = re.compile(
+    r'^(?P<base>mutual_info|joint_entropy|matrix_js|spectrum_js|entropy_1|'
+    r'entropy_2|entropy|erank)_(?P<kernel>cov|gram)'
+    r'(?:_alpha(?P<alpha>[0-9.e+-]+))?$')
+TCR_KEY = re.compile(
+    r'^tcr_(?P<form>reference|paper)(?P<centered>_centered)?_mu'
+    r'(?P<mu>[0-9.e+-]+)$')
+# The information-flow paper's figures (covariance kernel, von Neumann)
+# keep their names; others are `minfo_<key>`.
 FIGURE_NAMES = {
-    'mutual_info': 'figure1_mutual_info',
-    'joint_entropy': 'figure2_joint_entropy',
-    'matrix_js': 'figure3a_matrix_js',
-    'spectrum_js': 'figure3b_spectrum_js',
+    'mutual_info_cov': 'figure1_mutual_info',
+    'joint_entropy_cov': 'figure2_joint_entropy',
+    'matrix_js_cov': 'figure3a_matrix_js',
+    'spectrum_js_cov': 'figure3b_spectrum_js',
 }
 
 Series = Dict[str, Tuple[List[int], List[float]]]
@@ -88,8 +102,9 @@ def parse_args() -> argparse.Namespace:
         '--labels', nargs='+', help='legend label per work dir (default: '
         'the model type from the dumped config, else the folder name)')
     parser.add_argument(
-        '--keys', nargs='+', default=None, choices=list(QUANTITIES),
-        help='quantities to draw (default: every one the runs logged)')
+        '--keys', nargs='+', default=None,
+        help='logged quantities to draw, e.g. erank_cov rankme_raw '
+        '(default: every one the runs logged)')
     parser.add_argument(
         '--prefix', default='minfo', help='scalar prefix of MatrixInfoHook')
     parser.add_argument(
@@ -107,11 +122,65 @@ def parse_args() -> argparse.Namespace:
         '--batch-size', type=positive_int, default=None, metavar='B',
         help='global batch B the hook sampled (all ranks): with '
         '--feature-dim, draws the full-rank and TCR lines')
-    parser.add_argument(
-        '--tcr-mu', type=float, default=1.0, metavar='MU',
-        help="mu of the logged TCR's reference form (default 1, the hook's "
-        'default; the ViT-L M-MAE config uses 3)')
     return parser.parse_args()
+
+
+def base_name(key: str) -> str:
+    """The quantity a logged key measures (``'erank'`` for ``erank_cov``);
+    the key itself when it is not one of MatrixInfoHook's."""
+    match = KERNEL_KEY.match(key)
+    if match:
+        return match['base']
+    if TCR_KEY.match(key):
+        return 'tcr'
+    return 'rankme' if key == 'rankme_raw' else key
+
+
+def axis_label(key: str) -> str:
+    """Axis label naming the quantity and the matrix it is computed on."""
+    match = KERNEL_KEY.match(key)
+    if match:
+        order = f', order {match["alpha"]}' if match['alpha'] else ''
+        return (f'{QUANTITIES[match["base"]]}\n'
+                f'({KERNEL_WORDS[match["kernel"]]}{order})')
+    match = TCR_KEY.match(key)
+    if match:
+        centred = ', centred' if match['centered'] else ''
+        return (f'{QUANTITIES["tcr"]}\n({match["form"]} form, '
+                f'mu={match["mu"]}{centred})')
+    if key == 'rankme_raw':
+        return 'RankMe (raw features, uncentred)'
+    return QUANTITIES.get(key, key)
+
+
+def draw_order(key: str) -> tuple:
+    """Sort key: MatrixInfoHook's quantities in QUANTITIES order first."""
+    order = list(QUANTITIES)
+    base = base_name(key)
+    return (order.index(base) if base in order else len(order), key)
+
+
+def lines_for_key(key: str, lines: References, feature_dim: Optional[int],
+                  batch_size: Optional[int]) -> List[Tuple[float, str, str]]:
+    """The reference lines of one logged key.
+
+    Args:
+        key: A logged quantity.
+        lines: :func:`reference_lines` at mu 1 (ranks' bounds).
+        feature_dim: Feature dimension d, or None.
+        batch_size: Batch B, or None.
+
+    Returns:
+        ``[(value, label, linestyle), ...]``.
+    """
+    base = base_name(key)
+    if base in ('erank', 'rankme'):
+        return lines.get(base, [])
+    match = TCR_KEY.match(key)
+    if match and match['form'] == 'reference' and not match['centered']:
+        return reference_lines(feature_dim, batch_size,
+                               float(match['mu'])).get('tcr', [])
+    return []
 
 
 def positive_int(text: str) -> int:
@@ -251,7 +320,7 @@ def draw(ax, runs: List[Tuple[str, Series]], key: str, smooth: int,
                    label=label)
     ax.set_xlabel('Training iteration')
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(QUANTITIES[key])
+    ax.set_ylabel(axis_label(key))
     ax.grid(alpha=0.3)
     ax.legend()
 
@@ -315,7 +384,7 @@ def keys_to_draw(runs: List[Tuple[str, Series]],
         SystemExit: none of them was logged (nothing to draw).
     """
     logged = {key for _, series in runs for key in series}
-    wanted = requested if requested else list(QUANTITIES)
+    wanted = requested if requested else sorted(logged, key=draw_order)
     keys = [key for key in wanted if key in logged]
     if not keys:
         raise SystemExit(
@@ -341,9 +410,11 @@ def main() -> None:
         label = args.labels[index] if args.labels else method_label(work_dir)
         runs.append((label, read_series(path, args.prefix)))
     keys = keys_to_draw(runs, args.keys)
-    references = reference_lines(args.feature_dim, args.batch_size,
-                                 args.tcr_mu)
-    if 'tcr' in keys and 'tcr' not in references:
+    ranks = reference_lines(args.feature_dim, args.batch_size)
+    references = {key: lines_for_key(key, ranks, args.feature_dim,
+                                     args.batch_size) for key in keys}
+    if any(base_name(key) == 'tcr' for key in keys) and \
+            (args.feature_dim is None or args.batch_size is None):
         print('note: pass --feature-dim and --batch-size to draw the TCR '
               'collapse floor and the flat-spectrum lines')
     for path in plot(runs, keys, args.out_dir, args.smooth, args.title,

@@ -13,38 +13,36 @@ features are then gathered over ranks and the quantities computed in float64
 under ``torch.no_grad()`` with autocast disabled.
 """
 import logging
-import math
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
 from torch import Tensor, nn
 
-from mmae_plugin.matrix_info import (matrix_entropy,
-                                     matrix_joint_entropy,
-                                     matrix_js_divergence,
-                                     matrix_mutual_information,
-                                     normalized_covariance, normalized_gram,
-                                     rankme, spectrum_js_divergence,
-                                     total_coding_rate)
-from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
-                                                check_int, check_real)
+# coding_rate stays importable from here (its former home).
+from mmae_plugin.matrix_info.coding_rate import (  # noqa: F401
+    check_coding_rate_args, coding_rate)
+from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
+                                             pool_token_sequence)
+from mmae_plugin.matrix_info.representation import (KERNELS,
+                                                    one_branch_statistics,
+                                                    two_branch_statistics)
+from mmae_plugin.matrix_info.validation import (check_choice, check_int,
+                                                check_real)
 # One definition of the padded all-gather, shared with the regularisers.
 from mmae_plugin.models.utils.gather import gather_rows
 
-KERNELS = {'covariance': normalized_covariance, 'gram': normalized_gram}
 ROWS = ('all', 'even', 'odd')
-POOLS = ('cls', 'mean')
+#: Poolings of token outputs: the plugin's one vocabulary.
+POOLS = POOLINGS
 TAPS = ('output', 'input')
 TCR_CHOICES = ('objective', 'reference', 'paper')
-#: Largest Renyi order: beyond it ``p ** alpha`` underflows float64 for the
-#: smallest top eigenvalue a d x d matrix can have (``p_max >= 1/d``) once
-#: ``alpha log d > 745``, i.e. for d above 3e6 at alpha 50; the entropy is
-#: then within ``log(d) / (alpha - 1)`` of its limit ``-log p_max``.
+#: Largest Renyi order the hook accepts. The toolbox computes every order
+#: stably in log space; beyond 50 the entropy is within ``log(d) / 49`` of
+#: its limit, the min-entropy ``-log p_max``, so larger orders add nothing.
 MAX_ALPHA = 50.0
 #: What ``tcr='objective'`` logs for a model without a ``TCRLoss``: the
 #: published M-MAE objective (reference form, ViT-B's mu).
@@ -75,8 +73,9 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
 
     Args:
         model: The unwrapped algorithm.
-        pool: Pooling of token outputs, ``'cls'`` or ``'mean'``, or
-            ``None`` to follow the model (its regulariser's input, else
+        pool: Pooling of token outputs, one of
+            :data:`~mmae_plugin.matrix_info.pooling.POOLINGS`, or ``None``
+            to follow the model (its regulariser's input, else
             ``MMAE.feature``, else ``'cls'``).
 
     Returns:
@@ -96,8 +95,7 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
                 getattr(model, 'regularizer', None), nn.Module):
             return [dict(module='regularizer', call=0, tap='input')]
         if pool is None:
-            pool = 'mean' if getattr(model, 'feature', 'cls') == \
-                'mean_visible' else 'cls'
+            pool = getattr(model, 'feature', 'cls')
         return [dict(module='backbone', call=0, pool=pool)]
     raise TypeError(
         f'MatrixInfoHook has no default branches for '
@@ -122,16 +120,18 @@ def to_embeddings(output: Any, pool: str) -> Tensor:
 
     Args:
         output: Tensor or tuple; its first tensor is used. (N, C) is kept,
-            (N, L, C) tokens are pooled (``'cls'``: token 0, ``'mean'``: mean
-            of tokens 1:), (N, C, H, W) maps are averaged over space.
-        pool: ``'cls'`` or ``'mean'``.
+            (N, L, C) tokens are pooled by
+            :func:`~mmae_plugin.matrix_info.pooling.pool_token_sequence`
+            (one extra token, the CLS), (N, C, H, W) maps are averaged over
+            space.
+        pool: One of :data:`~mmae_plugin.matrix_info.pooling.POOLINGS`.
 
     Returns:
-        Detached (N, C) tensor.
+        Detached (N, C) (or (N, 2C) for ``'cls+mean'``) tensor.
     """
     x = _first_tensor(output).detach()
     if x.dim() == 3:
-        x = x[:, 0] if pool == 'cls' else x[:, 1:].mean(dim=1)
+        x = pool_token_sequence(x, pool)
     elif x.dim() == 4:
         x = x.mean(dim=(2, 3))
     elif x.dim() != 2:
@@ -157,29 +157,6 @@ def objective_tcr(model: nn.Module) -> Optional[dict]:
     return None
 
 
-def coding_rate(z: Tensor, form: str, mu: float,
-                centering: bool = False) -> Tensor:
-    """Total coding rate of l2-normalised rows, as ``TCRLoss`` defines it.
-
-    Args:
-        z: Features (B, d).
-        form: ``'reference'``: ``logdet(I + (mu/d) zn^T zn)`` (published
-            M-MAE code); ``'paper'``: ``logdet(mu I + zn^T zn)`` (eq. 8, 13).
-        mu: Positive coding-rate parameter.
-        centering: Use ``zn^T J_B zn`` (batch-centred) instead of
-            ``zn^T zn``.
-
-    Returns:
-        Scalar float64 tensor.
-    """
-    zn = F.normalize(z.to(torch.float64), dim=1)
-    if centering:
-        zn = zn - zn.mean(dim=0, keepdim=True)
-    if form == 'paper':
-        return total_coding_rate(zn, mu)
-    return total_coding_rate(zn * math.sqrt(mu / zn.shape[1]), 1.0)
-
-
 def one_branch_quantities(z: Tensor, kernel: str, alpha: float,
                           tcr: dict) -> Dict[str, Tensor]:
     """Entropy, effective rank, RankMe and TCR of one batch of embeddings.
@@ -189,22 +166,19 @@ def one_branch_quantities(z: Tensor, kernel: str, alpha: float,
         kernel: ``'covariance'`` or ``'gram'`` (matrix of the entropy and of
             the effective rank).
         alpha: Renyi order of the entropy.
-        tcr: ``dict(form=, mu=, centering=)`` of :func:`coding_rate`.
+        tcr: ``dict(form=, mu=, centering=)`` of the coding rate.
 
     Returns:
-        ``entropy`` (order ``alpha``); ``erank``, the paper's effective rank
-        (Definition 6) of the unit-diagonal kernel, ``exp`` of its von
-        Neumann entropy; ``rankme``, RankMe (eps 1e-7) of the raw
-        embeddings; ``tcr``.
+        The keys of :func:`~mmae_plugin.matrix_info.representation.
+        one_branch_statistics` for ``kernel``: ``entropy_<k>`` (order
+        ``alpha``), ``erank_<k>`` (the paper's effective rank, Definition 6,
+        of the unit-diagonal kernel), ``rankme_raw`` (RankMe of the raw
+        embeddings) and ``tcr_<form>[_centered]_mu<mu>``; ``<k>`` is
+        ``cov`` or ``gram``. The entropy and effective rank of a zero
+        kernel (a fully collapsed batch) are NaN: undefined.
     """
-    matrix = KERNELS[kernel](z, factored=True)
-    entropy = matrix_entropy(matrix, alpha)
-    von_neumann = entropy if alpha == 1.0 else matrix_entropy(matrix, 1.0)
-    return dict(
-        entropy=entropy,
-        erank=torch.exp(von_neumann),
-        rankme=rankme(z),
-        tcr=coding_rate(z, **tcr))
+    return one_branch_statistics(z, kernels=(kernel, ), alpha=alpha, tcr=tcr,
+                                 undefined='nan')
 
 
 def two_branch_quantities(z1: Tensor, z2: Tensor, kernel: str,
@@ -218,20 +192,12 @@ def two_branch_quantities(z1: Tensor, z2: Tensor, kernel: str,
         alpha: Renyi order of entropies and mutual information.
 
     Returns:
-        Scalars by name.
+        Scalars keyed ``<name>_<k>``, NaN when a kernel is the zero matrix
+        (see
+        :func:`~mmae_plugin.matrix_info.representation.
+        two_branch_statistics`).
     """
-    if z1.shape != z2.shape:
-        raise ValueError(f'the two branches must have the same shape, got '
-                         f'{tuple(z1.shape)} and {tuple(z2.shape)}')
-    build = KERNELS[kernel]
-    k1, k2 = build(z1, factored=True), build(z2, factored=True)
-    return dict(
-        entropy_1=matrix_entropy(k1, alpha),
-        entropy_2=matrix_entropy(k2, alpha),
-        mutual_info=matrix_mutual_information(k1, k2, alpha),
-        joint_entropy=matrix_joint_entropy(k1, k2, alpha),
-        matrix_js=matrix_js_divergence(k1, k2),
-        spectrum_js=spectrum_js_divergence(k1, k2))
+    return two_branch_statistics(z1, z2, kernel, alpha, undefined='nan')
 
 
 @HOOKS.register_module()
@@ -243,20 +209,27 @@ class MatrixInfoHook(Hook):
     over ranks, and puts them in the message hub as ``train/<prefix>/<name>``
     scalars; the ``LoggerHook`` drops the ``train/`` mode prefix, so the text
     log, ``vis_data/scalars.json`` and TensorBoard show ``<prefix>/<name>``
-    (``minfo/erank``):
+    (``minfo/erank_cov``). Every key names the matrix it is computed on
+    (``<k>`` is ``cov`` for ``kernel='covariance'``, ``gram`` for
+    ``kernel='gram'``); the definitions are those of
+    :mod:`mmae_plugin.matrix_info.representation`, so a key has the value
+    ``RepresentationStatistics`` gives the same features:
 
-    * two branches (SimCLR, BYOL, Barlow Twins): ``entropy_1``,
-      ``entropy_2``, ``mutual_info``, ``joint_entropy``, ``matrix_js``,
-      ``spectrum_js`` of the batch-normalised covariances (paper figures
-      1-3);
-    * one branch (MAE, MMAE): ``entropy`` (Renyi order ``alpha`` of the
-      kernel), ``erank`` (the paper's effective rank, Definition 6: ``exp``
-      of the von Neumann entropy of the unit-diagonal kernel), ``rankme``
-      (RankMe, eps 1e-7, of the raw embeddings) and ``tcr``, the total coding
-      rate of the l2-normalised embeddings. By default (``tcr='objective'``)
-      ``tcr`` is the one the model's ``TCRLoss`` maximises, with its form,
-      ``mu`` and centering; a model without one gets the published M-MAE
-      objective ``logdet(I + (1/d) zn^T zn)``.
+    * two branches (SimCLR, BYOL, Barlow Twins): ``entropy_1_<k>``,
+      ``entropy_2_<k>``, ``mutual_info_<k>``, ``joint_entropy_<k>``,
+      ``matrix_js_<k>``, ``spectrum_js_<k>`` (paper figures 1-3 with the
+      default covariance kernel); the order-dependent ones end in
+      ``_alpha<a>`` when ``alpha != 1``;
+    * one branch (MAE, MMAE): ``entropy_<k>`` (von Neumann; Renyi order
+      ``alpha`` as ``entropy_<k>_alpha<a>``), ``erank_<k>`` (the paper's
+      effective rank, Definition 6: ``exp`` of the von Neumann entropy of
+      the unit-diagonal kernel), ``rankme_raw`` (RankMe, eps 1e-7, of the
+      raw, uncentred embeddings) and ``tcr_<form>[_centered]_mu<mu>``, the
+      total coding rate of the l2-normalised embeddings. By default
+      (``tcr='objective'``) it is the one the model's ``TCRLoss``
+      maximises, with its form, ``mu`` and centering (so
+      ``tcr_reference_mu1`` for the published objective); a model without
+      one gets the published M-MAE objective ``logdet(I + (1/d) zn^T zn)``.
 
     The values are written by the ``LoggerHook`` at its own interval, which
     should divide ``interval`` (a warning says otherwise).
@@ -266,18 +239,19 @@ class MatrixInfoHook(Hook):
             ``LoggerHook`` counts them); an integer >= 1.
         branches: Branch specifications (see :func:`default_branches`), or
             ``None`` to pick them from the algorithm's class.
-        kernel: Matrix the entropies and ``erank`` use: ``'covariance'``
-            (d x d, features standardised over the batch) or ``'gram'``
-            (B x B, l2-normalised rows).
+        kernel: Matrix the entropies and the effective rank use:
+            ``'covariance'`` (d x d, features standardised over the batch:
+            centred; keys ``*_cov``) or ``'gram'`` (B x B, l2-normalised
+            rows, uncentred; keys ``*_gram``).
         alpha: Renyi order of entropies and mutual information, in
             ``(0, 50]`` (see :data:`MAX_ALPHA`).
-        pool: Pooling of token outputs for the default MAE branch, ``'cls'``
-            or ``'mean'``; ``None`` follows the model (see
+        pool: Pooling of token outputs for the default MAE branch, ``'cls'``,
+            ``'mean'`` or ``'cls+mean'``; ``None`` follows the model (see
             :func:`default_branches`).
-        tcr: Which coding rate ``tcr`` is: ``'objective'`` (the model's
+        tcr: Which coding rate is logged: ``'objective'`` (the model's
             ``TCRLoss``), ``'reference'`` (``logdet(I + (mu/d) zn^T zn)``) or
             ``'paper'`` (``logdet(mu I + zn^T zn)``).
-        mu: Coding-rate parameter (> 0) for ``tcr='reference'``/``'paper'``
+        mu: Coding-rate parameter (in ``(0, 1e300]``) for ``tcr='reference'``/``'paper'``
             (default 1); must be None with ``'objective'``.
         centering: Batch-centre the normalised features first, for
             ``tcr='reference'``/``'paper'`` (default False); must be None
@@ -308,8 +282,8 @@ class MatrixInfoHook(Hook):
         self.kernel = check_choice(kernel, 'kernel', tuple(KERNELS))
         self.alpha = check_real(alpha, 'alpha', minimum=0, strict=True,
                                 maximum=MAX_ALPHA)
-        self.pool = None if pool is None else check_choice(
-            pool, 'pool', POOLS)
+        self.pool = None if pool is None else check_pooling_name(
+            pool, 'pool')
         self.tcr = self._checked_tcr(tcr, mu, centering)
         self._tcr = self.tcr or FALLBACK_TCR  # resolved again in before_run
         if not isinstance(prefix, str) or not prefix.strip('/'):
@@ -336,12 +310,10 @@ class MatrixInfoHook(Hook):
                     f"{centering!r}. Use tcr='reference' or tcr='paper' to "
                     f"set them")
             return None
-        return dict(
-            form=tcr,
-            mu=1.0 if mu is None else check_real(mu, 'mu', minimum=0,
-                                                 strict=True),
-            centering=False if centering is None else check_bool(
-                centering, 'centering'))
+        form, mu, centering = check_coding_rate_args(
+            tcr, 1.0 if mu is None else mu,
+            False if centering is None else centering)
+        return dict(form=form, mu=mu, centering=centering)
 
     @classmethod
     def _checked_branches(cls, branches: Any) -> Optional[List[dict]]:
@@ -371,7 +343,7 @@ class MatrixInfoHook(Hook):
             raise TypeError(f'branch module must be a dotted submodule name, '
                             f'got {spec["module"]!r}')
         check_choice(spec['rows'], 'branch rows', ROWS)
-        check_choice(spec['pool'], 'branch pool', POOLS)
+        check_pooling_name(spec['pool'], 'branch pool')
         check_choice(spec['tap'], 'branch tap', TAPS)
         check_int(spec['call'], 'branch call', minimum=0)
         return spec
@@ -448,9 +420,19 @@ class MatrixInfoHook(Hook):
         self._armed = False
         values = self.compute(self._branch_embeddings())
         self._records = {}
+        undefined = []
         for name, value in values.items():
+            value = float(value)
+            if value != value:  # NaN: the statistic of a zero kernel
+                undefined.append(name)
             runner.message_hub.update_scalar(
-                f'train/{self.prefix}/{name}', float(value))
+                f'train/{self.prefix}/{name}', value)
+        if undefined:
+            print_log(
+                f'MatrixInfoHook: {", ".join(undefined)} undefined (logged '
+                f'as NaN) at iteration {runner.iter + 1}: the {self.kernel} '
+                'kernel of the batch is the zero matrix (a fully collapsed '
+                'batch)', logger='current', level=logging.WARNING)
 
     def _branch_embeddings(self) -> List[Tensor]:
         """The local embeddings of each branch from the recorded outputs."""

@@ -8,11 +8,14 @@ from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 from torch import Tensor
 
-from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
-                                                check_config, check_init_cfg)
+from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
+                                             pool_token_sequence)
+from mmae_plugin.matrix_info.validation import (check_bool, check_config,
+                                                check_init_cfg)
 from ..losses import FeatureRegularizer
 
-FEATURES = ('cls', 'mean_visible')
+#: The regularised feature: one of the plugin's token poolings.
+FEATURES = POOLINGS
 #: Logged every step with a regulariser: its ``skip_code``, 0 when applied
 #: (no ``'loss'`` in the name, so mmengine logs it without adding it).
 SKIP_KEY = 'reg_skipped'
@@ -40,10 +43,13 @@ class MMAE(MAE):
         head: Config of the reconstruction head (``MAEPretrainHead``).
         regularizer: Config of a :class:`FeatureRegularizer` (``TCRLoss``,
             ``UniformityLoss``), or ``None``.
-        feature: Which representation is regularised: ``'cls'``, the CLS
-            token of the masked encoder pass (as the reference code), or
-            ``'mean_visible'``, the mean of the visible patch tokens (needs
-            at least one visible patch). Both are taken after the encoder's
+        feature: Which representation is regularised, a pooling of the
+            masked encoder pass's tokens
+            (:mod:`mmae_plugin.matrix_info.pooling`): ``'cls'``, the CLS
+            token (as the reference code); ``'mean'``, the mean of the patch
+            tokens the encoder returns, i.e. the visible ones (needs at
+            least one visible patch; formerly ``'mean_visible'``); or
+            ``'cls+mean'``, both concatenated. Taken after the encoder's
             final norm.
         final_norm_twice: Apply the encoder's final LayerNorm (the same
             module, same weights) a second time to the pooled feature before
@@ -64,7 +70,7 @@ class MMAE(MAE):
                           ('head', head)):
             check_config(cfg, name)
         check_config(regularizer, 'regularizer', optional=True)
-        check_choice(feature, 'feature', FEATURES)
+        check_pooling_name(feature, 'feature')
         check_bool(final_norm_twice, 'final_norm_twice')
         super().__init__(backbone=backbone, neck=neck, head=head,
                          init_cfg=check_init_cfg(init_cfg), **kwargs)
@@ -77,14 +83,14 @@ class MMAE(MAE):
 
     def _check_feature_is_defined(self) -> None:
         """Refuse settings whose pooled feature cannot be computed."""
-        if self.feature == 'mean_visible':
+        if self.feature != 'cls':
             mask_ratio = self.backbone.mask_ratio
             num_patches = self.backbone.num_patches
             # MAEViT.random_masking keeps int(L * (1 - mask_ratio)) patches.
             if int(num_patches * (1 - mask_ratio)) < 1:
                 raise ValueError(
-                    "feature='mean_visible' needs at least one visible patch,"
-                    f' but backbone.mask_ratio={mask_ratio!r} leaves none of '
+                    f"feature={self.feature!r} needs at least one visible "
+                    f'patch, but backbone.mask_ratio={mask_ratio!r} leaves none of '
                     f"the {num_patches} patches visible; use feature='cls' "
                     'or a smaller mask_ratio')
         if self.final_norm_twice and not getattr(self.backbone, 'final_norm',
@@ -92,6 +98,11 @@ class MMAE(MAE):
             raise ValueError(
                 'final_norm_twice=True needs an encoder with a final norm, '
                 'but backbone.final_norm is False')
+        if self.final_norm_twice and self.feature == 'cls+mean':
+            raise ValueError(
+                "final_norm_twice=True applies the encoder's C-wide norm to "
+                "the feature, but feature='cls+mean' is 2C wide; use "
+                "feature='cls' or 'mean'")
 
     @staticmethod
     def _build_regularizer(cfg: Optional[dict]
@@ -108,10 +119,9 @@ class MMAE(MAE):
 
     def pool(self, latent: Tensor) -> Tensor:
         """Representation (B, C) of the masked encoder output (B, 1 + L, C)."""
-        if self.feature == 'cls':
-            pooled = latent[:, 0]
-        else:
-            pooled = latent[:, 1:].mean(dim=1)
+        pooled = pool_token_sequence(
+            latent, self.feature,
+            getattr(self.backbone, 'num_extra_tokens', 1))
         if self.final_norm_twice:
             pooled = self.backbone.norm1(pooled)
         return pooled

@@ -105,7 +105,8 @@ class KNNClassifier(ImageToImageRetriever):
         if not self.prototype_inited:
             self.prepare_prototype()
         # float32 whatever autocast produced; knn_class_scores computes the
-        # similarities with autocast off (tools/test.py --amp).
+        # similarities, votes and scores in float64 with autocast off
+        # (tools/test.py --amp), see mmae_plugin.evaluation.knn.
         feats = self.extract_feat(inputs).float()
         scores = knn_class_scores(feats, self.prototype_vecs,
                                   self.prototype_labels, self.num_classes,

@@ -1,22 +1,23 @@
 """M-MAE's total-coding-rate regulariser."""
-import math
-
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
-from mmae_plugin.matrix_info.coding_rate import total_coding_rate_sync_free
-from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
-                                                check_real)
+from mmae_plugin.matrix_info.coding_rate import (TCR_FORMS,
+                                                 check_coding_rate_args,
+                                                 coding_rate_key,
+                                                 coding_rate_of_unit_rows)
 from .feature_regularizer import FeatureRegularizer
 
-TCR_FORMS = ('reference', 'paper')
+__all__ = ['TCRLoss', 'TCR_FORMS']
 
 
 @MODELS.register_module()
 class TCRLoss(FeatureRegularizer):
     """Negative total coding rate of the l2-normalised batch features.
 
-    ``loss = -loss_weight * TCR`` with, for unit rows ``zn`` (B, d):
+    ``loss = -loss_weight * TCR`` with ``TCR`` the plugin's one definition,
+    :func:`mmae_plugin.matrix_info.coding_rate.coding_rate`; for unit rows
+    ``zn`` (B, d):
 
     * ``form='reference'``: ``TCR = logdet(I_d + (mu / d) zn^T zn)``, what the
       published M-MAE code computes;
@@ -27,9 +28,12 @@ class TCRLoss(FeatureRegularizer):
     ``zn^T J_B zn`` with ``J_B = I_B - 11^T / B``. The log-determinant runs in
     float64 on the smaller of the d x d and B x B sides (Sylvester), which is
     exact and stays finite on collapsed (rank-1) features.
+    ``MatrixInfoHook`` logs the same quantity as :attr:`key`
+    (``tcr_reference_mu1`` for the default).
 
     Args:
-        mu: Positive, finite coding-rate parameter.
+        mu: Coding-rate parameter, a finite number in ``(0, 1e300]``
+            (:data:`~mmae_plugin.matrix_info.coding_rate.MAX_MU`).
         form: ``'reference'`` or ``'paper'``.
         centering: Center the features over the batch first (a bool).
         gather: ``'global'`` (exact gradient under DDP), ``'reference'``
@@ -46,18 +50,14 @@ class TCRLoss(FeatureRegularizer):
                  loss_weight: float = 0.01, init_cfg=None) -> None:
         super().__init__(gather=gather, loss_weight=loss_weight,
                          init_cfg=init_cfg)
-        self.mu = check_real(mu, 'mu', minimum=0, strict=True)
-        self.form = check_choice(form, 'form', TCR_FORMS)
-        self.centering = check_bool(centering, 'centering')
+        self.form, self.mu, self.centering = check_coding_rate_args(
+            form, mu, centering)
+
+    @property
+    def key(self) -> str:
+        """Logged name of the coding rate this loss maximises."""
+        return coding_rate_key(self.form, self.mu, self.centering)
 
     def value(self, zn: Tensor) -> Tensor:
-        # ||zn||_F^2 = B for unit rows; centering only lowers it.
-        num_samples, dim = zn.shape
-        if self.centering:
-            # zn^T J zn == (J zn)^T (J zn) because J is a symmetric projection.
-            zn = zn - zn.mean(dim=0, keepdim=True)
-        if self.form == 'paper':
-            return -total_coding_rate_sync_free(zn, self.mu, num_samples)
-        scale = math.sqrt(self.mu / dim)
-        return -total_coding_rate_sync_free(zn * scale, 1.0,
-                                            num_samples * scale**2)
+        return -coding_rate_of_unit_rows(zn, self.form, self.mu,
+                                         self.centering)

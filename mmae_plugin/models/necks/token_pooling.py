@@ -1,15 +1,14 @@
 """Pooling of a ViT's output tokens into one feature per image."""
 from typing import Sequence, Tuple
 
-import torch
 from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
-#: ``'cls'``: the CLS token (the MAE paper's linear probe); ``'mean'``: the
-#: mean of the patch tokens; ``'cls+mean'``: both concatenated, (B, 2C), the
-#: linear-evaluation feature of DINO's ViT-B (Caron et al., 2021, App. D).
-POOLINGS = ('cls', 'mean', 'cls+mean')
+# The one pooling vocabulary and definition (see mmae_plugin.matrix_info.
+# pooling): 'cls', 'mean' (of the patch tokens), 'cls+mean'.
+from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
+                                             pool_token_sequence)
 
 #: The poolings each ``VisionTransformer.out_type`` can serve: a CLS feature
 #: (B, C) is already pooled, a feature map (B, C, H, W) has no CLS token.
@@ -28,8 +27,7 @@ def check_pooling(pooling: str, out_type: str = 'raw') -> None:
         pooling: One of :data:`POOLINGS`.
         out_type: The backbone's ``out_type`` (``VisionTransformer``).
     """
-    if pooling not in POOLINGS:
-        raise ValueError(f'pooling must be one of {POOLINGS}, got {pooling!r}')
+    check_pooling_name(pooling)
     allowed = POOLINGS_OF_OUT_TYPE.get(out_type, POOLINGS)
     if pooling not in allowed:
         raise ValueError(
@@ -62,16 +60,7 @@ def pool_tokens(feats: Tensor, pooling: str,
         return feats
     if out_type == 'featmap':
         return feats.mean(dim=(2, 3))
-    if pooling != 'mean' and num_extra_tokens < 1:
-        raise ValueError(f'pooling={pooling!r} needs a CLS token, but the '
-                         'backbone has no extra tokens')
-    cls_token = feats[:, 0]
-    patch_mean = feats[:, num_extra_tokens:].mean(dim=1)
-    if pooling == 'cls':
-        return cls_token
-    if pooling == 'mean':
-        return patch_mean
-    return torch.cat([cls_token, patch_mean], dim=1)
+    return pool_token_sequence(feats, pooling, num_extra_tokens)
 
 
 @MODELS.register_module()
