@@ -5,6 +5,7 @@ converted file."""
 import argparse
 import functools
 import importlib.util
+import os
 import os.path as osp
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from torch import nn
 
 timm_vit = pytest.importorskip('timm.models.vision_transformer')
 
+from mmengine.model import BaseModel  # noqa: E402
 from mmpretrain.registry import MODELS  # noqa: E402
 
 import mmae_plugin  # noqa: F401,E402
@@ -186,3 +188,153 @@ def test_unknown_keys_and_formats_are_refused(tmp_path):
         converter.convert_state_dict({'blocks.0.ls1.gamma': torch.ones(2)})
     with pytest.raises(ValueError, match="checkpoint fields \\['epoch'\\]"):
         converter.extract_state_dict({'epoch': 3})
+
+
+# --------------------------------------------------------------------------
+# mmengine checkpoints: loaded through the plugin's allow-list; crafted
+# ones refused without running anything
+# --------------------------------------------------------------------------
+class FairNamedViT(BaseModel):
+    """timm's ViT trained in mmengine, its parameters under FAIR's names.
+
+    The ViT's children and tokens are this model's own attributes, so the
+    Runner's checkpoint holds ``blocks.0.norm1.weight``, ``head.weight``, ...
+    exactly as FAIR's and timm's state dicts do.
+    """
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        vit = timm_vit.VisionTransformer(
+            img_size=IMG, patch_size=PATCH, embed_dim=EMBED, depth=DEPTH,
+            num_heads=HEADS, mlp_ratio=4, qkv_bias=True, num_classes=10)
+        for name, child in vit.named_children():
+            setattr(self, name, child)
+        self.cls_token, self.pos_embed = vit.cls_token, vit.pos_embed
+        self._vit = [vit]  # the same modules, run by timm's forward
+
+    @property
+    def vit(self):
+        return self._vit[0]
+
+    def forward(self, inputs, labels=None, mode='tensor'):
+        logits = self.vit(torch.stack(inputs))
+        if mode == 'loss':
+            return dict(loss=nn.functional.cross_entropy(
+                logits, torch.stack(labels)))
+        return logits
+
+
+class RandomImages(torch.utils.data.Dataset):
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        return dict(inputs=torch.randn(3, IMG, IMG, generator=generator),
+                    labels=torch.tensor(index % 10))
+
+
+@pytest.fixture(scope='module')
+def runner_checkpoint(tmp_path_factory):
+    """``epoch_1.pth`` of a real Runner run, and the trained timm ViT."""
+    from mmengine.runner import Runner
+    work_dir = tmp_path_factory.mktemp('runner')
+    runner = Runner(
+        model=FairNamedViT(), work_dir=str(work_dir),
+        experiment_name='converter_runner_checkpoint',
+        train_dataloader=dict(dataset=RandomImages(), batch_size=2,
+                              sampler=dict(type='DefaultSampler',
+                                           shuffle=False),
+                              num_workers=0),
+        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-2)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
+        log_level='WARNING')
+    runner.train()
+    return work_dir / 'epoch_1.pth', runner.model.vit.eval()
+
+
+def run_converter(src, dst):
+    return subprocess.run([sys.executable, CONVERTER, str(src), str(dst)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_runner_checkpoint_needs_the_allow_list(runner_checkpoint):
+    """Control: the file really holds what plain weights_only refuses."""
+    path, _ = runner_checkpoint
+    proc = subprocess.run(
+        [sys.executable, '-c', 'import sys, torch; '
+         'torch.load(sys.argv[1], weights_only=True)', str(path)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert 'HistoryBuffer' in proc.stderr, proc.stderr[-2000:]
+    checkpoint = torch.load(path, weights_only=True)  # plugin imported here
+    buffer = checkpoint['message_hub']['log_scalars']['train/loss']
+    assert type(buffer).__name__ == 'HistoryBuffer'
+    assert buffer.data[0].dtype.kind == 'f'  # numpy arrays inside
+    assert {'optimizer', 'meta', 'state_dict'} <= set(checkpoint)
+
+
+def test_converter_converts_runner_checkpoint(runner_checkpoint, tmp_path):
+    path, vit = runner_checkpoint
+    dst = tmp_path / 'converted.pth'
+    proc = run_converter(path, dst)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'backbone, head' in proc.stdout
+    backbone = MODELS.build(dict(
+        type='VisionTransformer', arch=ARCH, img_size=IMG, patch_size=PATCH,
+        out_type='raw', final_norm=True,
+        init_cfg=dict(type='Pretrained', checkpoint=str(dst),
+                      prefix='backbone.')))
+    backbone.init_weights()
+    backbone.eval()
+    images = torch.randn(2, 3, IMG, IMG,
+                         generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        # The trained weights, not the initial ones, were converted.
+        assert (FairNamedViT().vit.eval().forward_features(images) -
+                vit.forward_features(images)).abs().max() > 1e-3
+        report('trained encoder tokens', backbone(images)[0],
+               vit.forward_features(images))
+
+
+class SystemPayload:
+    """Unpickling this runs a shell command that creates the marker."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.marker}', ))
+
+
+class ExecPayload(SystemPayload):
+    """Unpickling this runs Python source that creates the marker."""
+
+    def __reduce__(self):
+        return (exec, (f'open({self.marker!r}, "w").close()', ))
+
+
+@pytest.mark.parametrize('payload', [SystemPayload, ExecPayload])
+@pytest.mark.parametrize('where', ['args', 'message_hub'])
+def test_converter_refuses_crafted_checkpoint(fair_checkpoint, tmp_path,
+                                              payload, where):
+    """FAIR weights next to a payload, where FAIR / mmengine keep extras."""
+    vit, decoder, _ = fair_checkpoint
+    weights = {**vit.state_dict(), **decoder.state_dict()}
+    marker = tmp_path / 'PWNED'
+    if where == 'args':
+        crafted = {'model': weights, 'epoch': 1, 'args': payload(marker)}
+    else:
+        crafted = {'state_dict': weights, 'meta': {'epoch': 1},
+                   'message_hub': {'runtime_info': {'x': payload(marker)}}}
+    src, dst = tmp_path / 'crafted.pth', tmp_path / 'out.pth'
+    torch.save(crafted, src)
+    proc = run_converter(src, dst)
+    assert proc.returncode != 0
+    assert f'src={str(src)!r} was refused under weights_only' in proc.stderr
+    assert 'UnpicklingError' in proc.stderr
+    assert not marker.exists(), 'the crafted checkpoint ran code'
+    assert not dst.exists()

@@ -11,16 +11,27 @@ linear, fine-tune and kNN configs through
 ``model.backbone.init_cfg.checkpoint=OUT.pth`` and into mmpretrain's ``MAE``
 through ``load_from``.
 
+The source is read with ``torch.load(weights_only=True)`` through the
+plugin's allow-list (``import mmae_plugin``), so checkpoints that mmengine's
+Runner wrote (message hub with ``HistoryBuffer`` and numpy arrays, under
+numpy 1.x or 2.x) load, and a crafted checkpoint that would run code is
+refused without running it.
+
 Usage:
     python tools/model_converters/mae_to_mmpretrain.py SRC.pth DST.pth
 """
 import argparse
 import os.path as osp
+import pickle
 import re
 from collections import OrderedDict
 from typing import Dict, List, Tuple
 
 import torch
+
+# The exact classes mmengine checkpoints pickle, allow-listed for
+# weights_only (mmae_plugin.compat.checkpoint_allowlist).
+import mmae_plugin  # noqa: F401
 
 # (pattern on a source key, replacement) in the order they are tried. Block
 # internals are shared by the encoder's `blocks` and the decoder's
@@ -119,14 +130,30 @@ def extract_state_dict(checkpoint: dict) -> Dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: str) -> dict:
-    """Load safely: tensors and containers only (``weights_only=True``).
+    """Load safely: ``weights_only=True`` with the plugin's allow-list.
 
     FAIR's training script also stores its ``argparse.Namespace`` of
-    arguments; that plain attribute container is the one extra class
-    allowed.
+    arguments; that plain attribute container is the one class allowed
+    here beyond what every plugin load path allows.
+
+    Args:
+        path: The source checkpoint.
+
+    Returns:
+        The loaded checkpoint.
+
+    Raises:
+        pickle.UnpicklingError: The checkpoint names a class or function
+            outside the allow-list (the message names the file and it).
     """
     with torch.serialization.safe_globals([argparse.Namespace]):
-        return torch.load(path, map_location='cpu', weights_only=True)
+        try:
+            return torch.load(path, map_location='cpu', weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise pickle.UnpicklingError(
+                f'src={path!r} was refused under weights_only (it holds '
+                f'something outside the allow-list; nothing in it ran): '
+                f'{error}') from error
 
 
 def convert_file(src: str, dst: str) -> List[str]:
