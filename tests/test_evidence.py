@@ -36,10 +36,15 @@ def test_quick_sweep_writes_report_plots_and_rows(quick_sweep):
     for row in rows:
         assert 0 <= row['knn/top1'] <= 100 and 0 <= row['linear/top1'] <= 100
         assert 1 <= row['repr/erank_gram'] <= 128
+        # Relative to the out dir, and pointing at the run's checkpoint.
+        assert not os.path.isabs(row['checkpoint'])
+        assert (out_dir / row['checkpoint']).is_file()
     report = (out_dir / 'report' / 'results.md').read_text()
     assert '| M-MAE λ=0.01 μ=1 | 2 |' in report
     assert 'Summary in plain words' in report
     assert "The paper's numbers" in report
+    # Two seeds: every paired difference has an interval and says its n.
+    assert '(n=2)' in report and '[' in report
     for plot in ('accuracy_vs_lambda', 'accuracy_vs_mu', 'accuracy_vs_erank'):
         assert (out_dir / 'report' / 'results' / f'{plot}.png').stat().st_size
     # The full probe config ran on the seed-0 encoders of MAE and M-MAE.
@@ -74,3 +79,44 @@ def test_quick_export_writes_zoo_checkpoints_and_metafile(repo_root,
     for model in models:
         assert model['Weights'].startswith('mmae-zoo://fmnist/')
         assert os.path.isfile(zoo / model['Weights'].split('/')[-1])
+
+
+def test_default_report_goes_under_out_dir_not_docs(repo_root, quick_sweep):
+    out_dir, _ = quick_sweep
+    docs = os.path.join(repo_root, 'docs')
+    before = {name: os.stat(os.path.join(docs, name)).st_mtime_ns
+              for name in os.listdir(docs)}
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, '--quick', '--out-dir', str(out_dir),
+         '--report-only'], cwd=repo_root, capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out_dir / 'report' / 'results.md').is_file()
+    assert (out_dir / 'report' / 'results' / 'runs.json').is_file()
+    after = {name: os.stat(os.path.join(docs, name)).st_mtime_ns
+             for name in os.listdir(docs)}
+    assert after == before
+
+
+def test_report_evidence_cli_rebuilds_the_same_report(repo_root, quick_sweep):
+    out_dir, _ = quick_sweep
+    report = out_dir / 'cli' / 'results.md'
+    proc = subprocess.run(
+        [sys.executable, 'tools/benchmarks/report_evidence.py', '--quick',
+         '--out-dir', str(out_dir), '--report', str(report)],
+        cwd=repo_root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '| M-MAE λ=0.01 μ=1 | 2 |' in report.read_text()
+
+
+def test_tools_scripts_are_thin_and_do_not_import_each_other(repo_root):
+    scripts = ('run_evidence', 'report_evidence', 'quickstart_seeds',
+               'run_study')
+    for name in scripts:
+        with open(os.path.join(repo_root, 'tools', 'benchmarks',
+                               f'{name}.py')) as f:
+            text = f.read()
+        for other in scripts:
+            assert f'import {other}' not in text
+            assert f'from {other} ' not in text
+        assert 'mmae_plugin.evidence' in text
