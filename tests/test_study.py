@@ -153,10 +153,14 @@ def test_resume_does_not_redo_finished_evaluations(killed_and_resumed):
         assert path.stat().st_mtime_ns == mtime, f'{path} was redone'
     assert 'mae seed 0: eval epoch 1' not in stdout
     assert 'mae seed 0: eval epoch 2 done' in stdout
-    # MAE's second segment resumed from its epoch-1 checkpoint.
+    # MAE's second segment resumed from its epoch-1 checkpoint, and epoch 1
+    # was trained exactly once (the run never restarted from scratch).
     log = (out_dir / 'mae' / 'seed0' / 'run.log').read_text()
-    assert 'resumed epoch: 1' in log.lower() or 'resumed epoch 1' in \
-        log.lower() or 'Load checkpoint from' in log, log[-2000:]
+    resumed = ('Auto resumed from the latest checkpoint '
+               f'{out_dir / "mae" / "seed0" / "epoch_1.pth"}')
+    assert resumed in log, log[-2000:]
+    assert log.count('Epoch(train) [1][2/2]') == 1
+    assert log.count('Epoch(train) [2][2/2]') == 1
 
 
 def test_quick_study_evaluates_every_arm_and_epoch(killed_and_resumed):
