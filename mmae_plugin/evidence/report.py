@@ -9,6 +9,7 @@ seed). Outputs go under ``<out-dir>/report/`` unless a report path is given;
 """
 import datetime
 import os
+import textwrap
 import os.path as osp
 from typing import Dict, List, Optional, Sequence
 
@@ -41,11 +42,10 @@ def kernel_label(key: str) -> str:
     """Axis label of a representation statistic naming its kernel."""
     name = key.split('/')[-1]
     if 'gram' in name:
-        kernel = 'uncentered Gram of l2-normalised features'
+        kernel = 'uncentred Gram kernel of the l2-normalised features'
     elif 'cov' in name:
-        kernel = 'centered covariance of l2-normalised features'
-    elif 'corr' in name:
-        kernel = 'correlation kernel'
+        kernel = ('centred kernel: batch-standardised covariance, i.e. the '
+                  'correlation matrix')
     elif name.startswith('rankme'):
         kernel = 'singular values of the raw features'
     else:
@@ -209,7 +209,7 @@ def plot_curves(rows: List[dict], study: Study, keys: Sequence[str],
                             arm_by_name(arm).trains else '-',
                             label=f'{arm_by_name(arm).label} (n={n_text})')
             ax.set_xlabel('training epoch')
-            ax.set_ylabel(label_of(key), fontsize=8)
+            ax.set_ylabel(textwrap.fill(label_of(key), 42), fontsize=7)
             ax.set_title(f'{pooling}', fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
