@@ -204,3 +204,26 @@ def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
         cwd=repo_root, capture_output=True, text=True)
     assert other.returncode != 0
     assert 'holds a different study' in other.stderr + other.stdout
+
+
+def test_restats_recomputes_statistics_from_saved_features(repo_root,
+                                                           killed_and_resumed):
+    import torch
+    from mmae_plugin.evaluation.statistics import representation_statistics
+    out_dir, _, _ = killed_and_resumed
+    path = eval_file(out_dir, 'mmae_lam0.01_mu1', 2)
+    before = json.loads(path.read_text())
+    proc = subprocess.run(study_command(out_dir, '--restats'), cwd=repo_root,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'statistics recomputed for 9 evaluations' in proc.stdout
+    after = json.loads(path.read_text())
+    saved = torch.load(str(path)[:-5] + '_test_features.pt',
+                       weights_only=True)
+    assert saved['cls+mean'].shape == (300, 256)
+    expected = representation_statistics(saved['cls+mean'][:, :128].double())
+    for key, value in expected.items():
+        assert after[f'cls/repr/{key}'] == pytest.approx(value, rel=1e-12)
+    # The accuracies are untouched.
+    assert {k: v for k, v in after.items() if '/repr/' not in k} == \
+        {k: v for k, v in before.items() if '/repr/' not in k}

@@ -264,3 +264,37 @@ def load_evaluations(out_dir: str, study: Study) -> List[dict]:
 
 if __name__ == '__main__':
     child_main()
+
+
+def recompute_statistics(out_dir: str) -> int:
+    """Recompute every evaluation's ``<pooling>/repr/*`` from its saved test
+    features with the current :mod:`mmae_plugin.evaluation.statistics`.
+
+    The accuracies are left as they are; the representation statistics
+    follow the definitions (and key names) of the code that runs this, so a
+    study evaluated across a change of those definitions reads as one.
+
+    Returns:
+        The number of evaluations rewritten.
+    """
+    import torch
+    from mmae_plugin.evaluation.statistics import representation_statistics
+    from .evaluate import split_poolings
+    study = load_study(out_dir)
+    count = 0
+    for arm, seed in run_order(study):
+        for epoch in arm_eval_epochs(study, arm_by_name(arm)):
+            path = eval_path(out_dir, arm, seed, epoch)
+            features = path[:-5] + '_test_features.pt'
+            if not (osp.isfile(path) and osp.isfile(features)):
+                continue
+            row = {key: value for key, value in read_json(path).items()
+                   if '/repr/' not in key}
+            saved = torch.load(features, map_location='cpu',
+                               weights_only=True)
+            for pooling, x in split_poolings(saved['cls+mean']).items():
+                row.update({f'{pooling}/repr/{key}': value for key, value in
+                            representation_statistics(x.double()).items()})
+            write_json_atomic(path, row)
+            count += 1
+    return count

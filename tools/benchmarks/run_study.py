@@ -24,7 +24,8 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
-from mmae_plugin.evidence.driver import run_study, status_text
+from mmae_plugin.evidence.driver import (recompute_statistics, run_study,
+                                         status_text)
 from mmae_plugin.evidence.study import full_study, quick_study
 
 
@@ -60,6 +61,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--status', action='store_true',
                         help='print which runs, epochs and evaluations are '
                         'done, and exit')
+    parser.add_argument('--restats', action='store_true',
+                        help='recompute the representation statistics of '
+                        'every finished evaluation from its saved test '
+                        'features with the current definitions, then '
+                        'report')
     parser.add_argument('--report', help='markdown report path (default '
                         '<out-dir>/report/study.md)')
     args = parser.parse_args(argv)
@@ -83,8 +89,12 @@ def main(argv=None) -> None:
         if args.status:
             print(status_text(args.out_dir))
             return
-        study = study_of(args)
         failed = []
+        if args.restats:
+            print(f'[study] statistics recomputed for '
+                  f'{recompute_statistics(args.out_dir)} evaluations')
+            args.report_only = True
+        study = study_of(args)
         if not args.report_only:
             failed = run_study(args.out_dir, study, args.jobs)
             if failed:
@@ -95,7 +105,7 @@ def main(argv=None) -> None:
     from mmae_plugin.evidence.report import write_study_report
     command = 'python tools/benchmarks/run_study.py ' + ' '.join(
         a for a in (sys.argv[1:] if argv is None else argv)
-        if a not in ('--report-only', '--status'))
+        if a not in ('--report-only', '--status', '--restats'))
     report = write_study_report(args.out_dir, args.report, command.strip())
     print(f'[study] report written to {report}')
     if failed:
