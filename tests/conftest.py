@@ -12,9 +12,11 @@ skips the CPU tests instead.
 """
 import os
 import socket
+import subprocess
 import sys
+import uuid
 import warnings
-from typing import Callable, Dict
+from typing import Any, Callable, Dict, Type
 
 #: ``MMAE_TEST_CUDA=1``: run the tests marked ``cuda`` on the visible GPUs.
 CUDA_MODE = os.environ.get('MMAE_TEST_CUDA', '0') == '1'
@@ -24,7 +26,9 @@ if not CUDA_MODE:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# At most 2 threads, never more than the process already chose (the kill
+# driver, which imports the toy run below, picks 1 for its forked children).
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,3 +117,115 @@ def mmpretrain_default_scope():
 @pytest.fixture(scope='session')
 def repo_root() -> str:
     return REPO_ROOT
+
+
+# --------------------------------------------------------------------------
+# a tiny real mmengine training run, shared by the checkpoint tests
+# --------------------------------------------------------------------------
+from mmengine.model import BaseModel  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+
+def _stacked(values: Any) -> torch.Tensor:
+    """A batch as one tensor: mmengine's default collate gives a list."""
+    return torch.stack(values) if isinstance(values, list) else values
+
+
+class ToyModel(BaseModel):
+    """A linear regression: 2 inputs, 1 output, mean squared error.
+
+    ``table`` (saved, unused by the forward pass) is a 256-byte tensor
+    record, big enough for the fault tests to corrupt 64 bytes inside it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+        self.register_buffer('table', torch.arange(64, dtype=torch.float32))
+
+    def forward(self, inputs, labels=None, mode: str = 'tensor'):
+        out = self.linear(_stacked(inputs))
+        if mode == 'loss':
+            error = out.squeeze(1) - _stacked(labels)
+            return dict(loss=(error**2).mean())
+        return out
+
+
+class ToyDataset(torch.utils.data.Dataset):
+    """Samples ``x = [i, 1]`` with target ``i + 1`` (an exact line).
+
+    Args:
+        length: Number of samples; 2 makes one epoch one iteration at batch
+            size 2.
+    """
+
+    def __init__(self, length: int = 4) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+        x = torch.tensor([float(index), 1.0])
+        return dict(inputs=x, labels=x.sum())
+
+
+def make_toy_runner(work_dir: Any, max_epochs: int = 1, *,
+                    runner_class: Type = Runner, dataset_length: int = 4,
+                    lr: float = 0.01, momentum: float = 0.0,
+                    **kwargs: Any) -> Runner:
+    """A real Runner training :class:`ToyModel` with SGD, batch size 2.
+
+    Args:
+        work_dir: Work (and checkpoint) folder.
+        max_epochs: Epochs to train.
+        runner_class: ``Runner`` or ``FlexibleRunner``.
+        dataset_length: Samples per epoch (:class:`ToyDataset`).
+        lr: SGD learning rate.
+        momentum: SGD momentum.
+        **kwargs: More Runner arguments (hooks, ``load_from``, ``resume``,
+            ...); ``log_level`` defaults to ``'WARNING'`` and
+            ``experiment_name`` to a fresh unique name.
+
+    Returns:
+        The Runner (not yet trained).
+    """
+    kwargs.setdefault('log_level', 'WARNING')
+    kwargs.setdefault('experiment_name', f'toy_{uuid.uuid4().hex[:12]}')
+    return runner_class(
+        model=ToyModel(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=ToyDataset(dataset_length),
+                              batch_size=2,
+                              sampler=dict(type='DefaultSampler',
+                                           shuffle=False),
+                              num_workers=0),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=lr,
+                                          momentum=momentum)),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs), **kwargs)
+
+
+def state_of(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """A copy of ``model``'s state dict (unaffected by further training)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: writes beyond it fail with ENOSPC, as on a full disk.
+
+    Yields:
+        The mounted folder (unmounted afterwards).
+    """
+    if os.geteuid() != 0:
+        pytest.skip('mounting a tmpfs needs root')
+    mount_point = tmp_path / 'small_disk'
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(mount_point)],
+        capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f'cannot mount a tmpfs here: {mounted.stderr.strip()}')
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(['umount', '-l', str(mount_point)], check=False)

@@ -21,7 +21,7 @@ import mmengine.runner
 from mmengine.hooks import CheckpointHook, Hook
 
 import mmae_plugin  # noqa: F401  (before the names below are looked up)
-from checkpoint_fault_tools import ToyModel, small_disk, toy_runner  # noqa
+from checkpoint_fault_tools import ToyModel, toy_runner
 from mmae_plugin.compat.checkpoint_integrity import (
     CheckpointIntegrityWarning, CorruptCheckpointError, file_sha256,
     sidecar_path)

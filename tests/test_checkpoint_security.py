@@ -18,12 +18,12 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.logging import HistoryBuffer, MessageHub
-from mmengine.model import BaseModel
-from mmengine.runner import CheckpointLoader, Runner, load_checkpoint
+from mmengine.runner import CheckpointLoader, load_checkpoint
 from mmengine.runner import checkpoint as checkpoint_module
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
+from conftest import ToyModel, make_toy_runner
 from mmae_plugin.compat.checkpoint_allowlist import BUILTIN_STATISTICS
 
 TINY_VIT = dict(
@@ -74,44 +74,12 @@ def save_crafted(path, payload, marker):
                     state_dict={}), path)
 
 
-class ToyModel(BaseModel):
-    """A real (tiny) mmengine model for Runner load_from/resume."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, inputs, labels=None, mode='tensor'):
-        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
-        out = self.linear(inputs)
-        if mode == 'loss':
-            labels = torch.stack(labels) if isinstance(labels, list) \
-                else labels
-            return dict(loss=((out.squeeze(1) - labels)**2).mean())
-        return out
-
-
-class ToyDataset(torch.utils.data.Dataset):
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, index):
-        x = torch.tensor([float(index), 1.0])
-        return dict(inputs=x, labels=x.sum())
-
-
 def toy_runner(work_dir, max_epochs=1, **kwargs):
-    return Runner(
-        model=ToyModel(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=ToyDataset(), batch_size=2,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False),
-                              num_workers=0),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+    """conftest's toy run (4 samples), logging every iteration."""
+    return make_toy_runner(
+        work_dir, max_epochs,
         default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
-        log_level='WARNING', **kwargs)
+        **kwargs)
 
 
 @pytest.fixture(scope='module')

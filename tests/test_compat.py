@@ -11,12 +11,11 @@ import torch
 from mmengine.config import Config
 from mmengine.fileio.backends import LocalBackend
 from mmengine.logging import HistoryBuffer, MessageHub
-from mmengine.model import BaseModel
 from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
-from checkpoint_fault_tools import small_disk  # noqa: F401 (fixture)
+from conftest import make_toy_runner
 from mmae_plugin.compat.atomic_checkpoint_write import (atomic_write_target,
                                                      is_precious,
                                                      write_atomically,
@@ -156,40 +155,10 @@ def umask():
     os.umask(saved)
 
 
-class ToyModel(BaseModel):
-    """A real (tiny) mmengine model for Runner runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, inputs, labels=None, mode='tensor'):
-        out = self.linear(torch.stack(inputs))
-        if mode == 'loss':
-            error = out.squeeze(1) - torch.stack(labels)
-            return dict(loss=(error**2).mean())
-        return out
-
-
-class ToyDataset(torch.utils.data.Dataset):
-
-    def __len__(self):
-        return 2
-
-    def __getitem__(self, index):
-        return dict(inputs=torch.tensor([float(index), 1.0]),
-                    labels=torch.tensor(float(index)))
-
-
 def train_toy(work_dir, max_epochs=1, **kwargs):
-    runner = Runner(
-        model=ToyModel(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=ToyDataset(), batch_size=2,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False), num_workers=0),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-        log_level='WARNING', **kwargs)
+    """Train conftest's toy model with a real Runner; one iteration/epoch."""
+    runner = make_toy_runner(work_dir, max_epochs, dataset_length=2,
+                             **kwargs)
     runner.train()
     return runner
 
@@ -423,15 +392,11 @@ def test_file_of_another_owner_is_written_in_place(tmp_path):
 # (c) CPU distributed: only without any accelerator and with init 'torch'
 # --------------------------------------------------------------------------
 @pytest.fixture
-def dist_env(monkeypatch):
+def dist_env(monkeypatch, free_port):
     """Environment of a 1-process ``torchrun`` on a free local port."""
-    import socket
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        port = sock.getsockname()[1]
     for key, value in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1',
                            MASTER_ADDR='127.0.0.1',
-                           MASTER_PORT=str(port)).items():
+                           MASTER_PORT=str(free_port)).items():
         monkeypatch.setenv(key, value)
     assert not torch.distributed.is_initialized()
     yield
@@ -484,3 +449,101 @@ def test_cpu_distributed_keeps_mmengine_accelerator_branches(
     monkeypatch.setattr(dist_utils, probe, lambda: True)
     with pytest.raises(ImportError, match=package):
         dist_utils._init_dist_pytorch('nccl')
+
+
+# --------------------------------------------------------------------------
+# a genuine numpy 1.x checkpoint (tests/data/make_numpy1_checkpoint.py)
+# --------------------------------------------------------------------------
+NUMPY1_CHECKPOINT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 'data', 'numpy1_runner_epoch_2.pth')
+
+
+def numpy1_runner(work_dir, **kwargs):
+    """A Runner with the fixture's model, optimizer and scheduler."""
+    from mmengine.testing.runner_test_case import ToyDataset, ToyModel
+    return Runner(
+        model=ToyModel(), work_dir=str(work_dir),
+        experiment_name=f'numpy1_{os.path.basename(work_dir)}',
+        train_dataloader=dict(dataset=ToyDataset(), batch_size=4,
+                              sampler=dict(type='DefaultSampler',
+                                           shuffle=False), num_workers=0),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01,
+                                          momentum=0.9)),
+        param_scheduler=dict(type='MultiStepLR', milestones=[1], gamma=0.5),
+        train_cfg=dict(by_epoch=True, max_epochs=3), log_level='WARNING',
+        **kwargs)
+
+
+def test_numpy1_fixture_is_a_numpy1_pickle():
+    """The committed file is what numpy 1.x writes, not numpy 2's spelling."""
+    import zipfile
+    assert os.path.getsize(NUMPY1_CHECKPOINT) < 200 * 1024
+    with zipfile.ZipFile(NUMPY1_CHECKPOINT) as archive:
+        pickled = archive.read(next(name for name in archive.namelist()
+                                    if name.endswith('/data.pkl')))
+    assert b'numpy.core.multiarray\n_reconstruct\n' in pickled
+    assert b'numpy.core.multiarray\nscalar\n' in pickled
+    assert b'numpy._core' not in pickled
+    assert b'mmengine.logging.history_buffer\nHistoryBuffer\n' in pickled
+
+
+def test_numpy1_checkpoint_loads_with_weights_only():
+    checkpoint = torch.load(NUMPY1_CHECKPOINT, weights_only=True)
+    import numpy as np
+    hub = checkpoint['message_hub']
+    scores = hub['log_scalars']['val/toy/score']
+    assert type(scores) is HistoryBuffer
+    # epoch_2.pth is saved before epoch 2's validation: one score so far.
+    assert scores.data[0].dtype == np.float64 and len(scores.data[0]) == 1
+    best = hub['runtime_info']['best_score']
+    assert type(best) is np.float64 and best == scores.data[0].max()
+    assert checkpoint['meta']['epoch'] == 2 and checkpoint['meta']['iter'] == 6
+    assert 'momentum_buffer' in checkpoint['optimizer']['state'][0]
+
+
+def test_numpy1_checkpoint_loads_on_mmengine_loaders(tmp_path):
+    from mmengine.runner import CheckpointLoader
+    from mmengine.testing.runner_test_case import ToyModel
+    state = torch.load(NUMPY1_CHECKPOINT, weights_only=True)['state_dict']
+    loaded = CheckpointLoader.load_checkpoint(NUMPY1_CHECKPOINT)
+    assert loaded['meta']['experiment_name'].startswith('numpy1_fixture')
+    by_function, by_init_cfg = ToyModel(), ToyModel()
+    load_checkpoint(by_function, NUMPY1_CHECKPOINT)
+    by_init_cfg.init_cfg = dict(type='Pretrained',
+                                checkpoint=NUMPY1_CHECKPOINT)
+    by_init_cfg.init_weights()
+    for model in (by_function, by_init_cfg):
+        for key, value in state.items():
+            assert torch.equal(model.state_dict()[key], value), key
+
+
+def test_numpy1_checkpoint_load_from(tmp_path):
+    state = torch.load(NUMPY1_CHECKPOINT, weights_only=True)['state_dict']
+    runner = numpy1_runner(tmp_path / 'load', load_from=NUMPY1_CHECKPOINT)
+    runner.load_or_resume()
+    assert runner.epoch == 0
+    for key, value in state.items():
+        assert torch.equal(runner.model.state_dict()[key], value), key
+
+
+def test_numpy1_checkpoint_resumes(tmp_path):
+    checkpoint = torch.load(NUMPY1_CHECKPOINT, weights_only=True)
+    runner = numpy1_runner(tmp_path / 'resume', load_from=NUMPY1_CHECKPOINT,
+                           resume=True)
+    runner.load_or_resume()
+    assert (runner.epoch, runner.iter) == (2, 6)
+    hub = runner.message_hub
+    assert hub.get_info('best_score') == \
+        checkpoint['message_hub']['runtime_info']['best_score']
+    saved_loss = checkpoint['message_hub']['log_scalars']['train/loss']
+    assert (hub.get_scalar('train/loss').data[0] ==
+            saved_loss.data[0]).all()
+    # The optimizer's momentum and the scheduler's decayed lr came back.
+    state = runner.optim_wrapper.optimizer.state_dict()
+    saved = checkpoint['optimizer']
+    assert torch.equal(state['state'][0]['momentum_buffer'],
+                       saved['state'][0]['momentum_buffer'])
+    assert state['param_groups'][0]['lr'] == pytest.approx(0.005)
+    runner.train()
+    assert (runner.epoch, runner.iter) == (3, 9)
+    assert len(hub.get_scalar('train/loss').data[0]) == 9

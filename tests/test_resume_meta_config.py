@@ -25,10 +25,10 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
 from mmengine.runner import FlexibleRunner, Runner
 
 import mmae_plugin  # noqa: F401
+from conftest import make_toy_runner
 from mmae_plugin.compat.safe_resume_config import (ConfigTextWarning,
                                                    LiteralConfigText,
                                                    read_resume_keys)
@@ -39,29 +39,6 @@ PAYLOAD_MODULE = 'mmae_meta_config_payload'
 # --------------------------------------------------------------------------
 # a tiny real training run
 # --------------------------------------------------------------------------
-class ToyModel(BaseModel):
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, inputs, labels=None, mode='tensor'):
-        out = self.linear(torch.stack(inputs))
-        if mode == 'loss':
-            return dict(loss=((out.squeeze(1) - torch.stack(labels))**2).mean())
-        return out
-
-
-class ToyDataset(torch.utils.data.Dataset):
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, index):
-        x = torch.tensor([float(index), 1.0])
-        return dict(inputs=x, labels=x.sum())
-
-
 class RecordResumedState(Hook):
     """Remembers epoch, iteration and weights when training starts."""
 
@@ -72,19 +49,12 @@ class RecordResumedState(Hook):
 
 
 def toy_runner(work_dir, max_epochs, runner_class=Runner, **kwargs):
+    """conftest's toy run (4 samples, SGD with momentum), recorded."""
     record = RecordResumedState()
-    runner = runner_class(
-        model=ToyModel(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=ToyDataset(), batch_size=2,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False),
-                              num_workers=0),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01,
-                                          momentum=0.9)),
-        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+    runner = make_toy_runner(
+        work_dir, max_epochs, runner_class=runner_class, momentum=0.9,
         default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
-        custom_hooks=[record], randomness=dict(seed=0), log_level='WARNING',
-        **kwargs)
+        custom_hooks=[record], randomness=dict(seed=0), **kwargs)
     return runner, record
 
 
