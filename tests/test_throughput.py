@@ -85,33 +85,55 @@ def test_bad_arguments_fail_at_build(kwargs, match):
 
 
 def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
-    """bench_gpu.py --device cpu --iters 2 runs both models' steps and the
-    1-process dist_train.sh launch (gloo) and writes complete JSON. The
-    ViT-B is shrunk (ViT-tiny, 32 x 32 images, 1 decoder layer) to keep
-    the test short; the code path is the GPU one."""
+    """bench_gpu.py --device cpu runs each model in its own process on the
+    GPU code path (synthetic host batch, dataloader over a PIL-written
+    folder, FlopCounterMode, the regulariser on the global batch with
+    stand-in rows) and writes complete JSON and Markdown. The ViT-B is
+    shrunk (ViT-tiny, 32 x 32 images, 1 decoder layer) to keep it short."""
     import json
     import subprocess
     import sys
     out = tmp_path / 'bench.json'
+    summary = tmp_path / 'bench.md'
     shrink = [
         'model.backbone.arch=deit-tiny', 'model.backbone.img_size=32',
         'model.neck.num_patches=4', 'model.neck.embed_dim=192',
         'model.neck.decoder_embed_dim=32', 'model.neck.decoder_depth=1',
         'model.neck.decoder_num_heads=2'
     ]
-    subprocess.run([
+    proc = subprocess.run([
         sys.executable, f'{repo_root}/tools/benchmarks/bench_gpu.py',
-        '--device', 'cpu', '--iters', '2', '--image-size', '32', '--out',
-        str(out), '--cfg-options', *shrink
-    ], check=True, cwd=repo_root, capture_output=True)
+        '--device', 'cpu', '--iters', '2', '--image-size', '32',
+        '--out', str(out), '--markdown', str(summary),
+        '--cfg-options', *shrink
+    ], cwd=repo_root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    steps = result['steps']
-    assert set(steps['models']) == {'MAE', 'M-MAE'}
-    for model in steps['models'].values():
-        assert model['images_per_s'] > 0
-        assert model['param_groups'] == 2  # merged decay / no-decay groups
-    assert steps['mmae_over_mae_step_time'] > 0
-    assert 0 < steps['regulariser_share_of_mae_step']
-    dist = result['dist_train']
-    assert dist['finished'], dist['log_tail']
-    assert dist['backend'] == 'gloo' and dist['iterations'] == 2
+    assert result['failed_cases'] == []
+    folder = result['image_folder']
+    assert (folder['images'], folder['jpeg'], folder['png']) == (8, 7, 1)
+    assert result['dataloader_alone']['pipeline'] == [
+        'LoadImageFromFile', 'RandomResizedCrop', 'RandomFlip', 'PackInputs']
+    block = result['amp']['float32']
+    cases = block['cases']
+    assert set(cases) == {'MAE', 'M-MAE'}
+    for case in cases.values():
+        assert case['world_size'] == 1 and case['optim_wrapper'] == \
+            'OptimWrapper'
+        assert case['images_per_s'] > 0 and case['step_ms']['median'] > 0
+        assert case['param_groups'] == 2  # merged decay / no-decay groups
+        # FlopCounterMode against the closed form from the model's shapes.
+        assert 0.9 < case['flops']['counted_over_analytic'] < 1.1
+        assert case['flops']['vit_b_recipe'] is False
+        assert case['loader_fed']['steps'] == 2
+        assert case['loader_fed']['images_per_s'] > 0
+    mmae = cases['M-MAE']
+    # Global batch 4 x 2 = 8 rows: 2 real, 6 standing in for other ranks.
+    assert (mmae['regularised_rows'], mmae['stand_in_rows']) == (8, 6)
+    assert mmae['regulariser']['skip_code'] == 0
+    assert mmae['regulariser']['rows_per_rank'] == 8
+    assert 'regulariser' not in cases['MAE']
+    assert block['mmae_over_mae_step_ratio'] > 0
+    assert block['regulariser_ms'] > 0 and 'goals' not in block
+    text = summary.read_text()
+    assert '| float32 | M-MAE |' in text and 'Dataloader alone' in text

@@ -1,0 +1,125 @@
+"""tools/gpu_check.sh --dry-run: every stage of the prepared GPU check, for
+real, on the CPU (ViT-tiny at 32 x 32, a few synthetic images), and the
+results it leaves in $OUT as the device tool would bring them back."""
+import glob
+import json
+import os
+import os.path as osp
+import re
+import subprocess
+
+import pytest
+
+STAGES = ['environment', 'install', 'images', 'cuda_tests', 'bench_gpu',
+          'dist_train']
+OUT_FILES = {'gpu_check.json', 'gpu_check.md', 'bench_gpu.json',
+             'environment.txt', 'install.log', 'cuda_tests.log',
+             'bench_gpu.log', 'dist_train.log'}
+
+
+def cuda_marked_tests(repo_root: str) -> int:
+    """Test functions in tests/test_cuda.py (each has >= 1 case)."""
+    source = open(osp.join(repo_root, 'tests', 'test_cuda.py')).read()
+    return source.count('\ndef test_')
+
+
+@pytest.fixture(scope='module')
+def dry_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
+    """One dry run of the whole script; its return code, stdout and $OUT."""
+    out = tmp_path_factory.mktemp('gpu_check_out')
+    env = cpu_dist_env_factory(OUT=str(out))
+    env.pop('GPU_CHECK_DRY_RUN', None)
+    proc = subprocess.run(['bash', 'tools/gpu_check.sh', '--dry-run'],
+                          cwd=repo_root, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    return proc, str(out)
+
+
+def test_dry_run_passes_every_stage(dry_run, repo_root):
+    proc, out = dry_run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    report = json.load(open(osp.join(out, 'gpu_check.json')))
+    assert report['mode'] == 'dry-run (CPU)' and report['passed'] is True
+    assert [s['name'] for s in report['stages']] == STAGES
+    wheels = glob.glob(osp.join(repo_root, '.whl', '*.whl'))
+    for stage in report['stages']:
+        expected = 'passed'
+        if stage['name'] == 'install' and not wheels:
+            expected = 'skipped'  # a checkout without tools/gpu_wheels.sh's
+        assert stage['status'] == expected, stage
+        assert 0 < stage['seconds'] <= stage['timeout_s']
+    assert report['total_s'] < report['budget_s']
+
+
+def test_dry_run_leaves_what_the_device_tool_brings_back(dry_run):
+    """At most 8 plain files, each <= 16 MiB, named in letters, digits,
+    '.', '_' and '-'."""
+    _, out = dry_run
+    names = set(os.listdir(out))
+    assert names == OUT_FILES
+    for name in names:
+        assert re.fullmatch(r'[A-Za-z0-9._-]+', name)
+        assert osp.isfile(osp.join(out, name))
+        assert osp.getsize(osp.join(out, name)) <= 16 * 2**20
+
+
+def test_dry_run_collects_the_cuda_tests_and_skips_them(dry_run, repo_root):
+    _, out = dry_run
+    tests = json.load(open(osp.join(out, 'gpu_check.json')))['cuda_tests']
+    # Every parametrisation of tests/test_cuda.py was collected (none
+    # silently missing) and, without a GPU, skipped.
+    assert tests['failed'] == [] and tests['passed'] == 0
+    assert tests['skipped'] == tests['total'] >= cuda_marked_tests(repo_root)
+    log = open(osp.join(out, 'cuda_tests.log')).read()
+    assert 'torch sees no CUDA device' in log
+
+
+def test_dry_run_benchmark_figures(dry_run):
+    _, out = dry_run
+    bench = json.load(open(osp.join(out, 'bench_gpu.json')))
+    assert bench['failed_cases'] == [] and 'partial' not in bench
+    block = bench['amp']['float32']
+    assert set(block['cases']) == {'MAE', 'M-MAE'}
+    assert block['mmae_over_mae_step_ratio'] > 0
+    assert block['regulariser_ms'] > 0
+    # The folder the images stage wrote: 8 images, one PNG.
+    assert bench['image_folder']['root'].endswith('images')
+    assert bench['dataloader_alone']['pipeline'][0] == 'LoadImageFromFile'
+    report = json.load(open(osp.join(out, 'gpu_check.json')))
+    assert report['bench_gpu']['float32']['regulariser_rows'] == 8
+
+
+def test_dry_run_resumes_the_distributed_training(dry_run):
+    """Run 1 trains epoch 1 (iterations 1-4), run 2 resumes at iteration 4
+    and trains 5-8, with finite losses and the regulariser applied."""
+    _, out = dry_run
+    dist = json.load(open(osp.join(out, 'gpu_check.json')))['dist_train']
+    assert dist['passed'] and dist['problems'] == []
+    assert dist['returncodes'] == [0, 0]
+    assert dist['iterations_per_epoch'] == 4
+    first, second = dist['runs']
+    assert first['iterations'] == [1, 2, 3, 4]
+    assert second['iterations'] == [5, 6, 7, 8]
+    assert any('resumed epoch: 1, iter: 4' in line
+               for line in second['resumed'])
+    assert {'epoch_1.pth', 'epoch_2.pth'} <= set(dist['checkpoints'])
+
+
+def test_dry_run_markdown_summary(dry_run):
+    _, out = dry_run
+    text = open(osp.join(out, 'gpu_check.md')).read()
+    assert text.startswith('# GPU check (dry-run (CPU))')
+    assert 'All stages passed' in text
+    for stage in STAGES:
+        assert re.search(rf'\| {stage} \| (passed|skipped) \|', text), stage
+    assert 'CUDA tests: 0 passed, 0 failed' in text
+    assert '| float32 | M-MAE |' in text
+    assert '## dist_train.sh (1 process, resumed)' in text
+
+
+def test_unknown_argument_is_refused(repo_root):
+    proc = subprocess.run(['bash', 'tools/gpu_check.sh', '--fast'],
+                          cwd=repo_root, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "usage: bash tools/gpu_check.sh [--dry-run] (got '--fast')" in \
+        proc.stderr
