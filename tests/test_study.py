@@ -105,6 +105,18 @@ def test_full_study_is_the_issue_regime():
         full_study(eval_epochs=(5, 10))
 
 
+def test_cls_half_of_cls_mean_is_the_cls_pooling():
+    import torch
+    from mmae_plugin.evidence.evaluate import split_poolings
+    from mmae_plugin.models.necks import pool_tokens
+    tokens = torch.randn(5, 50, 8, generator=torch.Generator().manual_seed(0))
+    split = split_poolings(pool_tokens(tokens, 'cls+mean'))
+    assert torch.equal(split['cls'], pool_tokens(tokens, 'cls'))
+    assert torch.equal(split['cls+mean'], pool_tokens(tokens, 'cls+mean'))
+    with pytest.raises(ValueError, match='expected \\(N, 2C\\)'):
+        split_poolings(torch.zeros(3, 5))
+
+
 # ----------------------------------------------------------------------------
 # The --quick study with the real Runner: killed mid-run, then resumed
 # ----------------------------------------------------------------------------

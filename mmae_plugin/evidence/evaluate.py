@@ -5,8 +5,9 @@ the probes' training set) and the test images gives the CLS + mean-patch
 features of the plugin's ``'cls+mean'`` pooling
 (:func:`~mmae_plugin.models.necks.pool_tokens`, the evaluation config's
 ``KNNClassifier``); the CLS token is their first half, exactly the
-``'cls'`` pooling. On each pooling's cached features: weighted kNN in
-float64, the full-label linear probe, low-shot probes and the
+``'cls'`` pooling. On each pooling's cached features: the plugin's weighted
+kNN (:func:`~mmae_plugin.evaluation.knn.knn_class_scores`, float64
+similarities), the full-label linear probe, low-shot probes and the
 representation statistics of :mod:`mmae_plugin.evaluation.statistics`
 (whatever keys it defines, prefixed ``repr/``).
 """
@@ -17,11 +18,25 @@ import torch
 from torch import Tensor
 
 from mmae_plugin.evaluation.frozen import accuracy, extract_features
+from mmae_plugin.evaluation.knn import knn_class_scores
 from mmae_plugin.evaluation.linear_probe import fit_linear_probe
 from mmae_plugin.evaluation.statistics import representation_statistics
 
-from .knn64 import knn_scores_float64
 from .lowshot import fit_lowshot_probe, lowshot_indices
+
+
+#: Test queries classified at once: bounds the float64 similarity matrix at
+#: QUERY_CHUNK x (training images) (250 MB for 60,000).
+QUERY_CHUNK = 512
+
+
+def knn_scores(test_x: Tensor, train_x: Tensor, train_y: Tensor,
+               num_classes: int, k: int, temperature: float) -> Tensor:
+    """The plugin's kNN (float64 similarities) over chunks of queries."""
+    return torch.cat([
+        knn_class_scores(test_x[start:start + QUERY_CHUNK], train_x, train_y,
+                         num_classes, k, temperature)
+        for start in range(0, test_x.shape[0], QUERY_CHUNK)])
 
 
 def split_poolings(cls_mean: Tensor) -> Dict[str, Tensor]:
@@ -62,8 +77,8 @@ def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
         ``lowshot<k>_top1`` per shot, and ``repr/<statistic>``.
     """
     train_x, test_x = train_x.double(), test_x.double()
-    scores = knn_scores_float64(test_x, train_x, train_y, num_classes, k,
-                                temperature)
+    scores = knn_scores(test_x, train_x, train_y, num_classes, k,
+                        temperature)
     metrics = {'knn_top1': accuracy(scores, test_y, 1),
                'knn_top5': accuracy(scores, test_y, 5)}
     probe = fit_linear_probe(train_x, train_y, num_classes, weight_decay)
