@@ -557,3 +557,90 @@ def test_registered_statistics_are_restored_by_a_checkpoint(
     for name in ('median_restored', 'spread_restored'):
         HistoryBuffer._statistics_methods.pop(name, None)
         statistics_snapshot.pop(name, None)
+
+
+# --------------------------------------------------------------------------
+# inferencers: a checkpoint's config text is never executed
+# --------------------------------------------------------------------------
+from mmengine.infer import BaseInferencer  # noqa: E402
+from mmengine.registry import MODELS as MMENGINE_MODELS  # noqa: E402
+
+MMENGINE_MODELS.register_module(name='MmaeSecurityToyModel', module=ToyModel,
+                                force=True)
+
+
+class ToyInferencer(BaseInferencer):
+    """The smallest complete mmengine inferencer: tensors in, outputs out."""
+
+    def _init_pipeline(self, cfg):
+        return lambda item: item
+
+    def visualize(self, inputs, preds, show=False):
+        return None
+
+    def postprocess(self, preds, visualization=None, return_datasample=False):
+        return dict(predictions=preds, visualization=visualization)
+
+
+def with_config_text(source, destination, text):
+    """``source`` with ``text`` as its config, where mmengine stores it."""
+    checkpoint = torch.load(source, weights_only=True)
+    checkpoint['message_hub']['runtime_info']['cfg'] = text
+    checkpoint['meta']['cfg'] = text
+    torch.save(checkpoint, destination)
+    return destination
+
+
+def test_upstream_inferencer_executes_checkpoint_config(tmp_path, genuine):
+    """What the fix prevents: mmengine's own method runs the text (delete
+    inferencer_checkpoint_config when this fails)."""
+    ran = tmp_path / 'RAN'
+    path = with_config_text(genuine[0], tmp_path / 'crafted.pth',
+                            f'open({str(ran)!r}, "w").close()\n')
+    upstream = BaseInferencer._init_model.__wrapped__
+    with pytest.raises(Exception):
+        upstream(object.__new__(ToyInferencer), Config(), str(path))
+    assert ran.exists()
+
+
+@pytest.mark.parametrize('where', ['message_hub', 'meta only'])
+def test_inferencer_without_config_refuses_checkpoint_config(
+        tmp_path, genuine, marker, where):
+    text = (f"__import__('os').system('touch {marker}')\n"
+            "model = dict(type='MmaeSecurityToyModel')\n")
+    path = with_config_text(genuine[0], tmp_path / 'crafted.pth', text)
+    if where == 'meta only':  # mmengine's fallback for older checkpoints
+        checkpoint = torch.load(path, weights_only=True)
+        del checkpoint['message_hub']
+        torch.save(checkpoint, path)
+    with pytest.raises(ValueError) as info:
+        ToyInferencer(model=None, weights=str(path), device='cpu')
+    message = str(info.value)
+    assert f'weights={str(path)!r} given without a config' in message
+    assert "ToyInferencer(model='path/to/config.py'" in message
+    assert not marker.exists()
+
+
+def test_inferencer_with_config_loads_genuine_checkpoint(genuine):
+    path, state = genuine
+    inferencer = ToyInferencer(
+        model=dict(model=dict(type='MmaeSecurityToyModel')),
+        weights=str(path), device='cpu', show_progress=False)
+    for key, value in state.items():
+        assert torch.equal(inferencer.model.state_dict()[key], value), key
+    inputs = [dict(inputs=torch.tensor([2.0, 1.0]))]
+    predicted = inferencer(inputs)['predictions'][0]
+    weight, bias = state['linear.weight'][0], state['linear.bias'][0]
+    expected = (weight[0] * 2.0 + weight[1] * 1.0 + bias).double()
+    assert float(predicted) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_mmpretrain_inferencer_refuses_a_checkpoint_path(tmp_path, genuine,
+                                                         marker):
+    """mmpretrain's inferencers need a model name or config (upstream)."""
+    from mmpretrain.apis import ImageClassificationInferencer
+    path = with_config_text(genuine[0], tmp_path / 'crafted.pth',
+                            f"__import__('os').system('touch {marker}')\n")
+    with pytest.raises(ValueError, match='Failed to find model'):
+        ImageClassificationInferencer(model=str(path))
+    assert not marker.exists()

@@ -17,6 +17,8 @@ from .checkpoint_allowlist import (allow_mmengine_checkpoints,
                                    remember_registered_statistics)
 from .collate_scope import strip_collate_scope
 from .cpu_distributed import enable_cpu_distributed
+from .inferencer_checkpoint_config import \
+    never_execute_checkpoint_config_in_inferencers
 from .fsdp_optim_state_order import load_fsdp_optimizer_state_by_keyword
 from .fsdp_resume_seed import resume_per_rank_seed_once
 from .pkg_resources_check import require_pkg_resources
@@ -29,6 +31,7 @@ FIXES: List[Callable[[], None]] = [
     remember_registered_statistics,
     load_checkpoints_weights_only,
     read_resume_config_without_executing,
+    never_execute_checkpoint_config_in_inferencers,
     strip_collate_scope,
     enable_cpu_distributed,
     load_fsdp_optimizer_state_by_keyword,

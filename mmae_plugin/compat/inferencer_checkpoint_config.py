@@ -1,0 +1,76 @@
+"""mmengine's inferencers never execute the config text of a checkpoint.
+
+Upstream: mmengine 0.10.7 ``BaseInferencer._init_model``
+(``mmengine/infer/infer.py`` line 476), reached by
+``SomeInferencer(model=None, weights=PATH)`` (any inferencer built on
+mmengine's ``BaseInferencer``, e.g. mmdet's or mmseg's, and user
+subclasses), takes ``checkpoint['message_hub']['runtime_info']['cfg']`` (or
+``checkpoint['meta']['cfg']``) and passes it to
+``Config.fromstring(..., file_format='.py')``, which writes the string to a
+file and executes it as a Python config (``custom_imports`` included). A
+checkpoint holding nothing but strings, which ``weights_only`` lets through,
+therefore ran arbitrary code when opened for inference. Not fixed in any
+mmengine release as of 0.10.7.
+
+A config cannot be taken from a checkpoint safely even without executing
+the text: building ``cfg.model`` resolves every ``type`` through the
+registries, which fall back to importing any dotted path
+(``type='os.system'``), so the config itself is code. mmpretrain 1.2.0's
+inferencers (``mmpretrain.apis``) are not affected: their ``get_model``
+accepts only a model name, a ``.py`` config or a ``Config``, and refuses a
+checkpoint path before loading it.
+
+What changes: ``BaseInferencer._init_model`` called without a config and
+with ``weights`` raises a ``ValueError`` naming the checkpoint and what to
+pass instead (the config file the checkpoint was trained with, as
+``model=``), before the checkpoint is read. With a config (``model=`` a
+file, a ``Config``/dict or a metafile model name) the upstream method runs
+unchanged and loads the weights with ``weights_only=True``
+(``weights_only_load``); the runner's own resume path is
+``safe_resume_config``.
+"""
+import functools
+from typing import Any, Optional
+
+_MESSAGE = (
+    'weights={weights!r} given without a config: mmengine 0.10.7 would '
+    'build the model from the config text stored in the checkpoint '
+    "(message_hub['runtime_info']['cfg'] or meta['cfg']) by executing it, "
+    'and a checkpoint never runs code with mmae_plugin. Pass the config the '
+    'checkpoint was trained with as model=, e.g. '
+    "{cls}(model='path/to/config.py', weights={weights!r}); to recover that "
+    "text for review, read it with torch.load(path, weights_only=True)"
+    "['meta']['cfg'] and save it to a .py file")
+
+
+def refuse_config_from_checkpoint(original: Any) -> Any:
+    """Wrap ``BaseInferencer._init_model`` to refuse a missing config.
+
+    Args:
+        original: mmengine's ``BaseInferencer._init_model``.
+
+    Returns:
+        The wrapped method.
+    """
+
+    @functools.wraps(original)
+    def init_model(self, cfg: Any, weights: Optional[str],
+                   device: str = 'cpu') -> Any:
+        # Same test as upstream's ``if not cfg:`` branch, checked before the
+        # checkpoint is read so a refused call reads nothing.
+        if not cfg and weights is not None:
+            raise ValueError(_MESSAGE.format(weights=weights,
+                                             cls=type(self).__name__))
+        return original(self, cfg, weights, device)
+
+    init_model._mmae_fixed = True
+    return init_model
+
+
+def never_execute_checkpoint_config_in_inferencers() -> None:
+    """Make mmengine's ``BaseInferencer`` refuse to run a checkpoint's cfg."""
+    from mmengine.infer import BaseInferencer
+
+    if not getattr(BaseInferencer._init_model, '_mmae_fixed', False):
+        BaseInferencer._init_model = refuse_config_from_checkpoint(
+            BaseInferencer._init_model)
