@@ -14,7 +14,8 @@ def sweep(repo_root, out_dir, *extra):
     proc = subprocess.run(
         [sys.executable, SCRIPT, '--quick', '--out-dir', str(out_dir),
          '--report', str(out_dir / 'report' / 'results.md'), *extra],
-        cwd=repo_root, capture_output=True, text=True, timeout=900)
+        cwd=repo_root, capture_output=True, text=True,
+        timeout=3600)  # generous: the machine may be shared
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
