@@ -582,6 +582,14 @@ def run_case(spec: dict) -> Dict:
     init_default_scope('mmpretrain')
     result = dict(case=spec['case'], dtype=dtype, rank=rank,
                   world_size=world)
+    cfg = load_config(spec['case'], spec['cfg_options'])
+    if spec.get('measure_loader'):
+        # The input pipeline on its own, before this process uses the GPU.
+        batches = max(2, spec['loader_iters'])
+        result['dataloader_alone'] = measure_loader(
+            dataloader_config(cfg, spec['folder'], spec['batch'],
+                              spec['num_workers'], spec['image_size'],
+                              spec['batch'] * (batches + 2)), batches)
     if device == 'cuda':
         result['gpu'] = torch.cuda.get_device_name()
         result['capability'] = list(torch.cuda.get_device_capability())
@@ -591,14 +599,6 @@ def run_case(spec: dict) -> Dict:
         if spec.get('measure_matmul') and dtype != 'float32':
             result['matmul_flops'] = measured_matmul_peak(
                 getattr(torch, dtype))
-    cfg = load_config(spec['case'], spec['cfg_options'])
-    if spec.get('measure_loader'):
-        # Before the model and CUDA: the input pipeline on its own.
-        batches = max(2, spec['loader_iters'])
-        result['dataloader_alone'] = measure_loader(
-            dataloader_config(cfg, spec['folder'], spec['batch'],
-                              spec['num_workers'], spec['image_size'],
-                              spec['batch'] * (batches + 2)), batches)
     torch.manual_seed(rank)
     model = MODELS.build(cfg.model)
     model.init_weights()
