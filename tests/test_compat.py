@@ -547,3 +547,147 @@ def test_numpy1_checkpoint_resumes(tmp_path):
     runner.train()
     assert (runner.epoch, runner.iter) == (3, 9)
     assert len(hub.get_scalar('train/loss').data[0]) == 9
+
+
+# --------------------------------------------------------------------------
+# (c) CPU DDP: only the device_ids mmengine injects are dropped
+# --------------------------------------------------------------------------
+@pytest.fixture
+def cpu_process_group(dist_env):
+    """A 1-process gloo group, initialised through mmengine's init_dist."""
+    if torch.cuda.is_available():
+        pytest.skip('CPU-only behaviour (a CUDA host keeps device_ids)')
+    from mmengine.dist import init_dist
+    init_dist('pytorch', backend='gloo')
+    assert torch.distributed.get_backend() == 'gloo'
+
+
+def ddp_runner(tmp_path, model_wrapper_cfg):
+    from conftest import ToyModel
+    # Runner reads model_wrapper_cfg from its cfg, as from a config file.
+    cfg = None if model_wrapper_cfg is None else dict(
+        model_wrapper_cfg=model_wrapper_cfg)
+    return Runner(model=ToyModel(), work_dir=str(tmp_path), launcher='pytorch',
+                  env_cfg=dict(dist_cfg=dict(backend='gloo')), cfg=cfg,
+                  log_level='WARNING',
+                  experiment_name=f'ddp_{id(model_wrapper_cfg)}')
+
+
+# Torch's own refusal of device_ids for a CPU module, naming both arguments.
+TORCH_REFUSES_CPU_DEVICE_IDS = (r'device_ids and output_device arguments only '
+                                r'work with single-device.*device_ids \[0\]')
+
+
+@pytest.mark.parametrize('model_wrapper_cfg', [
+    None, dict(type='MMDistributedDataParallel'),
+    dict(type='MMDistributedDataParallel', broadcast_buffers=False)])
+def test_runner_drops_device_ids_mmengine_injects(tmp_path, cpu_process_group,
+                                                  model_wrapper_cfg):
+    from mmengine.model import MMDistributedDataParallel
+    runner = ddp_runner(tmp_path, model_wrapper_cfg)
+    assert isinstance(runner.model, MMDistributedDataParallel)
+    assert runner.model.device_ids is None  # torch's CPU-module setting
+    batch = dict(inputs=[torch.tensor([1.0, 1.0])],
+                 labels=[torch.tensor(2.0)])
+    loss = runner.model(**runner.model.module.data_preprocessor(batch),
+                        mode='loss')['loss']
+    loss.backward()  # gradients all-reduced over the gloo group
+    assert runner.model.module.linear.weight.grad is not None
+
+
+@pytest.mark.parametrize('given', [dict(device_ids=[0]),
+                                   dict(device_ids=[0], output_device=0)])
+def test_runner_keeps_device_ids_the_config_gives(tmp_path, cpu_process_group,
+                                                  given):
+    with pytest.raises(ValueError, match=TORCH_REFUSES_CPU_DEVICE_IDS):
+        ddp_runner(tmp_path, dict(type='MMDistributedDataParallel', **given))
+
+
+def test_ddp_strategy_drops_only_injected_device_ids(cpu_process_group):
+    from mmengine._strategy import DDPStrategy
+    from mmengine.model import MMDistributedDataParallel
+
+    from conftest import ToyModel
+    wrapped = DDPStrategy()._wrap_model(ToyModel())
+    assert isinstance(wrapped, MMDistributedDataParallel)
+    assert wrapped.device_ids is None
+    strategy = DDPStrategy(model_wrapper=dict(
+        type='MMDistributedDataParallel', device_ids=[0]))
+    with pytest.raises(ValueError, match=TORCH_REFUSES_CPU_DEVICE_IDS):
+        strategy._wrap_model(ToyModel())
+
+
+def test_ddp_built_by_hand_reaches_torch_as_given(cpu_process_group):
+    from mmengine.model import MMDistributedDataParallel
+
+    from conftest import ToyModel
+    with pytest.raises(ValueError, match=TORCH_REFUSES_CPU_DEVICE_IDS):
+        MMDistributedDataParallel(module=ToyModel(), device_ids=[0])
+    assert MMDistributedDataParallel(module=ToyModel()).device_ids is None
+
+
+# --------------------------------------------------------------------------
+# (f) pkg_resources: imported only when a ``package::`` base is resolved
+# --------------------------------------------------------------------------
+PKG_RESOURCES_PROBE = '''
+import sys
+import warnings
+warnings.simplefilter('always')
+with warnings.catch_warnings(record=True) as caught:
+    import mmae_plugin
+    from mmengine.config import Config
+    Config.fromfile(sys.argv[1])  # a config without package:: bases
+print('after import:', sys.modules.get('pkg_resources') is not None,
+      any('pkg_resources' in str(w.message) for w in caught))
+if len(sys.argv) > 2:
+    Config.fromfile(sys.argv[2])  # a config with an mmpretrain:: base
+    print('after package base:', sys.modules.get('pkg_resources') is not None)
+'''
+
+
+def run_pkg_resources_probe(tmp_path, *configs, block=False):
+    """Run the probe in a fresh interpreter, optionally without setuptools'
+    ``pkg_resources`` (a ``None`` entry in ``sys.modules`` makes its import
+    fail, as after setuptools 82)."""
+    import subprocess
+    import sys
+    probe = PKG_RESOURCES_PROBE
+    if block:
+        probe = "import sys\nsys.modules['pkg_resources'] = None\n" + probe
+    script = tmp_path / 'probe.py'
+    script.write_text(probe)
+    return subprocess.run([sys.executable, str(script), *map(str, configs)],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONWARNINGS='default'))
+
+
+@pytest.fixture
+def plain_and_package_configs(tmp_path):
+    plain = tmp_path / 'plain.py'
+    plain.write_text('model = dict(type="MAE")\n')
+    package = tmp_path / 'package.py'
+    package.write_text(
+        "_base_ = ['mmpretrain::_base_/default_runtime.py']\n")
+    return plain, package
+
+
+def test_pkg_resources_imported_only_for_package_bases(
+        tmp_path, plain_and_package_configs):
+    plain, package = plain_and_package_configs
+    proc = run_pkg_resources_probe(tmp_path, plain, package)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'after import: False False' in proc.stdout
+    assert 'after package base: True' in proc.stdout
+
+
+def test_missing_pkg_resources_fails_only_when_needed(
+        tmp_path, plain_and_package_configs):
+    plain, package = plain_and_package_configs
+    proc = run_pkg_resources_probe(tmp_path, plain, block=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'after import: False False' in proc.stdout
+    proc = run_pkg_resources_probe(tmp_path, plain, package, block=True)
+    assert proc.returncode != 0
+    assert ('mmengine 0.10.7 needs pkg_resources to resolve "mmpretrain::" '
+            "config bases; install it with: pip install 'setuptools<82'"
+            in proc.stderr), proc.stderr[-3000:]
