@@ -584,12 +584,14 @@ def run_case(spec: dict) -> Dict:
                   world_size=world)
     cfg = load_config(spec['case'], spec['cfg_options'])
     if spec.get('measure_loader'):
-        # The input pipeline on its own, before this process uses the GPU.
+        # The input pipeline on its own, before this process uses the GPU;
+        # the sampler gives each rank 1 / world of the epoch.
         batches = max(2, spec['loader_iters'])
         result['dataloader_alone'] = measure_loader(
             dataloader_config(cfg, spec['folder'], spec['batch'],
                               spec['num_workers'], spec['image_size'],
-                              spec['batch'] * (batches + 2)), batches)
+                              spec['batch'] * world * (batches + 2)), batches)
+        result['dataloader_alone']['ranks'] = world  # images/s of one rank
     if device == 'cuda':
         result['gpu'] = torch.cuda.get_device_name()
         result['capability'] = list(torch.cuda.get_device_capability())
