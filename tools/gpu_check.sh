@@ -14,6 +14,8 @@
 #                     with network by tools/gpu_wheels.sh)
 #   GPU_CHECK_SITE    where the wheels are installed (default /tmp/site;
 #                     a temporary folder in a dry run)
+#   GPU_CHECK_STAGES  only these stages, e.g. 'install bench_gpu' for a rerun
+#                     (default: all; later stages need install and images)
 #   GPU_CHECK_BUDGET_S  seconds for everything (default 470; 1500 in a dry
 #                     run, whose stage timeouts are 3x the device ones: no
 #                     device time is at stake and a shared CPU can be slow)
@@ -302,6 +304,10 @@ STAGES="$GC_TMP/stages.jsonl"
 # group, so torchrun's children die with it); log in $GC_TMP/NAME.log.
 run_stage() {
   local name="$1" limit=$(($2 * SCALE)) now left status rc begin end
+  if [ -n "${GPU_CHECK_STAGES:-}" ] && ! [[ " $GPU_CHECK_STAGES " == *" $name "* ]]; then
+    echo "{\"name\": \"$name\", \"status\": \"not_selected\", \"rc\": null, \"seconds\": 0, \"timeout_s\": 0}" >> "$STAGES"
+    return
+  fi
   now=$(date +%s)
   left=$((START + BUDGET - REPORT_RESERVE - now))
   [ "$limit" -gt "$left" ] && limit=$left
@@ -404,12 +410,17 @@ if dist is not None:
         {k: r[k] for k in ('folder', 'iterations', 'resumed', 'memory_mb')}
         | dict(first_loss=r['losses'][:1], last_loss=r['losses'][-1:])
         for r in dist['runs']]
-report['passed'] = all(s['status'] in ('passed', 'skipped') for s in stages)
+report['passed'] = all(s['status'] in ('passed', 'skipped', 'not_selected')
+                       for s in stages)
 with open(osp.join(out, 'gpu_check.json'), 'w') as f:
     json.dump(report, f, indent=2)
 
+some = 'selected ' if any(s['status'] == 'not_selected' for s in stages) \
+    else ''
+verdict = f'All {some}stages passed' if report['passed'] else \
+    f'NOT all {some}stages passed'
 lines = [f'# GPU check ({report["mode"]}), {report["date"]}', '',
-         f'{"All stages passed" if report["passed"] else "NOT all stages passed"}'
+         f'{verdict}'
          f' in {report["total_s"]:.0f} s of a {budget} s budget.', '',
          '| stage | status | seconds | timeout s |', '| --- | --- | --- | --- |']
 lines += [f'| {s["name"]} | {s["status"]} | {float(s["seconds"]):.0f} | '
