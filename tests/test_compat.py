@@ -626,6 +626,22 @@ def test_ddp_built_by_hand_reaches_torch_as_given(cpu_process_group):
     assert MMDistributedDataParallel(module=ToyModel()).device_ids is None
 
 
+@pytest.mark.cuda
+def test_cuda_host_keeps_mmengine_device_ids(tmp_path, dist_env):
+    """On a CUDA host nothing changes: NCCL, set_device, device_ids=[0]."""
+    from mmae_plugin.compat.cpu_distributed import (has_dist_accelerator,
+                                                    injected_device_ids)
+
+    from conftest import ToyModel
+    assert has_dist_accelerator() and injected_device_ids(None) is None
+    runner = Runner(model=ToyModel(), work_dir=str(tmp_path),
+                    launcher='pytorch', log_level='WARNING',
+                    experiment_name='ddp_cuda_host')
+    assert torch.distributed.get_backend() == 'nccl'
+    assert runner.model.device_ids == [0]
+    assert runner.model.module.linear.weight.device.type == 'cuda'
+
+
 # --------------------------------------------------------------------------
 # (f) pkg_resources: imported only when a ``package::`` base is resolved
 # --------------------------------------------------------------------------

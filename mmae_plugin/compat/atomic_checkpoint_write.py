@@ -40,6 +40,8 @@ import stat
 import tempfile
 from typing import IO, Any, Callable, Optional, Union
 
+from ._checkpoint_hook_cleanup import clean_up_after_before_train
+
 _TMP_NAME = re.compile(r'^\.(?P<name>.+)\.(?P<writer>[A-Za-z0-9_-]+)'
                        r'\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$')
 #: Suffixes of the files replaced atomically (checkpoints, their checksum
@@ -340,21 +342,11 @@ def open_last_checkpoint_atomically(file: Any, mode: str = 'r', *args,
 def write_last_checkpoint_atomically() -> None:
     """Write ``last_checkpoint`` atomically; clean up orphans at start."""
     import mmengine.hooks.checkpoint_hook as hook_module
-    from mmengine.dist import is_main_process
-    from mmengine.fileio.backends import LocalBackend
 
     hook_module.open = open_last_checkpoint_atomically
-    hook_class = hook_module.CheckpointHook
-    original = hook_class.before_train
-    if getattr(original, '_mmae_fixed', False):
-        return
 
-    @functools.wraps(original)
-    def before_train(self, runner) -> None:
-        original(self, runner)
-        if is_main_process() and isinstance(self.file_backend, LocalBackend):
-            for folder in {str(self.out_dir), str(runner.work_dir)}:
-                remove_orphan_temporaries(folder)
+    def remove_orphans(hook, runner) -> None:
+        for folder in {str(hook.out_dir), str(runner.work_dir)}:
+            remove_orphan_temporaries(folder)
 
-    before_train._mmae_fixed = True
-    hook_class.before_train = before_train
+    clean_up_after_before_train('_mmae_fixed', remove_orphans)

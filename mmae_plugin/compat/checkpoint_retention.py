@@ -28,6 +28,7 @@ import os
 import os.path as osp
 from typing import Any, Callable, List, Set, Tuple
 
+from ._checkpoint_hook_cleanup import clean_up_after_before_train
 from .checkpoint_integrity import SIDECAR_SUFFIX, sidecar_path
 
 
@@ -142,8 +143,6 @@ def remove_orphan_sidecars(folder: str) -> None:
 
 def remove_old_checkpoints_last() -> None:
     """Make ``CheckpointHook`` delete old checkpoints after saving new ones."""
-    from mmengine.dist import is_main_process
-    from mmengine.fileio.backends import LocalBackend
     from mmengine.hooks import CheckpointHook
 
     for name in ('_save_checkpoint_with_step', '_save_best_checkpoint'):
@@ -151,16 +150,8 @@ def remove_old_checkpoints_last() -> None:
         if not getattr(method, '_mmae_retention', False):
             setattr(CheckpointHook, name, remove_after_saving(method))
 
-    original = CheckpointHook.before_train
-    if getattr(original, '_mmae_retention', False):
-        return
-
-    @functools.wraps(original)
-    def before_train(self, runner) -> None:
-        original(self, runner)
-        # Upstream deletes checkpoints beyond max_keep_ckpts here on resume.
-        if is_main_process() and isinstance(self.file_backend, LocalBackend):
-            remove_orphan_sidecars(str(self.out_dir))
-
-    before_train._mmae_retention = True
-    CheckpointHook.before_train = before_train
+    # Upstream deletes checkpoints beyond max_keep_ckpts in before_train on
+    # resume; the sidecars of the deleted ones go right after.
+    clean_up_after_before_train(
+        '_mmae_retention',
+        lambda hook, runner: remove_orphan_sidecars(str(hook.out_dir)))
