@@ -121,16 +121,24 @@ def test_linear_probe_reaches_the_regularised_optimum():
 
 
 def numpy_statistics(z, mu=1.0):
+    """Every key of representation_statistics, from its definition: the
+    uncentred Gram kernel's spectrum is that of ``zn^T zn / N``."""
     zn = z / np.linalg.norm(z, axis=1, keepdims=True)
     lam = np.linalg.eigvalsh(zn.T @ zn / len(z))
     lam = lam[lam > 1e-15]
     entropy = float(-(lam * np.log(lam)).sum())
+    zb = (z - z.mean(0)) / z.std(0)  # the correlation matrix: centred
+    corr = np.linalg.eigvalsh(zb.T @ zb / len(z))
+    corr = corr[corr > 1e-15] / corr[corr > 1e-15].sum()
+    entropy_cov = float(-(corr * np.log(corr)).sum())
     s = np.linalg.svd(z, compute_uv=False)
     p = s / s.sum() + 1e-7
     tcr = np.linalg.slogdet(np.eye(z.shape[1]) + mu / z.shape[1] *
                             zn.T @ zn)[1]
-    return dict(entropy=entropy, erank=math.exp(entropy),
-                rankme=float(np.exp(-(p * np.log(p)).sum())), tcr=float(tcr))
+    return {'entropy_gram': entropy, 'erank_gram': math.exp(entropy),
+            'entropy_cov': entropy_cov, 'erank_cov': math.exp(entropy_cov),
+            'rankme_raw': float(np.exp(-(p * np.log(p)).sum())),
+            f'tcr_reference_mu{mu:g}': float(tcr)}
 
 
 def test_representation_statistics_match_numpy():
@@ -139,9 +147,10 @@ def test_representation_statistics_match_numpy():
         torch.randn(20, 20, generator=gen, dtype=torch.float64)
     ours = representation_statistics(z, tcr_mu=3.0)
     ref = numpy_statistics(z.numpy(), mu=3.0)
+    assert set(ours) == set(ref)
     for key, value in ref.items():
         assert ours[key] == pytest.approx(value, rel=1e-9), key
-    assert 1 <= ours['erank'] <= 20
+    assert 1 <= ours['erank_gram'] <= 20 and 1 <= ours['erank_cov'] <= 20
 
 
 @pytest.fixture(scope='module')
@@ -196,12 +205,12 @@ def test_knn_classifier_under_the_runner(tmp_path, pretrained):
     top1 = 100 * (scores.argmax(1) == test_y).mean()
     assert metrics['accuracy/top1'] == pytest.approx(top1, abs=1e-4)
     ref = numpy_statistics(test_x)
-    for key in ('entropy', 'erank', 'rankme', 'tcr'):
+    for key in ref:
         assert metrics[f'repr/{key}'] == pytest.approx(ref[key], rel=1e-4)
     # The one-pass evaluation of the sweep sees the same features.
     cached, probe, _ = evaluate_frozen_encoder(cfg, pretrained)
     assert cached['knn/top1'] == pytest.approx(top1, abs=1e-4)
-    for key in ('erank', 'rankme'):
+    for key in ('erank_gram', 'erank_cov', 'rankme_raw'):
         assert cached[f'repr/{key}'] == pytest.approx(ref[key], rel=1e-4)
     probe_top1 = 100 * (probe.logits(torch.from_numpy(test_x)).argmax(1)
                         .numpy() == test_y).mean()
@@ -229,7 +238,7 @@ def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,
             results[gpus] = json.load(f)
     assert results[1]['accuracy/top1'] == pytest.approx(
         results[2]['accuracy/top1'], abs=1e-6)
-    for key in ('repr/erank', 'repr/rankme'):
+    for key in ('repr/erank_gram', 'repr/erank_cov', 'repr/rankme_raw'):
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5)
 
 
