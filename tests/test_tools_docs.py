@@ -151,3 +151,30 @@ def test_every_compat_module_has_its_section(repo_root):
     sections = re.findall(r'^## `(\w+)`', page, re.M)
     assert len(set(sections)) == len(sections), sections
     assert sorted(sections) == modules
+
+
+def test_zoo_tables_show_the_metafiles_results(repo_root):
+    """The zoo tables of docs/evaluation.md and the collection READMEs are
+    written by hand from the metafiles: each entry's row shows its top-1."""
+    import yaml
+    stale = []
+    for metafile in glob.glob(osp.join(repo_root, 'configs', '*',
+                                       'metafile.yml')):
+        for model in yaml.safe_load(read(metafile))['Models']:
+            if not model.get('Results'):
+                continue
+            top1 = model['Results'][0]['Metrics']['Top 1 Accuracy']
+            collection = {'M-MAE': 'mmae', 'U-MAE': 'umae', 'MAE': 'mae'}[
+                model['In Collection']]
+            for page in ('docs/evaluation.md',
+                         f'configs/{collection}/README.md'):
+                rows = [line for line in read(osp.join(repo_root,
+                                                       page)).splitlines()
+                        if line.startswith(f"| `{model['Name']}`")]
+                cells = [cell.split()[0] for row in rows
+                         for cell in row.split('|')[1:] if cell.strip()]
+                numbers = {float(c) for c in cells
+                           if re.fullmatch(r'\d+(\.\d+)?', c)}
+                if len(rows) != 1 or top1 not in numbers:
+                    stale.append(f"{page}: {model['Name']} {top1}")
+    assert not stale, stale
