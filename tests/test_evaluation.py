@@ -82,6 +82,9 @@ def test_knn_chunked_search_equals_one_pass(monkeypatch):
     monkeypatch.setattr(knn, 'BANK_CHUNK', 64)
     chunked = knn_class_scores(query, bank, labels, 3, k=25)
     torch.testing.assert_close(chunked, whole)
+    monkeypatch.setattr(knn, 'QUERY_CHUNK', 7)  # 30 queries: 5 blocks
+    torch.testing.assert_close(knn_class_scores(query, bank, labels, 3, k=25),
+                               whole, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize('kwargs,name', [

@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-#: Neighbour bank rows compared at once; bounds memory at (B, chunk).
+#: Neighbour bank rows and queries compared at once: memory is bounded by
+#: a (QUERY_CHUNK, BANK_CHUNK) float64 block (512 MiB).
 BANK_CHUNK = 65536
+QUERY_CHUNK = 1024
 #: The dtype of every similarity, vote and score.
 KNN_DTYPE = torch.float64
 
@@ -78,7 +80,11 @@ def top_k_neighbours(query: Tensor, bank: Tensor,
         off.
     """
     with full_precision_region(query.device):
-        return _top_k_neighbours_full_precision(query, bank, k)
+        parts = [_top_k_neighbours_full_precision(
+            query[start:start + QUERY_CHUNK], bank, k)
+            for start in range(0, query.shape[0], QUERY_CHUNK)]
+    return (torch.cat([sim for sim, _ in parts]),
+            torch.cat([idx for _, idx in parts]))
 
 
 def _top_k_neighbours_full_precision(query: Tensor, bank: Tensor,
