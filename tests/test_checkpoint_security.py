@@ -24,7 +24,8 @@ from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
 from conftest import ToyModel, make_toy_runner
-from mmae_plugin.compat.checkpoint_allowlist import BUILTIN_STATISTICS
+from mmae_plugin.compat.checkpoint_allowlist import (BUILTIN_STATISTICS,
+                                                    NAMED_SAFE_GLOBALS)
 
 TINY_VIT = dict(
     _scope_='mmpretrain', type='VisionTransformer',
@@ -322,6 +323,14 @@ def save_hub_with(path, buffer):
         resumed_keys={})), path)
 
 
+
+#: torch < 2.6 cannot allow-list an object under another path, so statistics
+#: registered by code are refused there (documented in docs/reliability.md).
+needs_named_safe_globals = pytest.mark.skipif(
+    not NAMED_SAFE_GLOBALS,
+    reason='torch < 2.6: registered statistics are refused (documented)')
+
+
 @pytest.fixture
 def statistics_snapshot():
     HistoryBuffer()  # the built-in four exist in any process that logs
@@ -392,6 +401,7 @@ class Statistics:
         return self._log_history.max() - self._log_history.min()
 
 
+@needs_named_safe_globals
 def test_statistics_registered_by_code_keep_checkpoints_loadable(
         tmp_path, statistics_snapshot):
     for method in (median_of_window, Statistics.spread):
@@ -486,6 +496,7 @@ print('loaded')
 '''
 
 
+@needs_named_safe_globals
 def test_statistic_of_allow_listed_class_loads_whatever_the_hash_seed(
         tmp_path):
     """Both the user's class and the statistic's owner stand-in claim the
@@ -521,6 +532,7 @@ def median_restored(self):
     return np.median(self._log_history)
 
 
+@needs_named_safe_globals
 def test_registered_statistics_are_restored_by_a_checkpoint(
         tmp_path, statistics_snapshot):
     """Policy: a statistic this process registered by code, then cleared, is

@@ -21,11 +21,12 @@ Usage:
     python tools/model_converters/mae_to_mmpretrain.py SRC.pth DST.pth
 """
 import argparse
+import contextlib
 import os.path as osp
 import pickle
 import re
 from collections import OrderedDict
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 
@@ -146,7 +147,7 @@ def load_checkpoint(path: str) -> dict:
         pickle.UnpicklingError: The checkpoint names a class or function
             outside the allow-list (the message names the file and it).
     """
-    with torch.serialization.safe_globals([argparse.Namespace]):
+    with namespace_allowed():
         try:
             return torch.load(path, map_location='cpu', weights_only=True)
         except pickle.UnpicklingError as error:
@@ -154,6 +155,21 @@ def load_checkpoint(path: str) -> dict:
                 f'src={path!r} was refused under weights_only (it holds '
                 f'something outside the allow-list; nothing in it ran): '
                 f'{error}') from error
+
+
+@contextlib.contextmanager
+def namespace_allowed() -> Iterator[None]:
+    """Allow ``argparse.Namespace`` for one load (torch >= 2.5 scopes it).
+
+    torch 2.4 has no ``safe_globals`` context manager; this one-shot CLI
+    then adds it to the process's allow-list, which ends with the process.
+    """
+    if hasattr(torch.serialization, 'safe_globals'):
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            yield
+    else:
+        torch.serialization.add_safe_globals([argparse.Namespace])
+        yield
 
 
 def convert_file(src: str, dst: str) -> List[str]:
