@@ -14,7 +14,18 @@ def run(repo_root, args, **env):
     return proc
 
 
-@pytest.mark.parametrize('eval_amp', ['0', '1'])
+#: With EVAL_AMP=1 (the quick start's default) the end-to-end run takes about
+#: 7 minutes on 2 cores (CPU bf16 autocast over the 10,000 test images twice);
+#: it runs with ``MMAE_TEST_LONG=1``. The same equality under autocast is
+#: tested at the evaluation level in every run
+#: (test_evaluation.py::test_reported_linear_accuracy_is_the_saved_classifier_s).
+AMP_CASE_OPT_IN = pytest.mark.skipif(
+    os.environ.get('MMAE_TEST_LONG', '0') != '1',
+    reason='EVAL_AMP=1 end to end: run with MMAE_TEST_LONG=1 (about 7 min)')
+
+
+@pytest.mark.parametrize(
+    'eval_amp', ['0', pytest.param('1', marks=AMP_CASE_OPT_IN)])
 def test_quickstart_reports_the_accuracy_of_the_probe_it_saves(
         repo_root, tmp_path, eval_amp):
     """The printed accuracy is that of the saved linear-probe checkpoint, as

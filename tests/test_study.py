@@ -16,6 +16,14 @@ from mmae_plugin.evidence.intervals import (NO_INTERVAL, mean_std,
 from mmae_plugin.evidence.lowshot import lowshot_indices
 from mmae_plugin.evidence.study import STUDY_ARMS, full_study
 
+#: The end-to-end quick study (killed and resumed) runs about 17 child processes with the real Runner
+#: (several minutes on 2 cores): opt in with ``MMAE_TEST_LONG=1`` so the
+#: default suite stays within its budget; the other tests here always run.
+needs_evidence_opt_in = pytest.mark.skipif(
+    os.environ.get('MMAE_TEST_LONG', '0') != '1',
+    reason='end-to-end quick study (killed and resumed): run with '
+    'MMAE_TEST_LONG=1 (about 6 min on 2 cores)')
+
 SCRIPT = 'tools/benchmarks/run_study.py'
 
 
@@ -158,6 +166,7 @@ def killed_and_resumed(repo_root, tmp_path_factory):
     return out_dir, killed_at, resumed.stdout
 
 
+@needs_evidence_opt_in
 def test_resume_does_not_redo_finished_evaluations(killed_and_resumed):
     out_dir, killed_at, stdout = killed_and_resumed
     assert eval_file(out_dir, 'mae', 1) in killed_at
@@ -175,6 +184,7 @@ def test_resume_does_not_redo_finished_evaluations(killed_and_resumed):
     assert log.count('Epoch(train) [2][2/2]') == 1
 
 
+@needs_evidence_opt_in
 def test_quick_study_evaluates_every_arm_and_epoch(killed_and_resumed):
     out_dir, _, _ = killed_and_resumed
     for arm in STUDY_ARMS:
@@ -194,6 +204,7 @@ def test_quick_study_evaluates_every_arm_and_epoch(killed_and_resumed):
         'epoch_*.pth')) == ['epoch_1.pth', 'epoch_2.pth']
 
 
+@needs_evidence_opt_in
 def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
     out_dir, _, _ = killed_and_resumed
     report = (out_dir / 'report' / 'study.md').read_text()
@@ -218,6 +229,7 @@ def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
     assert 'holds a different study' in other.stderr + other.stdout
 
 
+@needs_evidence_opt_in
 def test_restats_recomputes_statistics_from_saved_features(repo_root,
                                                            killed_and_resumed):
     import torch
