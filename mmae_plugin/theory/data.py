@@ -9,12 +9,17 @@ features of different areas are orthonormal. A sample draws one random weight
 ``z_k`` per area and every patch ``p`` of area ``k`` carries ``z_k * v_k``
 (plus optional isotropic Gaussian noise)::
 
-    x_p = z_{k(p)} * v_{k(p)} + xi_p,   z_k ~ N(0, 1) i.i.d.,
+    x_p = z_{k(p)} * v_{k(p)} + xi_p,   z_k ~ N(mu, s_k^2) independent,
     xi_p ~ N(0, noise_std^2 / d * I_d)
 
-so ``E ||xi_p||^2 = noise_std^2``. A patch is therefore predictable from the
-other patches of its own area and from nothing else, which is what makes
-"attend to your own area" the optimal reconstruction strategy.
+so ``E ||xi_p||^2 = noise_std^2``. By default ``mu = 0`` and ``s_k = 1``:
+every area's weight is equally informative. ``global_weight_std`` (the
+global area's ``s_0``) makes the global feature the dominant one, an
+information gap between global and local features; ``weight_mean``
+(``mu``) gives every weight a common non-zero mean. A patch is therefore
+predictable from the other patches of its own area and from nothing else,
+which is what makes "attend to your own area" the optimal reconstruction
+strategy.
 
 Imbalance. Each local area has ``round(P ** local_exponent)`` patches (the
 exponent is the imbalance parameter: small exponent means tiny local areas,
@@ -24,6 +29,7 @@ order. The layout does not matter to the one-layer model in
 :mod:`mmae_plugin.theory.model`, whose positional embeddings are orthonormal
 (the model is equivariant to a permutation of patch indices).
 """
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -44,6 +50,10 @@ class ImbalanceSetting:
         feature_dim (int): Dimension ``d`` of a patch; must be at least the
             number of areas so that area features can be orthonormal.
         noise_std (float): Root mean squared norm of the additive patch noise.
+        global_weight_std (float): Standard deviation ``s_0 > 0`` of the
+            global area's weight (local areas: 1). Above 1 the global
+            feature carries more signal than each local one.
+        weight_mean (float): Common mean ``mu`` of every area weight.
     """
 
     num_patches: int = 64
@@ -51,6 +61,8 @@ class ImbalanceSetting:
     local_exponent: float = 0.5
     feature_dim: int = 16
     noise_std: float = 0.0
+    global_weight_std: float = 1.0
+    weight_mean: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.num_patches >= 2, 'num_patches', self.num_patches,
@@ -64,6 +76,12 @@ class ImbalanceSetting:
                f'an integer >= the number of areas ({self.num_areas})')
         _check(self.noise_std >= 0.0, 'noise_std', self.noise_std,
                'a float >= 0')
+        _check(
+            math.isfinite(self.global_weight_std)
+            and self.global_weight_std > 0.0, 'global_weight_std',
+            self.global_weight_std, 'a finite float > 0')
+        _check(math.isfinite(self.weight_mean), 'weight_mean',
+               self.weight_mean, 'a finite float')
         global_size = self.area_sizes[GLOBAL_AREA]
         _check(
             global_size >= self.local_area_size, 'local_exponent',
@@ -89,6 +107,11 @@ class ImbalanceSetting:
         local = self.local_area_size
         return [self.num_patches - self.num_local_areas * local
                 ] + [local] * self.num_local_areas
+
+    @property
+    def weight_stds(self) -> List[float]:
+        """list[float]: Standard deviation of every area weight ``z_k``."""
+        return [self.global_weight_std] + [1.0] * self.num_local_areas
 
     @property
     def imbalance_ratio(self) -> float:
@@ -173,12 +196,15 @@ class FeatureImbalanceData:
         Returns:
             tuple[torch.Tensor, torch.Tensor]: ``patches`` of shape
             ``(B, P, d)`` and the per-sample area ``weights`` ``z`` of shape
-            ``(B, K)``.
+            ``(B, K)``, ``z_k ~ N(weight_mean, weight_stds[k]^2)``.
         """
         _check(batch_size >= 1, 'batch_size', batch_size, 'an integer >= 1')
         generator = generator or self._generator
         s = self.setting
+        # Same draw for every setting, then an affine map: the defaults
+        # (mean 0, std 1) reproduce the original stream bit for bit.
         weights = torch.randn(batch_size, s.num_areas, generator=generator)
+        weights = weights * torch.tensor(s.weight_stds) + s.weight_mean
         patches = (weights[:, self.area_index].unsqueeze(-1) *
                    self.features[self.area_index].unsqueeze(0))
         if s.noise_std > 0:

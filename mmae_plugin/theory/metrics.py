@@ -11,6 +11,12 @@
   output of masked queries in area ``k`` on their own feature,
   ``beta_k = sum <y_p, v_k> z_k / sum z_k^2``. It is 1 when the area's feature
   is fully reconstructed and 0 when it is absent from the output.
+* Feature-position (FP) correlation ``[k, j]``: mean over query positions
+  ``p`` of area ``k`` of ``e_p^T Q [v_j; 0]``, the score a masked query at
+  ``p`` gives a key that carries ``v_j`` with unit weight (the paper's
+  attention correlation between a position and a feature). Position
+  correlation ``[k, j]``: mean of ``e_p^T Q e_q`` over ``p`` in area ``k``,
+  ``q != p`` in area ``j`` (what a fixed area layout lets the model use).
 * Own-area ceiling: a masked query can only put own-area mass on *visible*
   own-area patches, so with probability
   ``C(P - |D_k|, V) / C(P - 1, V)`` (no other patch of its area among the
@@ -125,6 +131,53 @@ def feature_coefficients(outputs: torch.Tensor, visible: torch.Tensor,
     return numerator / denominator
 
 
+def position_pair_average(matrix: torch.Tensor, area_index: torch.Tensor,
+                          num_areas: int) -> torch.Tensor:
+    """Mean of a ``(P, P)`` position matrix over pairs of areas, ``p != q``.
+
+    Args:
+        matrix (torch.Tensor): ``(P, P)`` entries ``[p, q]``.
+        area_index (torch.Tensor): ``(P,)`` area id per patch.
+        num_areas (int): Number of areas ``K``.
+
+    Returns:
+        torch.Tensor: ``(K, K)``; ``[k, j]`` is the mean of ``matrix[p, q]``
+        over ``p`` in area ``k`` and ``q != p`` in area ``j`` (a masked
+        query is never its own visible key, so ``p == q`` is left out).
+    """
+    onehot = torch.nn.functional.one_hot(area_index, num_areas).to(
+        matrix.dtype)
+    off_diagonal = 1.0 - torch.eye(matrix.shape[0], dtype=matrix.dtype)
+    total = onehot.T @ (matrix * off_diagonal) @ onehot
+    counts = onehot.T @ off_diagonal @ onehot
+    return total / counts
+
+
+def attention_correlations(model: OneLayerAttention, features: torch.Tensor,
+                           area_index: torch.Tensor
+                           ) -> Dict[str, torch.Tensor]:
+    """Area means of the FP and of the position-position correlations.
+
+    Args:
+        model (OneLayerAttention): The attention model.
+        features (torch.Tensor): ``(K, d)`` area features.
+        area_index (torch.Tensor): ``(P,)`` area id per patch.
+
+    Returns:
+        dict[str, torch.Tensor]: ``feature_position_correlation`` and
+        ``position_correlation``, each ``(K, K)`` (module docstring).
+    """
+    d, num_areas = model.feature_dim, features.shape[0]
+    qk = model.qk.detach()
+    fp = qk[d:, :d] @ features.to(qk.dtype).T  # (P, K)
+    onehot = torch.nn.functional.one_hot(area_index, num_areas).to(qk.dtype)
+    fp_area = onehot.T @ fp / onehot.sum(0).unsqueeze(1)
+    return dict(
+        feature_position_correlation=fp_area,
+        position_correlation=position_pair_average(qk[d:, d:], area_index,
+                                                   num_areas))
+
+
 @torch.no_grad()
 def evaluate(model: OneLayerAttention, patches: torch.Tensor,
              weights: torch.Tensor, visible: torch.Tensor,
@@ -142,8 +195,9 @@ def evaluate(model: OneLayerAttention, patches: torch.Tensor,
 
     Returns:
         dict[str, torch.Tensor]: ``own_area_attention`` ``(K,)``,
-        ``area_attention_mass`` ``(K, K)``, ``reconstruction_error`` (scalar)
-        and ``feature_coefficient`` ``(K,)``.
+        ``area_attention_mass`` ``(K, K)``, ``reconstruction_error``
+        (scalar), ``feature_coefficient`` ``(K,)`` and the ``(K, K)``
+        correlations of :func:`attention_correlations`.
     """
     outputs, attention = model(patches, visible)
     num_areas = features.shape[0]
@@ -155,4 +209,5 @@ def evaluate(model: OneLayerAttention, patches: torch.Tensor,
         area_attention_mass=mass,
         reconstruction_error=error.mean(),
         feature_coefficient=feature_coefficients(outputs, visible, weights,
-                                                 features, area_index))
+                                                 features, area_index),
+        **attention_correlations(model, features, area_index))

@@ -5,16 +5,22 @@ Written objectives (``B`` samples, ``M_b`` the masked patches of sample ``b``,
 
 * MAE: ``L = 1/B sum_b 1/|M_b| sum_{p in M_b} ||y_bp - x_bp||^2``: squared
   reconstruction of the masked patches from the visible ones.
-* CL: two independently masked views of each sample; the representation of a
-  view is the mean of its ``P`` output tokens, ``f = 1/P sum_p y_p``
-  (average pooling); with ``s_ij = <f_i^(1), f_j^(2)> / tau``,
+* CL: two views of each sample (how they are masked is the caller's
+  choice); the representation of a view is, by default, the mean of its
+  ``P`` output tokens, ``f = 1/P sum_p y_p`` (average pooling; ``pooling``
+  can restrict it to the masked or to the visible queries); with
+  ``s_ij = sim(f_i^(1), f_j^(2)) / tau``,
   ``L = -1/B sum_i log softmax_j(s_ij)[i]``: the other ``B - 1`` samples'
-  second views are the negatives.
+  second views are the negatives. ``sim`` is the dot product (default) or
+  the cosine similarity.
 """
 import torch
 import torch.nn.functional as F
 
 from .model import OneLayerAttention
+
+POOLINGS = ('all', 'masked', 'visible')
+SIMILARITIES = ('dot', 'cosine')
 
 
 def random_visible_mask(batch_size: int, num_patches: int, mask_ratio: float,
@@ -65,25 +71,43 @@ def mae_loss(model: OneLayerAttention, patches: torch.Tensor,
     return per_sample.mean()
 
 
-def view_representation(model: OneLayerAttention, patches: torch.Tensor,
-                        visible: torch.Tensor) -> torch.Tensor:
+def view_representation(model: OneLayerAttention,
+                        patches: torch.Tensor,
+                        visible: torch.Tensor,
+                        pooling: str = 'all') -> torch.Tensor:
     """Average-pooled output tokens of one masked view.
 
     Args:
         model (OneLayerAttention): The attention model.
         patches (torch.Tensor): ``(B, P, d)`` patches.
         visible (torch.Tensor): ``(B, P)`` bool visibility mask of the view.
+        pooling (str): Which queries' outputs are averaged: ``'all'`` (the
+            ``P`` outputs), ``'masked'`` or ``'visible'`` queries only.
 
     Returns:
         torch.Tensor: ``(B, d)`` representations.
     """
+    if pooling not in POOLINGS:
+        raise ValueError(f'pooling={pooling!r} is invalid: expected one of '
+                         f'{POOLINGS}.')
     outputs, _ = model(patches, visible)
-    return outputs.mean(dim=1)
+    if pooling == 'all':
+        return outputs.mean(dim=1)
+    selected = ~visible if pooling == 'masked' else visible
+    if not bool(selected.any(dim=1).all()):
+        raise ValueError(f'pooling={pooling!r} is invalid for this view: '
+                         f'every sample needs at least one {pooling} query.')
+    weights = selected.to(outputs.dtype).unsqueeze(-1)
+    return (outputs * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-def infonce_loss(model: OneLayerAttention, patches: torch.Tensor,
-                 visible_1: torch.Tensor, visible_2: torch.Tensor,
-                 temperature: float) -> torch.Tensor:
+def infonce_loss(model: OneLayerAttention,
+                 patches: torch.Tensor,
+                 visible_1: torch.Tensor,
+                 visible_2: torch.Tensor,
+                 temperature: float,
+                 similarity: str = 'dot',
+                 pooling: str = 'all') -> torch.Tensor:
     """InfoNCE between two masked views; other samples are the negatives.
 
     Args:
@@ -92,6 +116,9 @@ def infonce_loss(model: OneLayerAttention, patches: torch.Tensor,
         visible_1 (torch.Tensor): ``(B, P)`` visibility mask of view 1.
         visible_2 (torch.Tensor): ``(B, P)`` visibility mask of view 2.
         temperature (float): Softmax temperature ``tau > 0``.
+        similarity (str): ``'dot'`` (``<f, g>``) or ``'cosine'``
+            (``<f, g> / (||f|| ||g||)``).
+        pooling (str): See :func:`view_representation`.
 
     Returns:
         torch.Tensor: Scalar loss (see module docstring).
@@ -99,12 +126,17 @@ def infonce_loss(model: OneLayerAttention, patches: torch.Tensor,
     if temperature <= 0:
         raise ValueError(f'temperature={temperature!r} is invalid: expected '
                          'a float > 0.')
+    if similarity not in SIMILARITIES:
+        raise ValueError(f'similarity={similarity!r} is invalid: expected '
+                         f'one of {SIMILARITIES}.')
     if patches.shape[0] < 2:
         raise ValueError(f'batch size {patches.shape[0]} is invalid for '
                          'InfoNCE: expected >= 2 (negatives are the other '
                          'samples).')
-    f1 = view_representation(model, patches, visible_1)
-    f2 = view_representation(model, patches, visible_2)
+    f1 = view_representation(model, patches, visible_1, pooling)
+    f2 = view_representation(model, patches, visible_2, pooling)
+    if similarity == 'cosine':
+        f1, f2 = F.normalize(f1, dim=1), F.normalize(f2, dim=1)
     logits = f1 @ f2.T / temperature
     targets = torch.arange(patches.shape[0], device=patches.device)
     return F.cross_entropy(logits, targets)

@@ -17,9 +17,13 @@ import torch
 from .data import FeatureImbalanceData
 from .metrics import evaluate
 from .model import OneLayerAttention
-from .objectives import infonce_loss, mae_loss, random_visible_mask
+from .objectives import (POOLINGS, SIMILARITIES, infonce_loss, mae_loss,
+                         random_visible_mask)
 
 OBJECTIVES = ('mae', 'cl')
+# How CL's two views are made: both randomly masked (default), or the
+# first masked and the second the whole image.
+CL_VIEWS = ('two_masked', 'masked_and_full')
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,13 @@ class TrainSetting:
             negatives per anchor).
         mask_ratio (float): Fraction of masked patches per view.
         temperature (float): InfoNCE temperature (CL only).
+        cl_similarity (str): InfoNCE similarity, ``'dot'`` or ``'cosine'``
+            (CL only).
+        cl_pooling (str): Which output tokens a CL representation averages:
+            ``'all'``, ``'masked'`` or ``'visible'`` queries (CL only).
+        cl_views (str): ``'two_masked'`` (two independent random masks) or
+            ``'masked_and_full'`` (one random mask, one unmasked view) (CL
+            only).
         eval_interval (int): Steps between two evaluations.
         eval_batch_size (int): Size of the fixed evaluation batch.
         seed (int): Seed of training batches, masks and evaluation batch.
@@ -45,6 +56,9 @@ class TrainSetting:
     batch_size: int = 32
     mask_ratio: float = 0.75
     temperature: float = 0.1
+    cl_similarity: str = 'dot'
+    cl_pooling: str = 'all'
+    cl_views: str = 'two_masked'
     eval_interval: int = 50
     eval_batch_size: int = 256
     seed: int = 0
@@ -62,6 +76,20 @@ class TrainSetting:
                              'expected an integer >= 2.')
         if self.lr <= 0:
             raise ValueError(f'lr={self.lr!r} is invalid: expected > 0.')
+        if self.temperature <= 0:
+            raise ValueError(f'temperature={self.temperature!r} is invalid: '
+                             'expected a float > 0.')
+        for name, allowed in (('cl_similarity', SIMILARITIES),
+                              ('cl_pooling', POOLINGS), ('cl_views',
+                                                         CL_VIEWS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f'{name}={getattr(self, name)!r} is '
+                                 f'invalid: expected one of {allowed}.')
+        if self.cl_views == 'masked_and_full' and self.cl_pooling == 'masked':
+            raise ValueError(
+                "cl_pooling='masked' is invalid with "
+                "cl_views='masked_and_full': the unmasked view has no masked "
+                "query; expected cl_pooling 'all' or 'visible'.")
 
 
 def objective_value(model: OneLayerAttention, patches: torch.Tensor,
@@ -86,8 +114,14 @@ def objective_value(model: OneLayerAttention, patches: torch.Tensor,
 
     if setting.objective == 'mae':
         return mae_loss(model, patches, draw_mask())
-    return infonce_loss(model, patches, draw_mask(), draw_mask(),
-                        setting.temperature)
+    first = draw_mask()
+    if setting.cl_views == 'two_masked':
+        second = draw_mask()
+    else:
+        second = torch.ones_like(first)
+    return infonce_loss(model, patches, first, second, setting.temperature,
+                        similarity=setting.cl_similarity,
+                        pooling=setting.cl_pooling)
 
 
 def gradient_descent_step(model: OneLayerAttention, loss: torch.Tensor,
@@ -148,7 +182,8 @@ def train(data: FeatureImbalanceData,
     history: Dict[str, List] = dict(
         step=[], train_loss=[], own_area_attention=[],
         area_attention_mass=[], reconstruction_error=[],
-        feature_coefficient=[])
+        feature_coefficient=[], feature_position_correlation=[],
+        position_correlation=[])
     _record(history, 0, measure())
     history['train_loss'].append(float('nan'))
     losses: List[float] = []
