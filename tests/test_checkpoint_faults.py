@@ -24,7 +24,7 @@ import mmae_plugin  # noqa: F401  (before the names below are looked up)
 from checkpoint_fault_tools import ToyModel, toy_runner
 from mmae_plugin.compat.checkpoint_integrity import (
     CheckpointIntegrityWarning, CorruptCheckpointError, file_sha256,
-    sidecar_path)
+    legacy_sidecar_path, sidecar_path)
 
 HERE = osp.dirname(osp.abspath(__file__))
 
@@ -100,20 +100,122 @@ def table_record(path):
 # --------------------------------------------------------------------------
 # sidecars
 # --------------------------------------------------------------------------
-def test_every_checkpoint_gets_a_sha256sum_sidecar(three_epochs):
+def remove_sidecars(folder):
+    """Delete every checksum sidecar (hidden or 0.2.0-style) in ``folder``."""
+    for sidecar in glob.glob(str(folder / '*.sha256')) + \
+            glob.glob(str(folder / '.*.sha256')):
+        os.remove(sidecar)
+
+
+def as_v020_sidecars(folder):
+    """Rename the hidden sidecars to plugin 0.2.0's ``X.pth.sha256``."""
+    for path in glob.glob(str(folder / '*.pth')):
+        os.rename(sidecar_path(path), legacy_sidecar_path(path))
+
+
+def test_every_checkpoint_gets_a_hidden_sha256sum_sidecar(three_epochs):
     for epoch in (1, 2, 3):
         path = str(three_epochs / f'epoch_{epoch}.pth')
+        assert sidecar_path(path) == str(three_epochs /
+                                         f'.epoch_{epoch}.pth.sha256')
         with open(sidecar_path(path)) as f:
             assert f.read() == f'{file_sha256(path)}  epoch_{epoch}.pth\n'
-    check = subprocess.run(['sha256sum', '-c', 'epoch_3.pth.sha256'],
+    check = subprocess.run(['sha256sum', '-c', '.epoch_3.pth.sha256'],
                            cwd=three_epochs, capture_output=True, text=True)
     assert check.returncode == 0 and 'OK' in check.stdout
+    # What listings by name see (mmengine's own tests count ``best*``).
+    assert sorted(glob.glob('*epoch*', root_dir=three_epochs)) == [
+        'epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth']
+
+
+def test_save_best_leaves_one_file_starting_with_best(tmp_path):
+    """What mmengine's test_checkpoint_hook::test_after_val_epoch counts:
+    one ``best*`` file in the work dir, however often the best changes."""
+    runner = toy_runner(tmp_path, max_epochs=1)
+    runner.train()
+    hook = CheckpointHook(interval=2, by_epoch=True, save_best='acc')
+    hook.before_train(runner)
+    for acc in (0.5, 0.7):  # the second best replaces the first
+        hook.after_val_epoch(runner, dict(acc=acc))
+        best = [n for n in os.listdir(tmp_path) if n.startswith('best')]
+        assert best == ['best_acc_epoch_1.pth'], best
+    assert sorted(n for n in os.listdir(tmp_path) if 'best' in n) == [
+        '.best_acc_epoch_1.pth.sha256', 'best_acc_epoch_1.pth']
+    mmengine.runner.load_checkpoint(ToyModel(), str(tmp_path / best[0]))
 
 
 def test_retention_removes_sidecars_with_their_checkpoints(tmp_path):
     toy_runner(tmp_path, max_epochs=3, max_keep_ckpts=1).train()
     names = sorted(n for n in os.listdir(tmp_path) if 'epoch' in n)
-    assert names == ['epoch_3.pth', 'epoch_3.pth.sha256']
+    assert names == ['.epoch_3.pth.sha256', 'epoch_3.pth']
+
+
+def test_retention_removes_v020_sidecars_too(tmp_path):
+    """A run of plugin 0.2.0 (``epoch_N.pth.sha256``) resumed and trained
+    on with max_keep_ckpts=1: old checkpoints go with either sidecar."""
+    toy_runner(tmp_path, max_epochs=2, max_keep_ckpts=1).train()
+    as_v020_sidecars(tmp_path)
+    assert sorted(n for n in os.listdir(tmp_path) if 'epoch' in n) == [
+        'epoch_2.pth', 'epoch_2.pth.sha256']
+    record = RecordStart()
+    toy_runner(tmp_path, max_epochs=4, resume=True, max_keep_ckpts=1,
+               custom_hooks=[record]).train()
+    assert record.start_epoch == 2
+    names = sorted(n for n in os.listdir(tmp_path) if 'epoch' in n)
+    assert names == ['.epoch_4.pth.sha256', 'epoch_4.pth']
+
+
+def test_orphan_sidecars_of_both_names_are_removed_at_start(tmp_path):
+    toy_runner(tmp_path, max_epochs=1, max_keep_ckpts=-1).train()
+    for orphan in ('.epoch_7.pth.sha256', 'epoch_8.pth.sha256'):
+        (tmp_path / orphan).write_text('0' * 64 + '  x\n')
+    (tmp_path / 'notes.sha256').write_text('not ours')
+    toy_runner(tmp_path, max_epochs=2, resume=True,
+               max_keep_ckpts=-1).train()
+    assert sorted(n for n in os.listdir(tmp_path) if 'sha256' in n) == [
+        '.epoch_1.pth.sha256', '.epoch_2.pth.sha256', 'notes.sha256']
+
+
+# --------------------------------------------------------------------------
+# sidecars written by plugin 0.2.0 (``X.pth.sha256``)
+# --------------------------------------------------------------------------
+def test_v020_sidecar_is_honoured_for_truncation(three_epochs):
+    as_v020_sidecars(three_epochs)
+    truncate(three_epochs / 'epoch_3.pth')
+    bad = str(three_epochs / 'epoch_3.pth')
+    with pytest.raises(CorruptCheckpointError,
+                       match=r'SHA-256.*epoch_3\.pth\.sha256'):
+        mmengine.runner.load_checkpoint(ToyModel(), bad)
+    with pytest.warns(CheckpointIntegrityWarning,
+                      match=r'epoch_3\.pth is unusable.*epoch_2\.pth'):
+        assert resume(three_epochs) == 2
+
+
+def test_v020_sidecar_catches_flipped_bytes(three_epochs):
+    """Only the SHA-256 sees these: the CRC-32s are rewritten to match."""
+    as_v020_sidecars(three_epochs)
+    bad = str(three_epochs / 'epoch_3.pth')
+    state = torch.load(bad, weights_only=True)
+    state['state_dict']['table'][0] += 1  # same layout, other bytes
+    torch.save(state, bad)
+    with pytest.raises(CorruptCheckpointError, match='recorded in .*'
+                       r'epoch_3\.pth\.sha256'):
+        mmengine.runner.load_checkpoint(ToyModel(), bad)
+
+
+def test_new_save_replaces_the_v020_sidecar(three_epochs):
+    """Saving again under a name with a 0.2.0 sidecar: the hidden sidecar
+    is written and the old one, describing the replaced file, removed."""
+    as_v020_sidecars(three_epochs)
+    (three_epochs / 'last_checkpoint').write_text(
+        str(three_epochs / 'epoch_2.pth'))
+    assert resume(three_epochs, max_epochs=3) == 2  # saves epoch_3 again
+    path = str(three_epochs / 'epoch_3.pth')
+    assert not osp.exists(legacy_sidecar_path(path))
+    with open(sidecar_path(path)) as f:
+        assert f.read().split()[0] == file_sha256(path)
+    assert osp.exists(legacy_sidecar_path(str(three_epochs / 'epoch_1.pth')))
+    assert resume(three_epochs, max_epochs=4) == 3
 
 
 # --------------------------------------------------------------------------
@@ -141,8 +243,7 @@ def test_truncated_checkpoint_explicit_resume_names_both_files(three_epochs):
 def test_truncated_checkpoint_without_sidecar_is_caught_too(three_epochs):
     """A checkpoint written without the plugin (no sidecar): the zip
     structure tells a truncated file."""
-    for sidecar in glob.glob(str(three_epochs / '*.sha256')):
-        os.remove(sidecar)
+    remove_sidecars(three_epochs)
     bad = str(three_epochs / 'epoch_3.pth')
     truncate(bad, keep=0.9)
     with pytest.raises(CorruptCheckpointError,
@@ -157,8 +258,7 @@ def test_flipped_bytes_inside_a_tensor_are_detected(three_epochs,
                                                      with_sidecar):
     bad = str(three_epochs / 'epoch_3.pth')
     if not with_sidecar:
-        for sidecar in glob.glob(str(three_epochs / '*.sha256')):
-            os.remove(sidecar)
+        remove_sidecars(three_epochs)
     flip_bytes_inside_tensor(bad, table_record(bad))
     # What upstream sees: torch loads the damaged tensor without a word.
     state = torch.load(bad, weights_only=True)['state_dict']
@@ -200,7 +300,9 @@ def test_replaced_checkpoint_with_stale_sidecar_says_what_to_do(tmp_path):
     toy_runner(tmp_path, max_epochs=1).train()
     path = str(tmp_path / 'epoch_1.pth')
     torch.save({'state_dict': ToyModel().state_dict()}, path)  # by hand
-    with pytest.raises(CorruptCheckpointError, match='delete the .sha256'):
+    with pytest.raises(CorruptCheckpointError,
+                       match=r'delete its checksum file .*/\.epoch_1\.pth'
+                       r'\.sha256'):
         mmengine.runner.load_checkpoint(ToyModel(), path)
     os.remove(sidecar_path(path))
     mmengine.runner.load_checkpoint(ToyModel(), path)
@@ -241,7 +343,7 @@ def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
     assert 'epoch_2.pth' in str(info.value)
     # The old checkpoint is whole, last_checkpoint still names it.
     assert sorted(n for n in os.listdir(out_dir) if 'epoch' in n) == \
-        ['epoch_1.pth', 'epoch_1.pth.sha256']
+        ['.epoch_1.pth.sha256', 'epoch_1.pth']
     assert (work_dir / 'last_checkpoint').read_text() == \
         osp.join(out_dir, 'epoch_1.pth')
     os.remove(osp.join(str(small_disk), 'filler'))
@@ -257,7 +359,7 @@ def test_old_checkpoint_is_removed_only_after_last_checkpoint(tmp_path):
     original_remove = os.remove
 
     def spying_remove(path, *args, **kwargs):
-        if osp.basename(str(path)).startswith('epoch_1.pth'):
+        if 'epoch_1.pth' in osp.basename(str(path)):
             seen.append((osp.basename(str(path)), sorted(
                 n for n in os.listdir(tmp_path) if not n.startswith('2')),
                 (tmp_path / 'last_checkpoint').read_text()))
@@ -269,9 +371,9 @@ def test_old_checkpoint_is_removed_only_after_last_checkpoint(tmp_path):
     finally:
         os.remove = original_remove
     assert [name for name, _, _ in seen] == ['epoch_1.pth',
-                                             'epoch_1.pth.sha256']
+                                             '.epoch_1.pth.sha256']
     _, files, last = seen[0]
-    assert {'epoch_2.pth', 'epoch_2.pth.sha256'} <= set(files)
+    assert {'epoch_2.pth', '.epoch_2.pth.sha256'} <= set(files)
     assert last == str(tmp_path / 'epoch_2.pth')
 
 

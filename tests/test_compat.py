@@ -275,7 +275,8 @@ def test_other_files_get_upstream_in_place_write(tmp_path, name):
 
 
 @pytest.mark.parametrize('name,precious', [
-    ('epoch_3.pth', True), ('epoch_3.pth.sha256', True),
+    ('epoch_3.pth', True), ('.epoch_3.pth.sha256', True),
+    ('epoch_3.pth.sha256', True),
     ('last_checkpoint', True), ('test_metrics.json', True),
     ('epoch_3.pth.bak', False), ('notes.txt', False),
     ('checkpoint', False)])
@@ -707,3 +708,55 @@ def test_missing_pkg_resources_fails_only_when_needed(
     assert ('mmengine 0.10.7 needs pkg_resources to resolve "mmpretrain::" '
             "config bases; install it with: pip install 'setuptools<82'"
             in proc.stderr), proc.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------
+# fsdp_full_optim_state_copy (the 2-process checks: tests/test_tools_fsdp.py)
+# --------------------------------------------------------------------------
+def test_fsdp_full_optim_state_fix_is_applied_to_torch():
+    from torch.distributed.fsdp import _optim_utils
+    assert getattr(_optim_utils._unflatten_orig_param_states, '_mmae_fixed',
+                   False)
+
+
+def unflatten_like_torch_on_cpu(fsdp_param_info, output_states, state_name,
+                                shard_state, to_save, cpu_offload):
+    """What torch's function does to CPU views: reshape, then ``.cpu()``
+    (a no-op on the CPU) under offload, ``clone`` otherwise."""
+    if not to_save:
+        return
+    for state in output_states.values():
+        value = state[state_name].reshape(2, 2)
+        state[state_name] = value.cpu() if cpu_offload else value.clone()
+
+
+@pytest.mark.parametrize('cpu_offload', [True, False])
+def test_fsdp_gathered_states_no_longer_alias_the_buffer(cpu_offload):
+    from mmae_plugin.compat.fsdp_full_optim_state_copy import \
+        copy_out_of_gather_buffer
+    unflatten = copy_out_of_gather_buffer(unflatten_like_torch_on_cpu)
+    buffer = torch.arange(8.)
+    states = {'a': {}, 'b': {}}
+    results = {}
+    for state_name, values in (('exp_avg', (1., 2.)),
+                               ('exp_avg_sq', (3., 4.))):
+        buffer[:4], buffer[4:] = values  # torch's all-gather into one buffer
+        states['a'][state_name], states['b'][state_name] = buffer[:4], \
+            buffer[4:]
+        unflatten(None, states, state_name, False, True, cpu_offload)
+        results[state_name] = {fqn: s[state_name] for fqn, s in states.items()}
+    buffer.fill_(-1.)  # the buffer's next use
+    for state_name, (a, b) in (('exp_avg', (1., 2.)),
+                               ('exp_avg_sq', (3., 4.))):
+        assert torch.equal(results[state_name]['a'], torch.full((2, 2), a))
+        assert torch.equal(results[state_name]['b'], torch.full((2, 2), b))
+
+
+def test_fsdp_state_fix_leaves_ranks_that_keep_nothing_alone():
+    from mmae_plugin.compat.fsdp_full_optim_state_copy import \
+        copy_out_of_gather_buffer
+    unflatten = copy_out_of_gather_buffer(unflatten_like_torch_on_cpu)
+    view = torch.zeros(4)
+    states = {'a': {'exp_avg': view}}
+    unflatten(None, states, 'exp_avg', False, False, True)
+    assert states['a']['exp_avg'] is view

@@ -19,6 +19,7 @@ from .collate_scope import strip_collate_scope
 from .cpu_distributed import enable_cpu_distributed
 from .inferencer_checkpoint_config import \
     never_execute_checkpoint_config_in_inferencers
+from .fsdp_full_optim_state_copy import copy_full_optimizer_states_on_cpu
 from .fsdp_optim_state_order import load_fsdp_optimizer_state_by_keyword
 from .fsdp_resume_seed import resume_per_rank_seed_once
 from .pkg_resources_check import require_pkg_resources
@@ -35,6 +36,7 @@ FIXES: List[Callable[[], None]] = [
     strip_collate_scope,
     enable_cpu_distributed,
     load_fsdp_optimizer_state_by_keyword,
+    copy_full_optimizer_states_on_cpu,
     resume_per_rank_seed_once,
     write_local_files_atomically,
     write_last_checkpoint_atomically,

@@ -15,7 +15,8 @@ method returns, that is after the new checkpoint, its checksum sidecar
 checkpoints are kept, the ``keep_ckpt_ids`` stored in each checkpoint and
 the log messages are upstream's. A queued removal of a path that is now
 the last or best checkpoint is dropped; if the save raises, nothing is
-removed. Removing a checkpoint also removes its ``.sha256`` sidecar, and
+removed. Removing a checkpoint also removes its checksum sidecar (the
+hidden ``.<name>.sha256``, and ``<name>.sha256`` of plugin 0.2.0), and
 ``before_train`` removes sidecars whose checkpoint upstream deleted.
 
 A kill after ``last_checkpoint`` is written but before the removal leaves
@@ -29,7 +30,7 @@ import os.path as osp
 from typing import Any, Callable, List, Set, Tuple
 
 from ._checkpoint_hook_cleanup import clean_up_after_before_train
-from .checkpoint_integrity import SIDECAR_SUFFIX, sidecar_path
+from .checkpoint_integrity import SIDECAR_SUFFIX, sidecar_paths
 
 
 class DeferredRemovals:
@@ -69,9 +70,9 @@ class DeferredRemovals:
                 self.backend.rmtree(path)
                 continue
             self.backend.remove(path)
-            sidecar = sidecar_path(str(path))
-            if self.backend.isfile(sidecar):
-                self.backend.remove(sidecar)
+            for sidecar in sidecar_paths(str(path)):
+                if self.backend.isfile(sidecar):
+                    self.backend.remove(sidecar)
         self.queued.clear()
 
 
@@ -120,10 +121,28 @@ def remove_after_saving(method: Callable) -> Callable:
     return save
 
 
-def remove_orphan_sidecars(folder: str) -> None:
-    """Delete ``X.pth.sha256`` files whose ``X.pth`` no longer exists.
+def described_checkpoints(name: str) -> List[str]:
+    """The checkpoints a file of ours with this name could describe.
 
-    Only ``*.pth.sha256``: other ``.sha256`` files in the folder are not ours.
+    Args:
+        name: A file name in a checkpoint folder.
+
+    Returns:
+        ``['X.pth', '.X.pth']`` for ``.X.pth.sha256`` (the hidden sidecar of
+        ``X.pth``, or the 0.2.0 one of a checkpoint named ``.X.pth``),
+        ``['X.pth']`` for ``X.pth.sha256``, and ``[]`` for anything else
+        (other ``.sha256`` files are not ours).
+    """
+    if not name.endswith('.pth' + SIDECAR_SUFFIX):
+        return []
+    checkpoint = name[:-len(SIDECAR_SUFFIX)]
+    if checkpoint.startswith('.'):
+        return [checkpoint[1:], checkpoint]
+    return [checkpoint]
+
+
+def remove_orphan_sidecars(folder: str) -> None:
+    """Delete our sidecars whose checkpoint no longer exists.
 
     Args:
         folder: A local checkpoint folder.
@@ -133,8 +152,8 @@ def remove_orphan_sidecars(folder: str) -> None:
     except OSError:
         return
     for name in names:
-        if name.endswith('.pth' + SIDECAR_SUFFIX) and \
-                name[:-len(SIDECAR_SUFFIX)] not in names:
+        checkpoints = described_checkpoints(name)
+        if checkpoints and not names.intersection(checkpoints):
             try:
                 os.remove(osp.join(folder, name))
             except OSError:

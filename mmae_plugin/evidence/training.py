@@ -45,8 +45,8 @@ class StopAtEpochHook(Hook):
 
 def prune_checkpoints(directory: str, keep: Iterable[int]) -> None:
     """Delete ``epoch_<e>.pth`` (and its sidecar files, e.g. the plugin's
-    ``.sha256``) for every ``e`` not in ``keep`` but the newest (the one a
-    resume needs)."""
+    hidden ``.epoch_<e>.pth.sha256``) for every ``e`` not in ``keep`` but
+    the newest (the one a resume needs)."""
     epochs = checkpoint_epochs(directory)
     keep = set(keep) | set(epochs[-1:])
     for epoch in epochs:
@@ -54,7 +54,8 @@ def prune_checkpoints(directory: str, keep: Iterable[int]) -> None:
             continue
         name = f'epoch_{epoch}.pth'
         for entry in os.listdir(directory):
-            if entry == name or entry.startswith(name + '.'):
+            if entry in (name, f'.{name}.sha256') or \
+                    entry.startswith(name + '.'):
                 os.remove(osp.join(directory, entry))
 
 
