@@ -95,6 +95,14 @@ mv "$CONSTRAINTS.new" "$CONSTRAINTS"
 
 stamp="$VENV/.stack"
 want="$(cat "$CONSTRAINTS" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+# The stamp alone is not enough: a killed run (or anything that pip-installs
+# into the venv) can leave another torch behind it.
+installed_torch="$("$VENV/bin/python" -m pip show torch 2>/dev/null \
+  | sed -n 's/^Version: //p')"
+if [[ "$installed_torch" != "$TORCH_VERSION"* ]]; then
+  [ -z "$installed_torch" ] || log "installed torch $installed_torch is not $TORCH_VERSION"
+  rm -f "$stamp"
+fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing: $(tr '\n' ' ' < "$CONSTRAINTS")"
   "$VENV/bin/python" -m pip install -q --progress-bar off -c "$CONSTRAINTS" \
