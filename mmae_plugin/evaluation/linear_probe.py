@@ -7,7 +7,7 @@ with the training-set mean and variance (what the affine-free BatchNorm
 uses at test time) and fit l2-regularised multinomial logistic regression
 with L-BFGS to convergence. Seconds instead of minutes, and deterministic.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,22 @@ class LinearProbe(NamedTuple):
 def standardize(x: Tensor, mean: Tensor, var: Tensor) -> Tensor:
     """``(x - mean) / sqrt(var + BN_EPS)`` in float64."""
     return (x.double() - mean.double()) / torch.sqrt(var.double() + BN_EPS)
+
+
+def feature_moments(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-feature mean and biased variance in float64.
+
+    The statistics an affine-free BatchNorm holds after seeing ``x``; the
+    probe standardises with them.
+
+    Args:
+        x: Features (N, d).
+
+    Returns:
+        ``(mean, var)``, each (d,) float64.
+    """
+    x = x.double()
+    return x.mean(dim=0), x.var(dim=0, unbiased=False)
 
 
 def fit_logistic_regression(x: Tensor, y: Tensor, num_classes: int,
@@ -84,8 +100,7 @@ def fit_linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int,
     Returns:
         The fitted :class:`LinearProbe`.
     """
-    mean = train_x.double().mean(dim=0)
-    var = train_x.double().var(dim=0, unbiased=False)
+    mean, var = feature_moments(train_x)
     head = fit_logistic_regression(
         standardize(train_x, mean, var), train_y, num_classes, weight_decay)
     return LinearProbe(mean, var, head)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from mmae_plugin.evaluation.linear_probe import (LinearProbe,
+                                                 feature_moments,
                                                  fit_logistic_regression,
                                                  standardize)
 
@@ -65,8 +66,7 @@ def fit_lowshot_probe(train_x: Tensor, train_y: Tensor, indices: np.ndarray,
     Returns:
         The fitted :class:`LinearProbe`.
     """
-    mean = train_x.double().mean(dim=0)
-    var = train_x.double().var(dim=0, unbiased=False)
+    mean, var = feature_moments(train_x)
     rows = torch.as_tensor(indices, device=train_x.device)
     head = fit_logistic_regression(
         standardize(train_x[rows], mean, var), train_y[rows], num_classes,
