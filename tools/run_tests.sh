@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the whole test suite (CPU only, ~10 minutes).
+# Set up if needed, then run the whole test suite (CPU only; about 17 minutes
+# on 2 cores, plus 3-5 minutes of set-up on a fresh machine).
 # Usage: bash tools/run_tests.sh [extra pytest arguments]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
