@@ -300,3 +300,186 @@ def test_perfect_own_area_attention_reaches_the_ceiling():
     for k, size in enumerate(setting.area_sizes):
         assert own[k].item() == pytest.approx(
             own_area_attention_ceiling(size, 16, 4), abs=0.02)
+
+
+# ------------------------------------------------- data and CL model options
+def test_default_weights_are_the_original_standard_normal_stream():
+    # Defaults must reproduce the published sweep: z = the raw randn draw.
+    data = FeatureImbalanceData(small_setting(), seed=5)
+    g = torch.Generator().manual_seed(7)
+    _, weights = data.sample(8, g)
+    expected = torch.randn(8, 3, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(weights, expected)
+
+
+def test_global_weight_std_and_weight_mean_shape_the_weights():
+    setting = small_setting(global_weight_std=3.0, weight_mean=1.5)
+    assert setting.weight_stds == [3.0, 1.0, 1.0]
+    data = FeatureImbalanceData(setting, seed=0)
+    patches, weights = data.sample(40000, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(weights.mean(0), torch.full((3, ), 1.5),
+                               atol=0.05, rtol=0)
+    torch.testing.assert_close(weights.std(0), torch.tensor([3.0, 1.0, 1.0]),
+                               atol=0.05, rtol=0)
+    # Patches still carry exactly their own area's weighted feature.
+    p = int((data.area_index == 0).nonzero()[0])
+    torch.testing.assert_close(patches[:, p],
+                               weights[:, :1] * data.features[0])
+
+
+@pytest.mark.parametrize('kwargs,name', [
+    (dict(global_weight_std=0.0), 'global_weight_std'),
+    (dict(global_weight_std=float('inf')), 'global_weight_std'),
+    (dict(weight_mean=float('nan')), 'weight_mean'),
+])
+def test_bad_weight_options_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        small_setting(**kwargs)
+
+
+def test_cosine_infonce_and_masked_pooling_match_float64_hand_computation():
+    model, patches, visible_1, visible_2 = random_model_and_batch(seed=4,
+                                                                  batch=4)
+    qk = model.qk.detach().double()
+    out_1 = hand_outputs(qk, patches, visible_1)
+    out_2 = hand_outputs(qk, patches, visible_2)
+
+    def pooled(outputs, visible):
+        rows = []
+        for b in range(4):
+            masked = [p for p in range(16) if not visible[b, p]]
+            rows.append(sum(outputs[b, p] for p in masked) / len(masked))
+        return rows
+
+    f1, f2 = pooled(out_1, visible_1), pooled(out_2, visible_2)
+    tau, expected = 0.5, 0.0
+    for i in range(4):
+        logits = [
+            float(f1[i] @ f2[j]) / (float(f1[i].norm() * f2[j].norm()) * tau)
+            for j in range(4)
+        ]
+        log_norm = math.log(sum(math.exp(v) for v in logits))
+        expected += -(logits[i] - log_norm) / 4
+    loss = infonce_loss(model, patches, visible_1, visible_2, tau,
+                        similarity='cosine', pooling='masked')
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_visible_pooling_averages_the_visible_queries_only():
+    from mmae_plugin.theory import view_representation
+    model, patches, visible, _ = random_model_and_batch(seed=5, batch=2)
+    outputs, _ = model(patches, visible)
+    expected = torch.stack([outputs[b][visible[b]].mean(0) for b in range(2)])
+    torch.testing.assert_close(
+        view_representation(model, patches, visible, pooling='visible'),
+        expected)
+
+
+def test_masked_and_full_views_use_one_unmasked_view():
+    model, patches, _, _ = random_model_and_batch(seed=6, batch=4)
+    setting = TrainSetting(objective='cl', cl_views='masked_and_full',
+                           temperature=0.5)
+    loss = objective_value(model, patches, setting,
+                           torch.Generator().manual_seed(3))
+    first = random_visible_mask(4, 16, 0.75, torch.Generator().manual_seed(3))
+    expected = infonce_loss(model, patches, first,
+                            torch.ones_like(first), 0.5)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize('kwargs,name', [
+    (dict(cl_similarity='l2'), 'cl_similarity'),
+    (dict(cl_pooling='cls'), 'cl_pooling'),
+    (dict(cl_views='crops'), 'cl_views'),
+    (dict(cl_views='masked_and_full', cl_pooling='masked'), 'cl_pooling'),
+    (dict(temperature=0.0), 'temperature'),
+])
+def test_bad_cl_options_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        TrainSetting(objective='cl', **kwargs)
+
+
+def test_bad_pooling_and_similarity_arguments_are_refused():
+    model, patches, visible_1, visible_2 = random_model_and_batch(seed=0)
+    with pytest.raises(ValueError, match='pooling'):
+        infonce_loss(model, patches, visible_1, visible_2, 0.1,
+                     pooling='first')
+    with pytest.raises(ValueError, match='similarity'):
+        infonce_loss(model, patches, visible_1, visible_2, 0.1,
+                     similarity='euclid')
+
+
+def test_feature_and_position_correlations_read_the_qk_blocks():
+    from mmae_plugin.theory.metrics import attention_correlations
+    setting = small_setting()  # areas 8 / 4 / 4, d = 5
+    data = FeatureImbalanceData(setting, seed=0)
+    model = OneLayerAttention(16, 5)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model.qk.copy_(torch.randn(model.qk.shape, generator=g))
+    qk = model.qk.detach().double()
+    index = data.area_index.tolist()
+    correlations = attention_correlations(model, data.features,
+                                          data.area_index)
+    for k in range(3):
+        rows = [p for p in range(16) if index[p] == k]
+        for j in range(3):
+            fp = sum(float(qk[5 + p, :5] @ data.features[j].double())
+                     for p in rows) / len(rows)
+            pairs = [(p, q) for p in rows for q in range(16)
+                     if index[q] == j and q != p]
+            pp = sum(float(qk[5 + p, 5 + q]) for p, q in pairs) / len(pairs)
+            assert correlations['feature_position_correlation'][
+                k, j].item() == pytest.approx(fp, rel=1e-5, abs=1e-6)
+            assert correlations['position_correlation'][k, j].item() == \
+                pytest.approx(pp, rel=1e-5, abs=1e-6)
+
+
+# ------------------------------------- CL: where attention goes, and why
+def short_cl_run(variant_name: str, steps: int = 200) -> dict:
+    """Seed-0 CL run of a documented variant at kappa = 0.5 (areas 40/8)."""
+    from mmae_plugin.theory.ablation import (CL_VARIANTS, curve_values,
+                                             run_variant)
+    threads = torch.get_num_threads()
+    # One thread: tiny matrices, and the suite shares the cores; subnormal
+    # softmax tails are ~10x slower unless flushed.
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    base_train = TrainSetting(objective='cl', steps=steps, lr=20.0,
+                              eval_interval=steps, eval_batch_size=128)
+    try:
+        (history, ) = run_variant(CL_VARIANTS[variant_name],
+                                  ImbalanceSetting(local_exponent=0.5),
+                                  base_train, seeds=[0])
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)
+    return {
+        q: curve_values(history, q)
+        for q in ('own_global', 'own_local', 'local_to_global')
+    }
+
+
+def test_cl_at_tau_01_moves_attention_away_from_the_global_area():
+    # The lab default (dot InfoNCE, tau 0.1): about 0.62 -> 0.42 global,
+    # 0.11 -> 0.2 local after 200 steps; a concentrating CL fails here.
+    run = short_cl_run('default')
+    assert run['own_global'][-1] < run['own_global'][0] - 0.1
+    assert run['own_local'][-1] > run['own_local'][0] + 0.03
+    assert run['local_to_global'][-1] < run['local_to_global'][0] - 0.1
+
+
+def test_cl_at_tau_10_concentrates_on_the_global_area():
+    # Near-linear InfoNCE regime (tau 10, step x10): about 0.62 -> 0.77
+    # global, 0.11 -> 0.06 local, local queries' mass on the global area
+    # 0.64 -> 0.8 after 200 steps: one global pattern for every query.
+    run = short_cl_run('tau_10')
+    assert run['own_global'][-1] > run['own_global'][0] + 0.1
+    assert run['own_local'][-1] < run['own_local'][0] - 0.03
+    assert run['local_to_global'][-1] > run['local_to_global'][0] + 0.1
+
+
+def test_unknown_cl_variant_is_refused_with_the_known_names():
+    from mmae_plugin.theory.ablation import check_variant_names
+    with pytest.raises(ValueError, match="variants=.*'simclr'.*tau_10"):
+        check_variant_names(['default', 'simclr'])

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import os.path as osp
+import textwrap
 from typing import Dict, List
 
 import matplotlib
@@ -129,7 +130,8 @@ def plot_curves(results: Dict, args: argparse.Namespace) -> None:
                     markevery=max(1, len(steps) // 8),
                     label=f'{label} (n={seeds} seeds)')
             ax.fill_between(steps, low, high, color=color, alpha=0.15)
-        ax.set_title(f"{name}: {results[name]['description']}", fontsize=7)
+        ax.set_title(textwrap.fill(f"{name}: {results[name]['description']}",
+                                   48), fontsize=7)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(names):]:

@@ -63,10 +63,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--noise-std', type=float, default=0.0)
     parser.add_argument('--steps', type=int, default=1500)
     parser.add_argument('--lr', type=float, default=20.0)
+    parser.add_argument('--cl-lr', type=float, default=None,
+                        help='step size of the CL runs (default: --lr); '
+                        'InfoNCE gradients scale like 1 / temperature, so '
+                        'a larger --temperature may want a larger step')
     parser.add_argument('--batch-size', type=int, default=32,
                         help='CL uses batch-size - 1 negatives per anchor')
     parser.add_argument('--mask-ratio', type=float, default=0.75)
-    parser.add_argument('--temperature', type=float, default=0.1)
+    parser.add_argument('--temperature', type=float, default=0.1,
+                        help='InfoNCE temperature; 0.1 is the '
+                        'discriminative regime in which CL spreads '
+                        'attention over the areas, 10 (with --cl-lr 200) '
+                        'the near-linear regime in which it concentrates '
+                        'on the global area (docs/theory.md)')
     parser.add_argument('--eval-interval', type=int, default=50)
     parser.add_argument('--threads', type=int, default=2,
                         help='torch CPU threads')
@@ -305,6 +314,16 @@ def setting_for(args: argparse.Namespace,
         noise_std=args.noise_std)
 
 
+def step_size(args: argparse.Namespace, objective: str) -> float:
+    """The step size of one objective's runs (``--cl-lr`` for CL)."""
+    cl_lr = getattr(args, 'cl_lr', None)  # absent in older JSON args
+    if objective == 'cl' and cl_lr is not None:
+        if cl_lr <= 0:
+            raise ValueError(f'--cl-lr={cl_lr} is invalid: expected > 0.')
+        return cl_lr
+    return args.lr
+
+
 def train_all(args: argparse.Namespace) -> Dict[str, Dict[str, List]]:
     """Train every (exponent, objective, seed); histories per exponent."""
     torch.set_num_threads(args.threads)
@@ -327,7 +346,7 @@ def train_all(args: argparse.Namespace) -> Dict[str, Dict[str, List]]:
                         TrainSetting(
                             objective=objective,
                             steps=args.steps,
-                            lr=args.lr,
+                            lr=step_size(args, objective),
                             batch_size=args.batch_size,
                             mask_ratio=args.mask_ratio,
                             temperature=args.temperature,
@@ -385,6 +404,7 @@ def main() -> None:
         raise ValueError(f'--chosen-exponent={args.chosen_exponent} is '
                          f'invalid: expected one of --exponents '
                          f'{args.exponents}.')
+    step_size(args, 'cl')  # refuse a bad --cl-lr before any training
     os.makedirs(args.out_dir, exist_ok=True)
     if not args.from_json:
         histories = train_all(args)
