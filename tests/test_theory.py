@@ -483,3 +483,31 @@ def test_unknown_cl_variant_is_refused_with_the_known_names():
     from mmae_plugin.theory.ablation import check_variant_names
     with pytest.raises(ValueError, match="variants=.*'simclr'.*tau_10"):
         check_variant_names(['default', 'simclr'])
+
+
+def test_cl_ablation_tool_writes_json_and_figures(tmp_path):
+    import json
+    import os.path as osp
+    import subprocess
+    import sys
+    tool = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
+                    'tools', 'theory', 'run_cl_ablation.py')
+    out = tmp_path / 'ablation'
+    proc = subprocess.run([
+        sys.executable, tool, '--out-dir', str(out), '--variants',
+        'default', 'tau_10', '--seeds', '0', '1', '--steps', '4',
+        '--eval-interval', '2'
+    ], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    payload = json.loads((out / 'cl_ablation.json').read_text())
+    results = payload['results']
+    assert list(results) == ['default', 'tau_10']
+    assert results['tau_10']['train_setting']['temperature'] == 10.0
+    assert results['tau_10']['train_setting']['lr'] == 200.0
+    assert results['default']['train_setting']['lr'] == 20.0
+    final = results['default']['summary']['own_global']['final']
+    assert final['n'] == 2 and final['std'] is not None
+    assert len(results['default']['histories']) == 2
+    for stem in ('cl_ablation_curves', 'cl_ablation_final'):
+        for ext in ('png', 'pdf'):
+            assert (out / f'{stem}.{ext}').stat().st_size > 0
