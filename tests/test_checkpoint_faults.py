@@ -18,6 +18,8 @@ import zipfile
 import pytest
 import torch
 import mmengine.runner
+from mmengine.fileio import register_backend
+from mmengine.fileio.backends import BaseStorageBackend
 from mmengine.hooks import CheckpointHook, Hook
 
 import mmae_plugin  # noqa: F401  (before the names below are looked up)
@@ -174,6 +176,35 @@ def test_orphan_sidecars_of_both_names_are_removed_at_start(tmp_path):
                max_keep_ckpts=-1).train()
     assert sorted(n for n in os.listdir(tmp_path) if 'sha256' in n) == [
         '.epoch_1.pth.sha256', '.epoch_2.pth.sha256', 'notes.sha256']
+
+
+class InMemoryBackend(BaseStorageBackend):
+    """A real mmengine storage backend that keeps files in a dict (object
+    storage on this machine: nothing reaches the local filesystem)."""
+
+    files = {}
+
+    def get(self, filepath):
+        return self.files[str(filepath)]
+
+    def get_text(self, filepath, encoding='utf-8'):
+        return self.files[str(filepath)].decode(encoding)
+
+    def put(self, obj, filepath):
+        self.files[str(filepath)] = bytes(obj)
+
+
+def test_plain_path_saved_to_another_backend_gets_no_local_sidecar(
+        tmp_path):
+    """``CheckpointHook(backend_args=dict(backend='petrel'))`` saves plain
+    paths to object storage (mmengine's test_after_val_epoch does): the
+    sidecar is local-only, so it is not attempted there."""
+    register_backend('mmae_test_in_memory', InMemoryBackend, force=True)
+    path = str(tmp_path / 'best_acc_epoch_0.pth')
+    mmengine.runner.save_checkpoint(  # the plugin's, bound at import
+        {'state_dict': ToyModel().state_dict()}, path,
+        backend_args=dict(backend='mmae_test_in_memory'))
+    assert path in InMemoryBackend.files and os.listdir(tmp_path) == []
 
 
 # --------------------------------------------------------------------------

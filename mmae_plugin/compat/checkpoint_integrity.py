@@ -10,7 +10,8 @@ not check the zip's CRC-32s); an empty ``last_checkpoint`` ends in
 space left on device`` without the file's name. Not fixed in any mmengine
 release as of 0.10.7.
 
-What changes, for local paths only (other backends are left to upstream):
+What changes, for local files only (other backends, also a plain path saved
+through ``backend_args=dict(backend='petrel')``, are left to upstream):
 
 * ``save_checkpoint``: once the checkpoint is complete, its SHA-256 goes to
   the hidden file ``.<name>.sha256`` beside it (``sha256sum -c`` format,
@@ -42,6 +43,7 @@ left to torch.
 """
 import functools
 import hashlib
+import inspect
 import os
 import os.path as osp
 import warnings
@@ -443,6 +445,34 @@ def verified_latest(original: Callable) -> Callable:
     return find_latest_checkpoint
 
 
+def saved_to_local_file(filename: Any, file_client_args: Optional[dict],
+                        backend_args: Optional[dict]) -> bool:
+    """Whether mmengine's ``save_checkpoint`` writes ``filename`` locally.
+
+    The path alone does not tell: ``CheckpointHook(backend_args=dict(
+    backend='petrel'))`` saves a plain path such as ``/work/epoch_1.pth``
+    to object storage. The backend is chosen as upstream chooses it.
+
+    Args:
+        filename: The checkpoint path or URI.
+        file_client_args: The deprecated backend arguments, if given.
+        backend_args: The backend arguments, if given.
+
+    Returns:
+        True when the file lands on this machine's filesystem.
+    """
+    if not is_local_path(filename) or \
+            os.fspath(filename).startswith('pavi:'):
+        return False
+    from mmengine.fileio import FileClient, get_file_backend
+    from mmengine.fileio.backends import LocalBackend
+    if file_client_args is not None:
+        backend = FileClient.infer_client(file_client_args, filename).client
+    else:
+        backend = get_file_backend(filename, backend_args=backend_args)
+    return isinstance(backend, LocalBackend)
+
+
 def checksummed_save(original: Callable) -> Callable:
     """Wrap mmengine's ``save_checkpoint`` to add the sidecar.
 
@@ -451,13 +481,19 @@ def checksummed_save(original: Callable) -> Callable:
 
     Returns:
         The same function, followed by :func:`write_sidecar` for local
-        paths, with I/O errors naming the checkpoint.
+        files, with I/O errors naming the checkpoint.
     """
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
     def save_checkpoint(checkpoint, filename, *args, **kwargs) -> None:
-        local = is_local_path(filename) and \
-            not os.fspath(filename).startswith('pavi:')
+        try:
+            bound = signature.bind(checkpoint, filename, *args, **kwargs)
+        except TypeError:  # upstream raises its own error for the call
+            return original(checkpoint, filename, *args, **kwargs)
+        local = saved_to_local_file(
+            filename, bound.arguments.get('file_client_args'),
+            bound.arguments.get('backend_args'))
         try:
             original(checkpoint, filename, *args, **kwargs)
             if local:

@@ -63,6 +63,7 @@ class DeferredRemovals:
         Args:
             keep: Paths that are now the last or best checkpoints.
         """
+        from mmengine.fileio.backends import LocalBackend
         for action, path in self.queued:
             if str(path) in keep:
                 continue
@@ -70,6 +71,10 @@ class DeferredRemovals:
                 self.backend.rmtree(path)
                 continue
             self.backend.remove(path)
+            # Sidecars exist only beside local files: on object storage
+            # upstream's calls are all there is (and all its tests count).
+            if not isinstance(self.backend, LocalBackend):
+                continue
             for sidecar in sidecar_paths(str(path)):
                 if self.backend.isfile(sidecar):
                     self.backend.remove(sidecar)
