@@ -23,6 +23,7 @@ from mmengine.runner import checkpoint as checkpoint_module
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
+from checkpoint_payloads import ExecPayload, SystemPayload
 from conftest import ToyModel, make_toy_runner
 from mmae_plugin.compat.checkpoint_allowlist import (BUILTIN_STATISTICS,
                                                     NAMED_SAFE_GLOBALS)
@@ -41,23 +42,6 @@ CLASSIFIER = dict(
 # --------------------------------------------------------------------------
 # crafted and genuine checkpoints
 # --------------------------------------------------------------------------
-class SystemPayload:
-    """Unpickling this runs a shell command that creates the marker."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f'touch {self.marker}', ))
-
-
-class ExecPayload(SystemPayload):
-    """Unpickling this runs Python source that creates the marker."""
-
-    def __reduce__(self):
-        return (exec, (f'open({self.marker!r}, "w").close()', ))
-
-
 class PathPayload(SystemPayload):
     """Unpickling this writes the marker through ``pathlib``."""
 

@@ -20,6 +20,7 @@ from mmengine.model import BaseModel  # noqa: E402
 from mmpretrain.registry import MODELS  # noqa: E402
 
 import mmae_plugin  # noqa: F401,E402
+from checkpoint_payloads import ExecPayload, SystemPayload  # noqa: E402
 
 CONVERTER = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
                      'model_converters', 'mae_to_mmpretrain.py')
@@ -298,23 +299,6 @@ def test_converter_converts_runner_checkpoint(runner_checkpoint, tmp_path):
                 vit.forward_features(images)).abs().max() > 1e-3
         report('trained encoder tokens', backbone(images)[0],
                vit.forward_features(images))
-
-
-class SystemPayload:
-    """Unpickling this runs a shell command that creates the marker."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f'touch {self.marker}', ))
-
-
-class ExecPayload(SystemPayload):
-    """Unpickling this runs Python source that creates the marker."""
-
-    def __reduce__(self):
-        return (exec, (f'open({self.marker!r}, "w").close()', ))
 
 
 @pytest.mark.parametrize('payload', [SystemPayload, ExecPayload])
