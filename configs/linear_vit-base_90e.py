@@ -11,5 +11,6 @@ train_dataloader = dict(batch_size=1024)
 # bfloat16 autocast for the frozen encoder (see mae_vit-base_200e.py; on
 # GPUs without bfloat16: --cfg-options optim_wrapper.dtype=float16).
 optim_wrapper = dict(
+    type='MixedPrecisionOptimWrapper', loss_scale='auto',  # no scaler in bf16
     dtype='bfloat16', optimizer=dict(lr=0.1 * 8192 / 256))  # blr 0.1
 auto_scale_lr = dict(base_batch_size=8192)

@@ -10,11 +10,15 @@ custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
 train_dataloader = dict(batch_size=128)  # per GPU: 8 x 128 = 1024
 # One optimizer group per distinct (lr, weight decay) instead of one per
 # tensor (exact; fewer kernel launches per step). Mixed precision in
-# bfloat16 (A100, H100, H200, ...: fp32's range, no overflow); the
-# regulariser runs in float64/float32 with autocast off either way. GPUs
-# without bfloat16 (V100, T4) train in float16 with dynamic loss scaling:
+# bfloat16 (A100, H100, H200, ...: fp32's range, no overflow) and so without
+# a loss scaler: mmpretrain's AmpOptimWrapper would scale anyway and pay a
+# host sync per step for it (MixedPrecisionOptimWrapper, loss_scale='auto').
+# The regulariser runs in float64/float32 with autocast off either way. GPUs
+# without bfloat16 (V100, T4) train in float16, with dynamic loss scaling:
 #   --cfg-options optim_wrapper.dtype=float16
 optim_wrapper = dict(
+    type='MixedPrecisionOptimWrapper',
+    loss_scale='auto',
     constructor='MergedGroupsOptimWrapperConstructor',
     dtype='bfloat16',
     optimizer=dict(lr=1.5e-4 * 1024 / 256))

@@ -14,3 +14,7 @@ strategy = dict(
         auto_wrap_policy=dict(
             type='torch.distributed.fsdp.wrap.size_based_auto_wrap_policy',
             min_num_params=1e7)))
+# mmengine's FSDPStrategy switches to FSDP's sharded loss scaler only for a
+# wrapper typed 'AmpOptimWrapper'; the float16 fallback of this recipe's
+# MixedPrecisionOptimWrapper (bfloat16 needs no scaler) is told here.
+optim_wrapper = dict(use_fsdp=True)

@@ -1,11 +1,12 @@
 """Mixed precision of the ViT recipes: bfloat16 chosen explicitly.
 
 ``AmpOptimWrapper`` with ``dtype=None`` autocasts to float16 on GPUs; the
-ViT-B/L configs ask for bfloat16 (no overflow, the scaler never skips a
-step) and document float16 for GPUs without it. mmengine builds an
-``AmpOptimWrapper`` only where there is a GPU, so here the configs are read
-and merged as the tools merge them; tests/test_cuda.py builds the wrapper
-and checks the autocast dtype on a GPU.
+ViT-B/L configs ask for bfloat16 (no overflow) through
+``MixedPrecisionOptimWrapper`` with ``loss_scale='auto'``, which then builds
+no loss scaler, and document float16 (with dynamic scaling) for GPUs
+without bfloat16. The bfloat16 wrappers are built here on the CPU; the
+float16 one is mmengine's ``AmpOptimWrapper``, which needs a GPU
+(tests/test_cuda.py).
 """
 import argparse
 import glob
@@ -14,9 +15,15 @@ import os
 import pytest
 import torch
 from mmengine.config import Config, DictAction
-from mmengine.optim import AmpOptimWrapper
+from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
+from mmengine.registry import init_default_scope
 
 import mmae_plugin  # noqa: F401
+from conftest import ToyModel
+from mmae_plugin.engine.optimizers.mixed_precision_wrapper import (
+    MixedPrecisionOptimWrapper, needs_loss_scaler)
+
+MIXED_PRECISION_TYPES = ('AmpOptimWrapper', 'MixedPrecisionOptimWrapper')
 
 AMP_CONFIGS = ('mae_vit-base_200e.py', 'mmae_vit-base_200e.py',
                'mmae_vit-large_200e.py', 'mmae_vit-large_200e_fsdp.py',
@@ -25,11 +32,11 @@ AMP_CONFIGS = ('mae_vit-base_200e.py', 'mmae_vit-base_200e.py',
 
 
 def amp_configs(repo_root):
-    """Every top-level config whose optimizer wrapper is AmpOptimWrapper."""
+    """Every top-level config whose optimizer wrapper autocasts."""
     found = []
     for path in sorted(glob.glob(os.path.join(repo_root, 'configs', '*.py'))):
         wrapper = Config.fromfile(path).get('optim_wrapper') or {}
-        if wrapper.get('type') == 'AmpOptimWrapper':
+        if wrapper.get('type') in MIXED_PRECISION_TYPES:
             found.append(os.path.basename(path))
     return found
 
@@ -41,10 +48,24 @@ def test_every_amp_config_is_listed(repo_root):
 @pytest.mark.parametrize('name', AMP_CONFIGS)
 def test_vit_config_autocasts_in_bfloat16(repo_root, name):
     cfg = Config.fromfile(os.path.join(repo_root, 'configs', name))
-    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
     assert cfg.optim_wrapper.dtype == 'bfloat16'
+    assert cfg.optim_wrapper.loss_scale == 'auto'
     assert getattr(torch, cfg.optim_wrapper.dtype) is torch.bfloat16
     assert cfg.optim_wrapper.dtype in AmpOptimWrapper.valid_dtypes
+
+
+@pytest.mark.parametrize('name', AMP_CONFIGS)
+def test_vit_config_builds_a_wrapper_without_loss_scaler(repo_root, name):
+    """The recipe's own wrapper (constructor, paramwise settings, LARS or
+    AdamW) on a small model: bfloat16 autocast, no GradScaler (so no
+    found_inf sync per step)."""
+    init_default_scope('mmpretrain')
+    cfg = Config.fromfile(os.path.join(repo_root, 'configs', name))
+    wrapper = build_optim_wrapper(ToyModel(), cfg.optim_wrapper)
+    assert isinstance(wrapper, MixedPrecisionOptimWrapper)
+    assert wrapper.loss_scaler is None
+    assert wrapper.cast_dtype is torch.bfloat16
 
 
 @pytest.mark.parametrize('name', AMP_CONFIGS)
@@ -56,8 +77,10 @@ def test_documented_float16_fallback_overrides_the_dtype(repo_root, name):
     action(None, namespace, ['optim_wrapper.dtype=float16'])
     cfg.merge_from_dict(namespace.cfg_options)
     assert cfg.optim_wrapper.dtype == 'float16'
-    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
     assert cfg.optim_wrapper.dtype in AmpOptimWrapper.valid_dtypes
+    # float16 gets mmengine's dynamic loss scaling back.
+    assert needs_loss_scaler(cfg.optim_wrapper.loss_scale, torch.float16)
     # The rest of the wrapper is untouched by the override.
     original = Config.fromfile(os.path.join(repo_root, 'configs', name))
     for key, value in original.optim_wrapper.items():

@@ -6,7 +6,7 @@ CPU suite cannot see: the float64 regulariser on CUDA kernels (cuBLAS,
 cuSOLVER's Cholesky) against a float64 numpy closed form, host-device
 syncs in the training step as CUDA itself reports them
 (``torch.cuda.set_sync_debug_mode``), AMP steps under real bfloat16/float16
-autocast with mmengine's ``AmpOptimWrapper``, and frozen evaluation on the
+autocast with the recipes' ``MixedPrecisionOptimWrapper``, and frozen evaluation on the
 runner's device.
 """
 import os
@@ -152,7 +152,8 @@ def build_on_cuda(case: str, amp_dtype: str = None):
     """Model and optimizer wrapper of the shrunk recipe on the GPU.
 
     ``amp_dtype=None``: plain ``OptimWrapper`` (no loss scaler); otherwise
-    the recipe's ``AmpOptimWrapper`` with that dtype.
+    the recipe's ``MixedPrecisionOptimWrapper`` with that dtype (a dynamic
+    loss scaler in float16, none in bfloat16).
     """
     cfg = shrunk_recipe(case)
     torch.manual_seed(0)
@@ -226,7 +227,7 @@ def test_regulariser_makes_no_host_sync_on_cuda(case):
 @pytest.mark.parametrize('amp_dtype', [None, 'bfloat16', 'float16'])
 def test_regularised_step_syncs_like_mae_on_cuda(amp_dtype):
     """A full ``train_step`` (preprocessor, forward, backward, AdamW; with
-    AmpOptimWrapper's loss scaler under AMP) of M-MAE and U-MAE makes as many
+    the recipe's mixed-precision wrapper under AMP) of M-MAE and U-MAE makes as many
     host syncs as MAE's, and none from plugin code."""
     counts = {}
     for case in ('mae', 'mmae', 'umae'):
@@ -241,9 +242,23 @@ def test_regularised_step_syncs_like_mae_on_cuda(amp_dtype):
     assert counts['mmae'] == counts['mae'] == counts['umae'], counts
 
 
+def test_bfloat16_step_syncs_no_more_than_float32():
+    """No loss scaler in bfloat16: the step makes the syncs of a float32
+    step and not GradScaler's ``found_inf`` check; float16 makes more."""
+    counts = {}
+    for amp_dtype in (None, 'bfloat16', 'float16'):
+        model, wrapper = build_on_cuda('mmae', amp_dtype)
+        data = device_batch()
+        for _ in range(2):
+            model.train_step(data, wrapper)
+        counts[amp_dtype] = len(recorded_syncs(
+            lambda: [model.train_step(data, wrapper) for _ in range(3)]))
+    assert counts['bfloat16'] == counts[None] < counts['float16'], counts
+
+
 @pytest.mark.parametrize('amp_dtype', ['bfloat16', 'float16'])
 def test_amp_step_is_finite_and_regulariser_is_float64_exact(amp_dtype):
-    """Steps of the recipe's AmpOptimWrapper under real CUDA autocast:
+    """Steps of the recipe's mixed-precision wrapper under CUDA autocast:
     finite losses and weights, the regulariser applied (``reg_skipped`` 0)
     and ``loss_tcr`` equal to the float64 closed form on the very features
     the step pooled (autocast is off inside the regulariser)."""

@@ -30,7 +30,8 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     cfg = Config.fromfile(os.path.join(repo_root, FSDP_CONFIG))
     assert cfg.runner_type == 'FlexibleRunner'
     assert cfg.strategy.type == 'FSDPStrategy'
-    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
+    assert cfg.optim_wrapper.use_fsdp  # the float16 fallback's scaler
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', 'l')
     with torch.device('meta'):  # shapes only: no 300M-parameter init
         model = MODELS.build(cfg.model)

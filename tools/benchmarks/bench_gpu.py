@@ -337,17 +337,18 @@ def _pipeline_of(dataset_cfg: dict) -> List[dict]:
 def optim_wrapper_config(cfg, device: str, dtype: str) -> dict:
     """The config's optimizer wrapper for this device and AMP dtype.
 
-    float16 and bfloat16 keep mmengine's ``AmpOptimWrapper`` (dynamic loss
-    scale, as the recipe); float32 and the CPU use ``OptimWrapper``.
+    float16 and bfloat16 keep the recipe's ``MixedPrecisionOptimWrapper``
+    (``loss_scale='auto'``: dynamic loss scaling in float16, no scaler in
+    bfloat16); float32 and the CPU use ``OptimWrapper``.
     """
     optim_cfg = copy.deepcopy(cfg.optim_wrapper).to_dict()
     if device == 'cpu' or dtype == 'float32':
         optim_cfg['type'] = 'OptimWrapper'
-        # AmpOptimWrapper's own arguments; OptimWrapper refuses them.
-        for key in ('loss_scale', 'dtype'):
+        # The mixed-precision wrapper's own arguments; OptimWrapper
+        # refuses them.
+        for key in ('loss_scale', 'dtype', 'use_fsdp'):
             optim_cfg.pop(key, None)
     else:
-        optim_cfg['type'] = 'AmpOptimWrapper'
         optim_cfg['dtype'] = dtype
     return optim_cfg
 
