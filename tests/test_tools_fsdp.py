@@ -187,8 +187,11 @@ def adam_moments(checkpoint):
 
 
 @pytest.mark.skipif(
-    TorchVersion(torch.__version__) < (2, 5),
-    reason='FSDP resume needs torch 2.5 (see the local state dict test)')
+    TorchVersion(torch.__version__) < (2, 14),
+    reason='FSDP resume needs torch 2.5 (see the local state dict test), '
+    "and torch 2.11's FSDP full *model* state dict segfaults on the CPU "
+    '(rank 0 in _state_dict_utils.py param_hook, clone of an unsharded '
+    'parameter; measured on 2.11.0, 2.12-2.13 not measured)')
 def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
         repo_root, tmp_path, cpu_dist_env_factory):
     """``state_dict_cfg='full'``: one checkpoint written by rank 0."""
