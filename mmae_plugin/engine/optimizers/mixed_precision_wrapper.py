@@ -23,8 +23,6 @@ import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmpretrain.registry import OPTIM_WRAPPERS
 
-#: What ``loss_scale`` accepts besides mmengine's float / dict / 'dynamic'.
-NO_SCALER_CHOICES = ('auto', None)
 
 
 def resolve_cast_dtype(dtype: Union[str, torch.dtype, None]
