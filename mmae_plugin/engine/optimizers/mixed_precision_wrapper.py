@@ -24,7 +24,6 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmpretrain.registry import OPTIM_WRAPPERS
 
 
-
 def resolve_cast_dtype(dtype: Union[str, torch.dtype, None]
                        ) -> Optional[torch.dtype]:
     """``dtype`` as a torch dtype (``None`` stays ``None``).
