@@ -11,7 +11,12 @@ runner / plain so drift of a shared machine affects both alike:
 * **plain**: a bare loop that indexes the in-memory uint8 images with a random
   permutation, flips half of the batch, normalises, calls the same
   ``model.loss`` and steps ``torch.optim.AdamW`` with the config's two weight
-  decay groups (decay / no decay by the config's ``custom_keys``).
+  decay groups (decay / no decay by the config's ``custom_keys``), in a
+  process with the same glibc malloc policy as the runner's (the configs'
+  ``GlibcMallocHook``; ``--glibc-defaults`` takes it out of both).
+
+Each round also prints the minor page faults per timed iteration and the
+peak resident memory of both processes.
 
 An iteration's time is the interval between the starts of consecutive
 iterations, so data loading, hooks and logging are all counted. The median
@@ -39,6 +44,7 @@ import copy
 import json
 import os
 import os.path as osp
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,6 +62,7 @@ FMNIST_CASES = {
 }
 VIT_B_CONFIG = 'configs/mmae_vit-base_200e.py'
 BASELINE = False  # set from --baseline
+GLIBC_DEFAULTS = False  # set from --glibc-defaults
 PHASES = ('data', 'preprocess', 'forward', 'parse_losses', 'backward',
           'optimizer.step', 'zero_grad')
 
@@ -74,16 +81,45 @@ def apply_baseline(cfg) -> None:
 
 
 def load_config(path: str, cfg_options: Optional[List[str]] = None,
-                baseline: bool = False):
+                baseline: bool = False, glibc_defaults: bool = False):
     from mmengine.config import Config, DictAction
     cfg = Config.fromfile(osp.join(REPO, path))
     if baseline:
         apply_baseline(cfg)
+    if glibc_defaults:
+        drop_glibc_malloc_hook(cfg)
     if cfg_options:
         parser = argparse.ArgumentParser()
         parser.add_argument('--o', nargs='+', action=DictAction)
         cfg.merge_from_dict(parser.parse_args(['--o', *cfg_options]).o)
     return cfg
+
+
+def glibc_malloc_hook(cfg) -> Optional[dict]:
+    """The config's ``GlibcMallocHook`` settings, or None without one."""
+    for hook in cfg.get('custom_hooks', []):
+        if hook.get('type') == 'GlibcMallocHook':
+            return {k: v for k, v in hook.items() if k != 'type'}
+    return None
+
+
+def drop_glibc_malloc_hook(cfg) -> None:
+    """Run with glibc's default malloc policy (``--glibc-defaults``)."""
+    cfg.custom_hooks = [h for h in cfg.get('custom_hooks', [])
+                        if h.get('type') != 'GlibcMallocHook']
+
+
+class FaultCounter:
+    """Minor page faults of this process between ``start`` and ``stop``,
+    and its peak resident memory."""
+
+    def start(self) -> None:
+        self.first = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    def stop(self, iters: int) -> dict:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return dict(faults=(usage.ru_minflt - self.first) / iters,
+                    max_rss_mib=usage.ru_maxrss / 1024)
 
 
 def worker_cpu_seconds() -> float:
@@ -170,7 +206,13 @@ def run_plain(config: str, iters: int, warmup: int, profile: bool,
               cfg_options: Optional[List[str]] = None) -> dict:
     import mmae_plugin  # noqa: F401
     from mmpretrain.registry import MODELS
-    cfg = load_config(config, cfg_options)
+
+    from mmae_plugin.engine.hooks.glibc_malloc_hook import \
+        set_glibc_malloc_thresholds
+    cfg = load_config(config, cfg_options, glibc_defaults=GLIBC_DEFAULTS)
+    malloc_policy = glibc_malloc_hook(cfg)
+    if malloc_policy is not None:  # the same process setup as the runner's
+        set_glibc_malloc_thresholds(**malloc_policy)
     images = fmnist_images(cfg)
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
@@ -186,13 +228,17 @@ def run_plain(config: str, iters: int, warmup: int, profile: bool,
     assert total * batch <= len(images)
     stamps, phases = [], {}
     prof = None
+    faults = FaultCounter()
     for it in range(total):
         if profile and it == warmup:
             prof = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
+        if it == warmup:
+            faults.start()
         stamps.append(time.perf_counter())
         if it == total - 1:
+            memory = faults.stop(iters)
             break
         rf = torch.profiler.record_function
         with rf('data'):
@@ -216,7 +262,7 @@ def run_plain(config: str, iters: int, warmup: int, profile: bool,
         phases = summarize_profile(prof, list(PHASES), iters)
     times = [b - a for a, b in zip(stamps[warmup:-1], stamps[warmup + 1:])]
     return dict(times=times, phases=phases, worker_cpu=0.0,
-                groups=len(optimizer.param_groups))
+                groups=len(optimizer.param_groups), **memory)
 
 
 # ---------------------------------------------------------------- runner
@@ -246,7 +292,7 @@ def run_runner(config: str, iters: int, warmup: int, profile: bool,
     import mmae_plugin  # noqa: F401
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
-    cfg = load_config(config, cfg_options, BASELINE)
+    cfg = load_config(config, cfg_options, BASELINE, GLIBC_DEFAULTS)
     total = warmup + iters + 1
     cfg.work_dir = tempfile.mkdtemp(prefix='bench_throughput_')
     cfg.train_dataloader.dataset.indices = total * \
@@ -256,7 +302,8 @@ def run_runner(config: str, iters: int, warmup: int, profile: bool,
     cfg.log_level = 'WARNING'
     runner = Runner.from_cfg(cfg)
     stamps: List[float] = []
-    state = dict(prof=None, cpu0=0.0, cpu1=0.0)
+    state = dict(prof=None, cpu0=0.0, cpu1=0.0, memory={})
+    faults = FaultCounter()
 
     class StampHook(Hook):
         priority = 'HIGHEST'
@@ -272,11 +319,18 @@ def run_runner(config: str, iters: int, warmup: int, profile: bool,
                 state['prof'].__enter__()
             if batch_idx == warmup:
                 state['cpu0'] = worker_cpu_seconds()
+                faults.start()
             stamps.append(time.perf_counter())
+            if batch_idx == warmup + iters:  # the timed iterations are over
+                self.stop()
 
         def after_train_epoch(self, runner):
             stamps.append(time.perf_counter())
+
+        @staticmethod
+        def stop():
             state['cpu1'] = worker_cpu_seconds()
+            state['memory'] = faults.stop(iters)
             if state['prof'] is not None:
                 state['prof'].__exit__(None, None, None)
 
@@ -298,7 +352,7 @@ def run_runner(config: str, iters: int, warmup: int, profile: bool,
     groups = len(runner.optim_wrapper.optimizer.param_groups)
     return dict(times=times, phases=phases,
                 worker_cpu=(state['cpu1'] - state['cpu0']) / iters,
-                groups=groups)
+                groups=groups, **state['memory'])
 
 
 # ---------------------------------------------------------------- driver
@@ -318,6 +372,8 @@ def fresh_process(mode: str, config: str, args) -> dict:
         command.append('--profile')
     if args.baseline:
         command.append('--baseline')
+    if args.glibc_defaults:
+        command.append('--glibc-defaults')
     if args.cfg_options:
         command += ['--cfg-options', *args.cfg_options]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
@@ -359,17 +415,27 @@ def print_phases(runner: dict, plain: dict, runner_med: float,
 def bench_fmnist(name: str, args) -> float:
     config = FMNIST_CASES[name]
     runner_t, plain_t, ratios = [], [], []
+    memory = dict(runner=[], plain=[])
     for _ in range(args.rounds):
-        r = statistics.median(fresh_process('runner', config, args)['times'])
-        p = statistics.median(fresh_process('plain', config, args)['times'])
+        runner = fresh_process('runner', config, args)
+        plain = fresh_process('plain', config, args)
+        r = statistics.median(runner['times'])
+        p = statistics.median(plain['times'])
         runner_t.append(r)
         plain_t.append(p)
         ratios.append(p / r)
+        memory['runner'].append(runner)
+        memory['plain'].append(plain)
     ratio = statistics.median(ratios)
     print(f'\n{name} ({config}), batch 256, {args.iters} timed iterations '
           f'after {args.warmup} per round, {args.rounds} alternating rounds')
     print('  runner s/iter: ' + ', '.join(f'{t:.4f}' for t in runner_t))
     print('  plain  s/iter: ' + ', '.join(f'{t:.4f}' for t in plain_t))
+    for mode in ('runner', 'plain'):
+        print(f'  {mode:6s} minor page faults/iter: ' + ', '.join(
+            f'{m["faults"]:.0f}' for m in memory[mode]) +
+            '; peak RSS MiB: ' + ', '.join(
+            f'{m["max_rss_mib"]:.0f}' for m in memory[mode]))
     print(f'  throughput runner/plain (plain time / runner time, median of '
           f'rounds) = {ratio:.3f}')
     if args.profile:
@@ -458,6 +524,10 @@ def parse_args() -> argparse.Namespace:
         '--baseline', action='store_true',
         help='runner with the settings before issue 9 (per-sample flip, '
         'SelfSupDataPreprocessor, one optimizer group per tensor)')
+    parser.add_argument(
+        '--glibc-defaults', action='store_true',
+        help="both loops with glibc's default malloc policy (without the "
+        "configs' GlibcMallocHook)")
     parser.add_argument('--single', choices=['runner', 'plain'],
                         help=argparse.SUPPRESS)
     parser.add_argument('--config', help=argparse.SUPPRESS)
@@ -468,8 +538,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    global BASELINE
+    global BASELINE, GLIBC_DEFAULTS
     BASELINE = args.baseline
+    GLIBC_DEFAULTS = args.glibc_defaults
     if args.single:
         single(args)
         return
