@@ -95,3 +95,53 @@ def test_resume_in_the_main_process_matches_a_worker_run(
     assert final.keys() == final_ref.keys()
     assert [k for k, v in final_ref.items() if not torch.equal(final[k], v)
             ] == []
+
+
+def test_known_deterministic_transforms_only_are_not_reseeded():
+    from mmengine.dataset import Compose
+    from mmpretrain.datasets.transforms import PackInputs
+    from mmpretrain.registry import TRANSFORMS
+
+    from mmae_plugin.engine.hooks.reseed_hook import draws_nothing_at_random
+
+    class MyPack(PackInputs):  # a subclass may draw: not trusted
+        pass
+
+    assert draws_nothing_at_random(Compose([
+        dict(type='Collect', keys=['img']), dict(type='PackInputs')]))
+    assert not draws_nothing_at_random(Compose([
+        dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')]))
+    assert not draws_nothing_at_random(Compose([MyPack()]))
+    assert TRANSFORMS.get('PackInputs') is PackInputs
+
+
+def train_shipped_pretraining(repo_root, work_dir, num_workers):
+    cfg = Config.fromfile(
+        os.path.join(repo_root, 'configs/fashion_mnist/mmae_fmnist.py'))
+    cfg.work_dir = str(work_dir)
+    cfg.train_cfg.max_epochs = 1
+    loader = cfg.train_dataloader
+    loader.batch_size = 16
+    loader.num_workers = num_workers
+    loader.persistent_workers = num_workers > 0
+    loader.dataset.indices = 32
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    return runner
+
+
+def test_shipped_pretraining_pipeline_is_left_unwrapped_and_exact(
+        repo_root, tmp_path):
+    """Collect + PackInputs draw nothing: no per-sample seeding, and the
+    run is the same with the pipeline in a worker or in the process."""
+    in_worker = train_shipped_pretraining(repo_root, tmp_path / 'w1', 1)
+    in_process = train_shipped_pretraining(repo_root, tmp_path / 'w0', 0)
+    for runner in (in_worker, in_process):
+        pipeline = runner.train_dataloader.dataset.pipeline
+        assert not isinstance(pipeline, SampleSeededCompose)
+    log = open(next((tmp_path / 'w0').rglob('*.log'))).read()
+    assert 'draws nothing at random; not re-seeded per sample' in log
+    final = in_worker.model.state_dict()
+    reference = in_process.model.state_dict()
+    assert [k for k, v in reference.items()
+            if not torch.equal(final[k], v)] == []
