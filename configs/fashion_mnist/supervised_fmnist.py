@@ -7,31 +7,18 @@
 # mean features go through the same kNN / linear / low-shot evaluation as the
 # pretrained encoders: an upper reference for what labels buy.
 #   python tools/train.py configs/fashion_mnist/supervised_fmnist.py
-_base_ = [
-    '_base_/vit-tiny-p4_classifier.py',
-    '_base_/fmnist_classification.py',
-    '_base_/default_runtime.py',
-]
+_base_ = ['finetune_fmnist.py']
 
-model = dict(
-    backbone=dict(drop_path_rate=0.1, init_cfg=None),
-    head=dict(
-        loss=dict(
-            type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-        init_cfg=[dict(type='TruncNormal', layer='Linear', std=2e-5)]))
+model = dict(backbone=dict(init_cfg=None))
 
 optim_wrapper = dict(
-    type='OptimWrapper',
     constructor='MergedGroupsOptimWrapperConstructor',
-    optimizer=dict(
-        type='AdamW', lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999)),
-    paramwise_cfg=dict(
-        custom_keys={
-            '.ln': dict(decay_mult=0.0),
-            '.bias': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0),
-            '.pos_embed': dict(decay_mult=0.0),
-        }))
+    paramwise_cfg=dict(_delete_=True, custom_keys={
+        '.ln': dict(decay_mult=0.0),
+        '.bias': dict(decay_mult=0.0),
+        '.cls_token': dict(decay_mult=0.0),
+        '.pos_embed': dict(decay_mult=0.0),
+    }))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=True, begin=0, end=1,
          convert_to_iter_based=True),
@@ -39,9 +26,7 @@ param_scheduler = [
          eta_min=1e-6, convert_to_iter_based=True),
 ]
 # The evidence study evaluates the frozen features itself; no validation.
-train_cfg = dict(by_epoch=True, max_epochs=5)
+train_cfg = dict(_delete_=True, by_epoch=True, max_epochs=5)
 val_dataloader = None
 val_evaluator = None
 val_cfg = None
-test_cfg = dict()
-auto_scale_lr = dict(base_batch_size=256)
