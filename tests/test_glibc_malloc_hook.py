@@ -95,10 +95,17 @@ def test_a_threshold_below_the_tensor_still_maps_it():
 
 @needs_glibc
 def test_quickstart_runner_applies_the_policy(repo_root, tmp_path):
-    """The Fashion-MNIST runtime ships the hook: a real Runner sets it."""
+    """The Fashion-MNIST runtime ships the hook: a real Runner sets it for
+    the run and gives glibc's starting values back after it."""
     result = run_probe(f'''
         from mmengine.config import Config
+        from mmengine.hooks import Hook
         from mmengine.runner import Runner
+
+        class ProbeAfterTraining(Hook):
+            def after_train(self, runner):
+                print('IN_RUN ' + json.dumps(probe()))
+
         cfg = Config.fromfile('configs/fashion_mnist/mmae_fmnist.py')
         cfg.work_dir = {str(tmp_path)!r}
         cfg.train_cfg.max_epochs = 1
@@ -107,14 +114,40 @@ def test_quickstart_runner_applies_the_policy(repo_root, tmp_path):
         cfg.train_dataloader.num_workers = 0
         cfg.train_dataloader.persistent_workers = False
         cfg.train_dataloader.dataset.indices = 8
-        Runner.from_cfg(cfg).train()
+        runner = Runner.from_cfg(cfg)
+        runner.register_hook(ProbeAfterTraining(), priority='LOWEST')
+        runner.train()
     ''', cwd=repo_root)
     assert 'GlibcMallocHook: glibc malloc mmap_threshold=33554432, ' \
         'trim_threshold=1073741824, top_pad=67108864 bytes' in result['log']
-    # After training the heap has room: the block comes from free memory
+    in_run = json.loads(result['log'].split('IN_RUN ')[1].splitlines()[0])
+    # During the run the heap has room: the block comes from free memory
     # and goes back there, and nothing is returned to the kernel.
-    assert result['mmapped'] == 0
-    assert result['trimmed'] == 0
+    assert in_run['mmapped'] == 0
+    assert in_run['trimmed'] == 0
+    assert result['mmapped'] >= 16 * MiB  # after the run
+
+
+@needs_glibc
+def test_after_run_returns_the_kept_memory():
+    """A process that outlives the run (tests, notebooks) gets its memory
+    back and glibc's starting threshold: a 16 MiB tensor is mapped again."""
+    result = run_probe('''
+        from mmpretrain.registry import HOOKS
+        import mmae_plugin  # noqa: F401
+        hook = HOOKS.build(dict(type='GlibcMallocHook'))
+        hook.before_run(None)
+        kept = [torch.ones(2 << 20) for _ in range(32)]  # 256 MiB
+        del kept
+        before = libc.mallinfo2().fordblks
+        hook.after_run(None)
+        after = libc.mallinfo2()
+        assert before >= 200 << 20, before
+        print('RELEASED', before - after.fordblks)
+    ''')
+    assert result['mmapped'] >= 16 * MiB
+    released = int(result['log'].split('RELEASED ')[1].split()[0])
+    assert released >= 200 * MiB
 
 
 @pytest.mark.parametrize('name, value, message', [

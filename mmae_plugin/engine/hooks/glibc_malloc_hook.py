@@ -35,6 +35,8 @@ MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
 #: mallopt takes a C ``int``.
 MAX_MALLOPT_VALUE = 2**31 - 1
 MiB = 1024 * 1024
+#: glibc's documented starting values of the three (mallopt(3)).
+GLIBC_DEFAULT = 128 * 1024
 
 
 def running_glibc() -> Optional[ctypes.CDLL]:
@@ -96,6 +98,26 @@ def set_glibc_malloc_thresholds(mmap_threshold: int = 32 * MiB,
     return True
 
 
+def release_kept_memory() -> bool:
+    """Back to glibc's starting values and return free memory to the
+    kernel (``malloc_trim``), e.g. when a run ends in a longer-lived
+    process (a test session, a notebook).
+
+    glibc's adaptation of the thresholds stays off: it cannot be turned
+    back on in a running process.
+
+    Returns:
+        True when done; False when the process does not run on glibc.
+    """
+    if not set_glibc_malloc_thresholds(GLIBC_DEFAULT, GLIBC_DEFAULT,
+                                       GLIBC_DEFAULT):
+        return False
+    libc = running_glibc()
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim(0)
+    return True
+
+
 @HOOKS.register_module()
 class GlibcMallocHook(Hook):
     """Fix glibc's malloc thresholds before the run (CPU training speed).
@@ -103,7 +125,9 @@ class GlibcMallocHook(Hook):
     Applied in ``before_run`` of every rank, before the dataloader workers
     fork (they inherit it). Numerics are untouched: only where freed host
     memory goes changes. Memory held by the process can stay up to
-    ``trim_threshold`` above what the iteration uses at its peak.
+    ``trim_threshold`` above what the iteration uses at its peak; in
+    ``after_run`` glibc's starting values come back and the kept memory is
+    returned to the kernel.
 
     Args:
         mmap_threshold: Bytes from which an allocation gets its own
@@ -136,3 +160,7 @@ class GlibcMallocHook(Hook):
         else:
             print_log('GlibcMallocHook: the C library is not glibc; '
                       'allocator left as it is', logger='current')
+
+    def after_run(self, runner) -> None:
+        """Return what the run kept to the kernel."""
+        release_kept_memory()
