@@ -414,28 +414,23 @@ def print_phases(runner: dict, plain: dict, runner_med: float,
 
 def bench_fmnist(name: str, args) -> float:
     config = FMNIST_CASES[name]
-    runner_t, plain_t, ratios = [], [], []
-    memory = dict(runner=[], plain=[])
+    rounds = dict(runner=[], plain=[])
     for _ in range(args.rounds):
-        runner = fresh_process('runner', config, args)
-        plain = fresh_process('plain', config, args)
-        r = statistics.median(runner['times'])
-        p = statistics.median(plain['times'])
-        runner_t.append(r)
-        plain_t.append(p)
-        ratios.append(p / r)
-        memory['runner'].append(runner)
-        memory['plain'].append(plain)
-    ratio = statistics.median(ratios)
+        for mode in ('runner', 'plain'):
+            rounds[mode].append(fresh_process(mode, config, args))
+    runner_t, plain_t = (
+        [statistics.median(result['times']) for result in rounds[mode]]
+        for mode in ('runner', 'plain'))
+    ratio = statistics.median(p / r for r, p in zip(runner_t, plain_t))
     print(f'\n{name} ({config}), batch 256, {args.iters} timed iterations '
           f'after {args.warmup} per round, {args.rounds} alternating rounds')
     print('  runner s/iter: ' + ', '.join(f'{t:.4f}' for t in runner_t))
     print('  plain  s/iter: ' + ', '.join(f'{t:.4f}' for t in plain_t))
     for mode in ('runner', 'plain'):
         print(f'  {mode:6s} minor page faults/iter: ' + ', '.join(
-            f'{m["faults"]:.0f}' for m in memory[mode]) +
+            f'{m["faults"]:.0f}' for m in rounds[mode]) +
             '; peak RSS MiB: ' + ', '.join(
-            f'{m["max_rss_mib"]:.0f}' for m in memory[mode]))
+            f'{m["max_rss_mib"]:.0f}' for m in rounds[mode]))
     print(f'  throughput runner/plain (plain time / runner time, median of '
           f'rounds) = {ratio:.3f}')
     if args.profile:

@@ -37,6 +37,11 @@ MAX_MALLOPT_VALUE = 2**31 - 1
 MiB = 1024 * 1024
 #: glibc's documented starting values of the three (mallopt(3)).
 GLIBC_DEFAULT = 128 * 1024
+#: The hook's thresholds: tensors below 32 MiB from the heap, up to 1 GiB
+#: of freed memory kept, the heap grown 64 MiB at a time.
+MMAP_THRESHOLD = 32 * MiB
+TRIM_THRESHOLD = 1024 * MiB
+TOP_PAD = 64 * MiB
 
 
 def running_glibc() -> Optional[ctypes.CDLL]:
@@ -68,9 +73,9 @@ def check_malloc_thresholds(mmap_threshold: int, trim_threshold: int,
                              f'bytes (a C int), got {value}')
 
 
-def set_glibc_malloc_thresholds(mmap_threshold: int = 32 * MiB,
-                                trim_threshold: int = 1024 * MiB,
-                                top_pad: int = 64 * MiB) -> bool:
+def set_glibc_malloc_thresholds(mmap_threshold: int = MMAP_THRESHOLD,
+                                trim_threshold: int = TRIM_THRESHOLD,
+                                top_pad: int = TOP_PAD) -> bool:
     """Fix glibc's malloc thresholds for this process and its forks.
 
     Args:
@@ -138,9 +143,9 @@ class GlibcMallocHook(Hook):
 
     priority = 'VERY_HIGH'
 
-    def __init__(self, mmap_threshold: int = 32 * MiB,
-                 trim_threshold: int = 1024 * MiB,
-                 top_pad: int = 64 * MiB) -> None:
+    def __init__(self, mmap_threshold: int = MMAP_THRESHOLD,
+                 trim_threshold: int = TRIM_THRESHOLD,
+                 top_pad: int = TOP_PAD) -> None:
         check_malloc_thresholds(mmap_threshold, trim_threshold, top_pad)
         self.mmap_threshold = mmap_threshold
         self.trim_threshold = trim_threshold

@@ -6,10 +6,10 @@ from typing import Iterator, List
 
 import numpy as np
 import torch
+from mmcv.transforms import CenterCrop, LoadImageFromFile, Resize
 from mmengine.dataset import Compose
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
-from mmcv.transforms import CenterCrop, LoadImageFromFile, Resize
 from mmengine.logging import print_log
 from mmpretrain.datasets.transforms import (Collect, PackInputs, ResizeEdge,
                                             Transpose)
