@@ -251,3 +251,27 @@ def test_restats_recomputes_statistics_from_saved_features(repo_root,
     # The accuracies are untouched.
     assert {k: v for k, v in after.items() if '/repr/' not in k} == \
         {k: v for k, v in before.items() if '/repr/' not in k}
+
+
+def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
+    from mmae_plugin.evidence.driver import run_order, schedule_order
+    from mmae_plugin.evidence.study import checkpoint_path
+    study = full_study(seeds=(0, 1, 2))
+    out = str(tmp_path)
+    assert run_order(study)[:5] == [(arm, 0) for arm in study.arms]
+    # Seed 0: supervised trained to epoch 6 (mmengine's pointer written);
+    # seed 1: the random-init control's checkpoint, nothing evaluated.
+    for arm, seed, epoch in (('supervised', 0, 6), ('random_init', 1, 0)):
+        path = checkpoint_path(out, arm, seed, epoch)
+        os.makedirs(os.path.dirname(path))
+        open(path, 'w').close()
+        with open(os.path.join(os.path.dirname(path), 'last_checkpoint'),
+                  'w') as f:
+            f.write(path)
+    order = schedule_order(out, study)
+    assert sorted(order) == sorted(run_order(study))
+    assert order[:2] == [('supervised', 0), ('random_init', 1)]
+    unsupervised = [run for run in order[2:] if run[0] != 'supervised']
+    assert order[2:2 + len(unsupervised)] == unsupervised
+    assert [seed for _, seed in unsupervised] == [0] * 4 + [1] * 3 + [2] * 4
+    assert order[-2:] == [('supervised', 1), ('supervised', 2)]

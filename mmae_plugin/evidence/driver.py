@@ -1,8 +1,10 @@
 """The study driver: every run, seed-major, resumable after any kill.
 
-The parent process walks the runs seed-major (every arm of seed 0, then
-seed 1, ...), ``jobs`` runs at a time; each step of a run is a child
-process (fresh mmengine global state, ``threads`` torch threads):
+The parent process runs what a kill interrupted first, then the
+comparison seed-major (every unsupervised arm of seed 0, then seed 1, ...),
+the supervised control last (:func:`schedule_order`), ``jobs`` runs at a
+time; each step of a run is a child process (fresh mmengine global state,
+``threads`` torch threads):
 
 * ``train``: train from the last checkpoint to the next evaluation epoch
   (:func:`~mmae_plugin.evidence.training.train_segment`);
@@ -134,6 +136,36 @@ def run_order(study: Study) -> List[Tuple[str, int]]:
     return [(arm, seed) for seed in study.seeds for arm in study.arms]
 
 
+def run_started(out_dir: str, study: Study, arm_name: str,
+                seed: int) -> bool:
+    """Whether a run has anything on disk (a checkpoint or an evaluation)."""
+    row = run_status(out_dir, study, arm_name, seed)
+    return row['epoch'] is not None or bool(row['evals_done'])
+
+
+def schedule_order(out_dir: str, study: Study) -> List[Tuple[str, int]]:
+    """The order in which the runs are executed.
+
+    Runs already started come first (resuming finishes what a kill
+    interrupted before anything new takes disk and cores); then the
+    comparison the study is for, seed-major (the controls that cost nothing
+    to train and the self-supervised arms, so every finished seed adds one
+    pair to the paired intervals); the supervised control, which costs
+    about twice an MAE run per epoch, last. The order changes when results
+    arrive, never what a run computes.
+
+    Returns:
+        ``[(arm, seed), ...]``: every run of :func:`run_order`, reordered.
+    """
+    order = run_order(study)
+    started = [run for run in order if run_started(out_dir, study, *run)]
+    rest = [run for run in order if run not in started]
+    supervised = [run for run in rest
+                  if arm_by_name(run[0]).kind == 'supervised']
+    return started + [run for run in rest if run not in supervised] + \
+        supervised
+
+
 def child_command(step: str, out_dir: str, arm: str, seed: int, epoch: int,
                   threads: int) -> List[str]:
     return [sys.executable, '-m', CHILD_MODULE, step, out_dir, arm,
@@ -188,7 +220,7 @@ def run_study(out_dir: str, study: Study, jobs: int = 1,
             print(f'[study {time.strftime("%H:%M:%S")}] {message}',
                   flush=True)
 
-    order = run_order(study)
+    order = schedule_order(out_dir, study)
     log(f'{len(order)} runs, {jobs} at a time, {threads} threads each; '
         f'status: {summary_line(out_dir, study)}')
     failed = []
@@ -262,10 +294,6 @@ def load_evaluations(out_dir: str, study: Study) -> List[dict]:
     return rows
 
 
-if __name__ == '__main__':
-    child_main()
-
-
 def recompute_statistics(out_dir: str) -> int:
     """Recompute every evaluation's ``<pooling>/repr/*`` from its saved test
     features with the current :mod:`mmae_plugin.evaluation.statistics`.
@@ -298,3 +326,7 @@ def recompute_statistics(out_dir: str) -> int:
             write_json_atomic(path, row)
             count += 1
     return count
+
+
+if __name__ == '__main__':
+    child_main()
