@@ -134,3 +134,44 @@ def test_tools_scripts_are_thin_and_do_not_import_each_other(repo_root):
             assert f'import {other}' not in text
             assert f'from {other} ' not in text
         assert 'mmae_plugin.evidence' in text
+
+
+def test_shipped_results_page_is_rebuilt_from_its_runs_json(repo_root,
+                                                           tmp_path):
+    """docs/results.md says ``--report-only`` rebuilds it from
+    ``results/runs.json``: with the sweep's out dir gone (it is not kept),
+    the rebuild from a copy of that file gives the same page."""
+    import shutil
+    docs = os.path.join(repo_root, 'docs')
+    (tmp_path / 'results').mkdir()
+    shutil.copy(os.path.join(docs, 'results', 'runs.json'),
+                tmp_path / 'results' / 'runs.json')
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, '--report-only', '--out-dir',
+         str(tmp_path / 'gone'), '--report', str(tmp_path / 'results.md')],
+        cwd=repo_root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(docs, 'results.md')) as f:
+        shipped = f.read().splitlines()
+    rebuilt = (tmp_path / 'results.md').read_text().splitlines()
+    # Line 3 names the command and the date; every table and number after it
+    # must be the same.
+    assert len(rebuilt) == len(shipped) and rebuilt[3:] == shipped[3:]
+    assert 'not run' not in '\n'.join(rebuilt)
+
+
+def test_rows_of_older_sweeps_are_read_in_the_current_vocabulary():
+    from mmae_plugin.evidence.sweep_report import LEGACY_KEYS, upgrade_rows
+    old = {'cell': 'mae', 'seed': 0, 'repr/erank': 1.01, 'repr/rankme': 1.8,
+           'repr/entropy': 0.01, 'repr/tcr': 4.4, 'knn/top1': 70.0,
+           'checkpoint': '/somewhere/evidence/mae/seed0/epoch_3.pth'}
+    (row, ) = upgrade_rows([old], '/somewhere/evidence')
+    assert row == {'cell': 'mae', 'seed': 0, 'repr/erank_gram': 1.01,
+                   'repr/rankme_raw': 1.8, 'repr/entropy_gram': 0.01,
+                   'repr/tcr_reference_mu1': 4.4, 'knn/top1': 70.0,
+                   'checkpoint': 'mae/seed0/epoch_3.pth'}
+    # Every new name is a key the statistics compute today.
+    import torch
+    from mmae_plugin.evaluation.statistics import representation_statistics
+    keys = representation_statistics(torch.randn(16, 4, dtype=torch.float64))
+    assert {new.split('/', 1)[1] for new in LEGACY_KEYS.values()} <= set(keys)

@@ -256,6 +256,8 @@ def run_dir_of(out_dir: str, cell: Cell, seed: int) -> str:
 
 def load_results(out_dir: str) -> List[dict]:
     rows = []
+    if not osp.isdir(out_dir):
+        return rows
     for cell_name in sorted(os.listdir(out_dir)):
         cell_dir = osp.join(out_dir, cell_name)
         if not osp.isdir(cell_dir) or cell_name == 'configs':
@@ -572,9 +574,14 @@ def main(argv=None) -> None:
         run_sweep(args, cells, budget)
         if not args.no_probe_check:
             run_probe_checks(args, budget)
-    from .sweep_report import write_report
-    write_report(load_results(args.out_dir), cells, budget, args.out_dir,
-                 args.report, command.strip())
+    from .sweep_report import saved_rows, write_report
+    rows = load_results(args.out_dir)
+    if not rows and args.report_only:
+        # The runs are gone (the sweep's out dir is not kept): re-analyse
+        # the rows the report was computed from.
+        rows = saved_rows(args.report, args.out_dir)
+    write_report(rows, cells, budget, args.out_dir, args.report,
+                 command.strip())
     print(f'[evidence] report written to {args.report}')
 
 

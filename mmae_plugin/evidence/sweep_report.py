@@ -2,7 +2,9 @@
 
 Used by :mod:`mmae_plugin.evidence.sweep` (``run_evidence.py``); reads the
 per-run ``results.json`` rows only, so a finished sweep can be re-analysed
-with ``run_evidence.py --report-only``. Every difference to MAE is paired by
+with ``run_evidence.py --report-only``, and once its runs are gone, from
+the ``runs.json`` the report wrote (rows of older versions read in the
+current key vocabulary). Every difference to MAE is paired by
 seed with the interval of :mod:`mmae_plugin.evidence.intervals` (one seed:
 "n=1, no interval").
 """
@@ -26,6 +28,15 @@ ERANK_KEY = 'repr/erank_gram'
 RANKME_KEY = 'repr/rankme_raw'
 ERANK_AXIS = ('erank_gram of the test features (uncentred Gram kernel of '
               'the l2-normalised CLS features)')
+#: Keys of rows written before the statistics named their kernel (issue
+#: 16), and the key each was renamed to; the definitions are the same
+#: (entropy and effective rank of the unit features' Gram kernel, RankMe of
+#: the raw features, the reference-form coding rate with mu 1).
+LEGACY_KEYS = {'repr/entropy': 'repr/entropy_gram',
+               'repr/erank': ERANK_KEY, 'repr/rankme': RANKME_KEY,
+               'repr/tcr': 'repr/tcr_reference_mu1'}
+#: The full probe config's top-1 on the runs it was trained on.
+PROBE_CHECK_KEY = 'probe_config/top1'
 
 METRIC_NAMES = {'knn/top1': 'kNN top-1', 'linear/top1': 'linear top-1'}
 # Published numbers (ImageNet-1K, 200-epoch pretraining), for orientation only.
@@ -232,11 +243,29 @@ def correlation(rows, key) -> Optional[float]:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def probe_check_lines(rows, budget: Budget, out_dir: str) -> List[str]:
+def attach_probe_checks(rows: List[dict], budget: Budget,
+                        out_dir: str) -> List[dict]:
+    """Rows with the full probe config's top-1 (:data:`PROBE_CHECK_KEY`)
+    on the runs it was trained on, read from their run directories; rows
+    that already carry it (rebuilt from ``runs.json``) keep theirs."""
+    fixed = []
+    for row in rows:
+        row = dict(row)
+        cell = next((c for c in ZOO_CELLS.values()
+                     if c.name == row.get('cell')), None)
+        if cell is not None and row.get('seed') == budget.seeds[0]:
+            top1 = probe_check_result(run_dir_of(out_dir, cell, row['seed']))
+            if top1 is not None:
+                row[PROBE_CHECK_KEY] = top1
+        fixed.append(row)
+    return fixed
+
+
+def probe_check_lines(rows, budget: Budget) -> List[str]:
     lines = ['| encoder (seed %d) | cached-feature probe top-1 | full probe '
              'config top-1 |' % budget.seeds[0], '|---|---|---|']
     for cell in (ZOO_CELLS['mae'], ZOO_CELLS['mmae']):
-        full = probe_check_result(run_dir_of(out_dir, cell, budget.seeds[0]))
+        full = by_seed(rows, cell, PROBE_CHECK_KEY).get(budget.seeds[0])
         cached = by_seed(rows, cell, 'linear/top1').get(budget.seeds[0])
         lines.append(
             f'| {cell.label} | {"–" if cached is None else f"{cached:.2f}"} '
@@ -259,25 +288,43 @@ def grid_text(cells: List[Cell]) -> str:
     return text
 
 
-def relative_checkpoints(rows: List[dict], out_dir: str) -> List[dict]:
-    """Rows with checkpoint paths relative to ``out_dir`` (rows written by
-    older versions stored absolute paths)."""
+def upgrade_rows(rows: List[dict], out_dir: str) -> List[dict]:
+    """Rows in the current vocabulary: :data:`LEGACY_KEYS` renamed and
+    checkpoint paths relative to ``out_dir`` (older versions stored
+    absolute paths)."""
     fixed = []
     for row in rows:
-        row = dict(row)
+        row = {LEGACY_KEYS.get(key, key): value for key, value in row.items()}
         if osp.isabs(row.get('checkpoint', '')):
             row['checkpoint'] = osp.relpath(row['checkpoint'], out_dir)
         fixed.append(row)
     return fixed
 
 
+def report_data_dir(report: str) -> str:
+    """Where a report's plots and ``runs.json`` live: ``results/`` next to
+    it."""
+    return osp.join(osp.dirname(osp.abspath(report)), 'results')
+
+
+def saved_rows(report: str, out_dir: str) -> List[dict]:
+    """The rows a written report was computed from (its ``runs.json``), in
+    the current vocabulary; empty if it has none."""
+    path = osp.join(report_data_dir(report), 'runs.json')
+    if not osp.isfile(path):
+        return []
+    with open(path) as f:
+        return upgrade_rows(json.load(f), out_dir)
+
+
 def write_report(rows: List[dict], cells: List[Cell], budget: Budget,
                  out_dir: str, report: str, command: str) -> None:
     """Write the markdown report, its plots and the raw rows as JSON."""
-    plot_dir = osp.join(osp.dirname(osp.abspath(report)), 'results')
+    rows = attach_probe_checks(upgrade_rows(rows, out_dir), budget, out_dir)
+    plot_dir = report_data_dir(report)
     plots = plot_sweeps(rows, cells, plot_dir)
     with open(osp.join(plot_dir, 'runs.json'), 'w') as f:
-        json.dump(relative_checkpoints(rows, out_dir), f, indent=1)
+        json.dump(rows, f, indent=1)
     seconds = [r['pretrain_s'] + r['eval_s'] for r in rows]
     lam_cells = [c for c in cells if c.method != 'mae' and c.mu in (None, 1.0)]
     mu_cells = sorted((c for c in cells if c.method == 'mmae' and
@@ -365,7 +412,7 @@ def write_report(rows: List[dict], cells: List[Cell], budget: Budget,
         f'{budget.probe_check_epochs} epochs, random flips) trained on the '
         'same training images and encoder:',
         '',
-        *probe_check_lines(rows, budget, out_dir),
+        *probe_check_lines(rows, budget),
         '',
         '## The paper\'s numbers (ImageNet-1K, 200 epochs; not measured here)',
         '',
