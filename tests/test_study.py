@@ -212,6 +212,7 @@ def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
                   'M-MAE λ=0.01 μ=1', 'M-MAE λ=0.00125 μ=1'):
         assert f'| {label} | 1 |' in report
     assert 'n=1, no interval' in report
+    assert 'still running' not in report
     for figure in ('paired_differences', 'learning_curves', 'rank_curves'):
         assert (out_dir / 'report' / 'study' / f'{figure}.png').stat().st_size
     rows = json.loads((out_dir / 'report' / 'study' / 'runs.json').read_text())
@@ -254,7 +255,8 @@ def test_restats_recomputes_statistics_from_saved_features(repo_root,
 
 
 def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
-    from mmae_plugin.evidence.driver import run_order, schedule_order
+    from mmae_plugin.evidence.driver import (run_order, schedule_order,
+                                             study_finished)
     from mmae_plugin.evidence.study import checkpoint_path
     study = full_study(seeds=(0, 1, 2))
     out = str(tmp_path)
@@ -275,3 +277,4 @@ def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
     assert order[2:2 + len(unsupervised)] == unsupervised
     assert [seed for _, seed in unsupervised] == [0] * 4 + [1] * 3 + [2] * 4
     assert order[-2:] == [('supervised', 1), ('supervised', 2)]
+    assert not study_finished(out, study)

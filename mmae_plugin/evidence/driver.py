@@ -255,10 +255,24 @@ def run_status(out_dir: str, study: Study, arm_name: str,
             'evals_done': done, 'evals_wanted': list(wanted)}
 
 
-def summary_line(out_dir: str, study: Study) -> str:
-    rows = [run_status(out_dir, study, arm, seed)
+def run_statuses(out_dir: str, study: Study) -> List[Dict[str, object]]:
+    """:func:`run_status` of every run, in :func:`run_order`."""
+    return [run_status(out_dir, study, arm, seed)
             for arm, seed in run_order(study)]
-    finished = sum(r['evals_done'] == r['evals_wanted'] for r in rows)
+
+
+def is_finished(row: Dict[str, object]) -> bool:
+    return row['evals_done'] == row['evals_wanted']
+
+
+def study_finished(out_dir: str, study: Study) -> bool:
+    """Whether every run has every evaluation it wants."""
+    return all(map(is_finished, run_statuses(out_dir, study)))
+
+
+def summary_line(out_dir: str, study: Study) -> str:
+    rows = run_statuses(out_dir, study)
+    finished = sum(map(is_finished, rows))
     evals = sum(len(r['evals_done']) for r in rows)
     wanted = sum(len(r['evals_wanted']) for r in rows)
     return (f'{finished} of {len(rows)} runs finished, {evals} of {wanted} '
