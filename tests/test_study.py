@@ -278,3 +278,33 @@ def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
     assert [seed for _, seed in unsupervised] == [0] * 4 + [1] * 3 + [2] * 4
     assert order[-2:] == [('supervised', 1), ('supervised', 2)]
     assert not study_finished(out, study)
+
+
+def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
+    from mmae_plugin.evidence.report import accuracy_keys, summary_lines
+    study = full_study()
+    # Per-seed differences to MAE: lambda 0.01 about 2 points below on every
+    # seed; lambda 0.00125 of either sign around 0; supervised one seed.
+    wobble = (0.3, -0.3, 0.2, -0.2, 0.0)
+    rows = []
+    for seed in study.seeds:
+        for arm, shift in (('mae', 0.0),
+                           ('mmae_lam0.01_mu1', -2.0 + wobble[seed] / 3),
+                           ('mmae_lam0.00125_mu1', wobble[seed])):
+            rows.append({'arm': arm, 'seed': seed, 'epoch': 20, **{
+                f'{pooling}/{key}': 80.0 + seed + shift
+                for pooling in ('cls', 'cls+mean')
+                for key in accuracy_keys(study)}})
+    rows.append({'arm': 'supervised', 'seed': 0, 'epoch': 20,
+                 **{f'cls/{k}': 90.0 for k in accuracy_keys(study)}})
+    lines = summary_lines(rows, study, 20)
+    by_arm = {line.split('**')[1]: line for line in lines if '**' in line}
+    strong = by_arm['M-MAE λ=0.01 μ=1, cls']
+    assert strong.count('lower than MAE') == 4 and '(n=5)' in strong
+    null = by_arm['M-MAE λ=0.00125 μ=1, cls+mean']
+    assert null.count('not distinguishable from MAE') == 4
+    # One seed: the difference, no interval, no verdict.
+    one = by_arm['supervised (control), cls']
+    assert 'n=1, no interval' in one and 'than MAE' not in one
+    assert 'supervised (control), cls+mean' not in by_arm
+    assert '16 comparisons' in lines[-1] and '0.8' in lines[-1]

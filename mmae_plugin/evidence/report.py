@@ -113,6 +113,48 @@ def curve_table(rows: List[dict], study: Study, pooling: str,
     return lines
 
 
+VERDICT_WORDS = {'better': ': higher than MAE', 'worse': ': lower than MAE',
+                 'no sig. difference': ': not distinguishable from MAE',
+                 'n/a': ''}
+
+
+def summary_lines(rows: List[dict], study: Study, epoch: int) -> List[str]:
+    """Each arm against MAE at ``epoch``, in words, per pooling.
+
+    A difference is called higher or lower only when its 95 % interval
+    excludes 0; the number of M-MAE comparisons says how many such calls
+    chance alone would make.
+    """
+    keys = accuracy_keys(study)
+    lines = []
+    for arm in (a for a in study.arms if a != BASELINE):
+        for pooling in POOLINGS:
+            parts = []
+            for key in keys:
+                full = f'{pooling}/{key}'
+                diff = paired_interval(
+                    values_by_seed(rows, arm, arm_epoch(study, arm, epoch),
+                                   full),
+                    values_by_seed(rows, BASELINE, epoch, full))
+                if diff is not None:
+                    parts.append(f'{metric_label(key).split(" (")[0]} '
+                                 f'{diff.text()}'
+                                 f'{VERDICT_WORDS[diff.verdict()]}')
+            if parts:
+                lines.append(f'* **{arm_by_name(arm).label}, {pooling}**: '
+                             + '; '.join(parts) + '.')
+    tested = [a for a in study.arms
+              if a != BASELINE and arm_by_name(a).kind == 'pretrain']
+    count = len(tested) * len(keys) * len(POOLINGS)
+    lines.append(
+        f'* The M-MAE arms make {count} comparisons with MAE at 95 % each: '
+        f'about {0.05 * count:.1f} would look significant by chance alone. '
+        'The controls are not hypotheses: they say how much the '
+        'architecture alone (random init) and labels (supervised) give '
+        'through the same evaluation.')
+    return lines
+
+
 # ----------------------------------------------------------------------------
 # Figures
 # ----------------------------------------------------------------------------
@@ -305,6 +347,8 @@ def write_study_report(out_dir: str, report: Optional[str] = None,
         'a two-sided 95 % Student-t interval; "n=1, no interval" when only '
         'one seed is paired.', '',
     ]
+    lines += [f'## Summary in plain words (epoch {final})', '',
+              *summary_lines(rows, study, final), '']
     for pooling in POOLINGS:
         lines += [f'## Results at epoch {final}, {pooling} features', '',
                   *results_table(rows, study, pooling, final), '']
