@@ -79,7 +79,8 @@ def fmt_diff(diff: Optional[PairedInterval]) -> str:
 def cell_table(rows: List[dict], cells: List[Cell]) -> List[str]:
     lines = ['| cell | seeds | kNN top-1 (%) | Δ kNN vs MAE [95 % CI] | '
              'linear top-1 (%) | Δ linear vs MAE [95 % CI] | '
-             f'{ERANK_KEY[5:]} (uncentred Gram) | {RANKME_KEY[5:]} |', '|---|---|---|---|---|---|---|---|']
+             f'{ERANK_KEY[5:]} (uncentred Gram) | {RANKME_KEY[5:]} |',
+             '|---|---|---|---|---|---|---|---|']
     for cell in cells:
         knn = list(by_seed(rows, cell, 'knn/top1').values())
         if not knn:
