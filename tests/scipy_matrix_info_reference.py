@@ -133,6 +133,24 @@ def coding_rate(z: np.ndarray, form: str, mu: float,
     return float(value)
 
 
+def uniformity(z: np.ndarray) -> float:
+    """U-MAE's uniformity loss: mean squared cosine over all row pairs."""
+    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+    return float(np.mean((zn @ zn.T)**2))
+
+
+def finite_difference_grad(f, z: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """Central finite differences of a scalar ``f`` at ``z``: a gradient
+    that does not trust any autograd."""
+    grad = np.zeros_like(z)
+    for idx in np.ndindex(*z.shape):
+        zp, zm = z.copy(), z.copy()
+        zp[idx] += h
+        zm[idx] -= h
+        grad[idx] = (f(zp) - f(zm)) / (2 * h)
+    return grad
+
+
 def renyi_of_spectrum(K: np.ndarray, alpha: float) -> float:
     """Renyi entropy from the eigenvalues (rank-deficient K allowed)."""
     p = np.clip(np.linalg.eigvalsh(density(K)), 0, None)

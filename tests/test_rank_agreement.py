@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -25,7 +24,8 @@ import torch.multiprocessing as mp
 import mmae_plugin  # noqa: F401
 from mmae_plugin.engine.hooks.matrix_info_hook import gather_rows
 from mmae_plugin.models import TCRLoss, UniformityLoss
-from test_regularizers import finite_difference_grad, np_tcr, np_uniformity
+from scipy_matrix_info_reference import (coding_rate, finite_difference_grad,
+                                         uniformity)
 
 WORLD_SIZE = 2
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,13 +143,13 @@ ROWS = (5, 3)  # rank 0, rank 1
 DIM = 4
 LOSSES = {
     'tcr': (lambda gather: TCRLoss(mu=1.0, gather=gather, loss_weight=1.0),
-            lambda z: np_tcr(z, 1.0, 'reference', False)),
+            lambda z: -coding_rate(z, 'reference', 1.0, False)),
     'tcr_paper_centered': (
         lambda gather: TCRLoss(mu=2.0, form='paper', centering=True,
                                gather=gather, loss_weight=1.0),
-        lambda z: np_tcr(z, 2.0, 'paper', True)),
+        lambda z: -coding_rate(z, 'paper', 2.0, True)),
     'unif': (lambda gather: UniformityLoss(gather=gather, loss_weight=1.0),
-             np_uniformity),
+             uniformity),
 }
 CASES = [(name, 'global') for name in LOSSES] + [('tcr', 'reference')]
 
@@ -211,7 +211,7 @@ def test_unequal_batches_match_numpy_on_the_concatenated_rows(
         unequal_results, name, gather):
     reference = LOSSES[name][1]
     rows = all_rows().numpy()
-    # np_tcr returns -TCR, the loss; np_uniformity the loss itself.
+    # -coding_rate is the TCR loss; uniformity the loss itself.
     expected = reference(rows)
     grad = finite_difference_grad(reference, rows)
     # 'global': each rank's all-gather backward sums the W ranks' gradient
