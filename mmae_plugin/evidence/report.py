@@ -9,9 +9,11 @@ seed). Outputs go under ``<out-dir>/report/`` unless a report path is given;
 """
 import datetime
 import os
-import textwrap
 import os.path as osp
+import textwrap
 from typing import Dict, List, Optional, Sequence
+
+import numpy as np
 
 from .intervals import format_mean_std, paired_interval
 from .study import (BASELINE, POOLINGS, Study, arm_by_name, load_study,
@@ -236,7 +238,6 @@ def plot_curves(rows: List[dict], study: Study, keys: Sequence[str],
                         rows, arm, arm_epoch(study, arm, epoch),
                         f'{pooling}/{key}').values())
                     if values:
-                        import numpy as np
                         std = float(np.std(values, ddof=1)) \
                             if len(values) > 1 else 0.0
                         pts.append((epoch, float(np.mean(values)), std,
