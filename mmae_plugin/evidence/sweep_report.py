@@ -395,13 +395,14 @@ def write_report(rows: List[dict], cells: List[Cell], budget: Budget,
         '',
         f'![accuracy vs mu]({rel(plots["accuracy_vs_mu"])})',
         '',
-        '## Accuracy against effective rank',
+        f'## Accuracy against effective rank (`{ERANK_KEY[5:]}`)',
         '',
     ]
     for key, name in METRIC_NAMES.items():
         r = correlation(rows, key)
-        lines.append(f'* Pearson correlation of {name} with the effective '
-                     f'rank over all runs: '
+        lines.append(f'* Pearson correlation of {name} with '
+                     f'`{ERANK_KEY[5:]}` (uncentred Gram kernel) over all '
+                     'runs: '
                      f'{"n/a" if r is None else f"{r:+.2f}"}.')
     lines += [
         '',
