@@ -5,7 +5,6 @@ converted file."""
 import argparse
 import functools
 import importlib.util
-import os
 import os.path as osp
 import subprocess
 import sys

@@ -5,8 +5,6 @@ M-MAE configs, all with lr = 1e6.
 """
 import glob
 import math
-import os
-import os.path as osp
 
 import pytest
 import torch

@@ -7,8 +7,6 @@ features.
 """
 import json
 import math
-import os
-import os.path as osp
 
 import numpy as np
 import pytest

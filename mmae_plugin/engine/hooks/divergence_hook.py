@@ -21,7 +21,6 @@ from typing import Dict, List, Optional, Sequence
 
 from mmengine.hooks import Hook, RuntimeInfoHook
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
-from mmpretrain.registry import HOOKS
 
 
 class TrainingDivergedError(FloatingPointError):
