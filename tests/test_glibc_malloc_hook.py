@@ -125,29 +125,50 @@ def test_quickstart_runner_applies_the_policy(repo_root, tmp_path):
     # and goes back there, and nothing is returned to the kernel.
     assert in_run['mmapped'] == 0
     assert in_run['trimmed'] == 0
-    assert result['mmapped'] >= 16 * MiB  # after the run
+    # After the run: where the probe's block comes from depends on the free
+    # chunks the run left in the heap; the restore is tested below.
+    assert "GlibcMallocHook: glibc's starting thresholds restored; " in \
+        result['log']
 
 
 @needs_glibc
-def test_after_run_returns_the_kept_memory():
-    """A process that outlives the run (tests, notebooks) gets its memory
-    back and glibc's starting threshold: a 16 MiB tensor is mapped again."""
+def test_after_run_gives_back_glibcs_starting_threshold():
+    """A process that outlives the run (tests, notebooks) gets glibc's
+    starting policy back: a 16 MiB tensor is mapped again, as in the
+    control (under the hook's thresholds it is not)."""
     result = run_probe('''
         from mmpretrain.registry import HOOKS
         import mmae_plugin  # noqa: F401
         hook = HOOKS.build(dict(type='GlibcMallocHook'))
         hook.before_run(None)
-        kept = [torch.ones(2 << 20) for _ in range(32)]  # 256 MiB
-        del kept
-        before = libc.mallinfo2().fordblks
         hook.after_run(None)
-        after = libc.mallinfo2()
-        assert before >= 200 << 20, before
-        print('RELEASED', before - after.fordblks)
     ''')
     assert result['mmapped'] >= 16 * MiB
-    released = int(result['log'].split('RELEASED ')[1].split()[0])
-    assert released >= 200 * MiB
+
+
+@needs_glibc
+def test_after_run_returns_the_kept_memory_to_the_kernel():
+    """256 MiB freed under the hook stay in the process until ``after_run``
+    gives them back, whatever the heap's layout: a free chunk below a live
+    one stays in the heap (glibc's counters keep it) but its pages go back
+    (``malloc_trim``), which is what resident memory shows."""
+    result = run_probe('''
+        import os
+        from mmpretrain.registry import HOOKS
+        import mmae_plugin  # noqa: F401
+        from mmae_plugin.engine.hooks.glibc_malloc_hook import resident_bytes
+        hook = HOOKS.build(dict(type='GlibcMallocHook'))
+        hook.before_run(None)
+        kept = [torch.ones(2 << 20) for _ in range(32)]  # 256 MiB
+        del kept
+        assert libc.mallinfo2().fordblks >= 200 << 20
+        before = resident_bytes()
+        hook.after_run(None)
+        print('RETURNED', before - resident_bytes())
+    ''')
+    returned = int(result['log'].split('RETURNED ')[1].split()[0])
+    assert returned >= 200 * MiB
+    assert 'MiB returned to the kernel' in result['log']
 
 
 @pytest.mark.parametrize('name, value, message', [

@@ -17,6 +17,7 @@ library of the Linux distributions our users run, and changes nothing
 elsewhere (musl, macOS, a preloaded allocator).
 """
 import ctypes
+import os
 from typing import Optional
 
 from mmengine.hooks import Hook
@@ -103,6 +104,16 @@ def set_glibc_malloc_thresholds(mmap_threshold: int = MMAP_THRESHOLD,
     return True
 
 
+def resident_bytes() -> Optional[int]:
+    """The process's resident memory (Linux ``/proc``), else ``None``."""
+    try:
+        with open('/proc/self/statm') as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf('SC_PAGE_SIZE')
+
+
 def release_kept_memory() -> bool:
     """Back to glibc's starting values and return free memory to the
     kernel (``malloc_trim``), e.g. when a run ends in a longer-lived
@@ -167,5 +178,12 @@ class GlibcMallocHook(Hook):
                       'allocator left as it is', logger='current')
 
     def after_run(self, runner) -> None:
-        """Return what the run kept to the kernel."""
-        release_kept_memory()
+        """Return what the run kept to the kernel, and log how much."""
+        before = resident_bytes()
+        if not release_kept_memory():
+            return
+        after = resident_bytes()
+        returned = '' if before is None or after is None else \
+            f'; {max(0, before - after) / MiB:.0f} MiB returned to the kernel'
+        print_log("GlibcMallocHook: glibc's starting thresholds restored"
+                  + returned, logger='current')
