@@ -153,7 +153,6 @@ def test_after_run_returns_the_kept_memory_to_the_kernel():
     one stays in the heap (glibc's counters keep it) but its pages go back
     (``malloc_trim``), which is what resident memory shows."""
     result = run_probe('''
-        import os
         from mmpretrain.registry import HOOKS
         import mmae_plugin  # noqa: F401
         from mmae_plugin.engine.hooks.glibc_malloc_hook import resident_bytes

@@ -255,8 +255,8 @@ def test_restats_recomputes_statistics_from_saved_features(repo_root,
 
 
 def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
-    from mmae_plugin.evidence.driver import (run_order, schedule_order,
-                                             study_finished)
+    from mmae_plugin.evidence.driver import (is_finished, run_order,
+                                             run_statuses, schedule_order)
     from mmae_plugin.evidence.study import checkpoint_path
     study = full_study(seeds=(0, 1, 2))
     out = str(tmp_path)
@@ -277,7 +277,7 @@ def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
     assert order[2:2 + len(unsupervised)] == unsupervised
     assert [seed for _, seed in unsupervised] == [0] * 4 + [1] * 3 + [2] * 4
     assert order[-2:] == [('supervised', 1), ('supervised', 2)]
-    assert not study_finished(out, study)
+    assert not all(map(is_finished, run_statuses(out, study)))
 
 
 def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():

@@ -265,13 +265,13 @@ def is_finished(row: Dict[str, object]) -> bool:
     return row['evals_done'] == row['evals_wanted']
 
 
-def study_finished(out_dir: str, study: Study) -> bool:
-    """Whether every run has every evaluation it wants."""
-    return all(map(is_finished, run_statuses(out_dir, study)))
-
-
 def summary_line(out_dir: str, study: Study) -> str:
-    rows = run_statuses(out_dir, study)
+    return progress_text(run_statuses(out_dir, study))
+
+
+def progress_text(rows: List[Dict[str, object]]) -> str:
+    """``'k of n runs finished, m of M evaluations done'`` of
+    :func:`run_statuses` rows."""
     finished = sum(map(is_finished, rows))
     evals = sum(len(r['evals_done']) for r in rows)
     wanted = sum(len(r['evals_wanted']) for r in rows)

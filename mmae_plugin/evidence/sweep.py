@@ -579,7 +579,7 @@ def main(argv=None) -> None:
     if not rows and args.report_only:
         # The runs are gone (the sweep's out dir is not kept): re-analyse
         # the rows the report was computed from.
-        rows = saved_rows(args.report, args.out_dir)
+        rows = saved_rows(args.report)
     write_report(rows, cells, budget, args.out_dir, args.report,
                  command.strip())
     print(f'[evidence] report written to {args.report}')

@@ -308,14 +308,14 @@ def report_data_dir(report: str) -> str:
     return osp.join(osp.dirname(osp.abspath(report)), 'results')
 
 
-def saved_rows(report: str, out_dir: str) -> List[dict]:
-    """The rows a written report was computed from (its ``runs.json``), in
-    the current vocabulary; empty if it has none."""
+def saved_rows(report: str) -> List[dict]:
+    """The rows a written report was computed from (its ``runs.json``), as
+    stored (:func:`write_report` upgrades them); empty if it has none."""
     path = osp.join(report_data_dir(report), 'runs.json')
     if not osp.isfile(path):
         return []
     with open(path) as f:
-        return upgrade_rows(json.load(f), out_dir)
+        return json.load(f)
 
 
 def write_report(rows: List[dict], cells: List[Cell], budget: Budget,
