@@ -326,6 +326,16 @@ def statistics_snapshot():
     assert changed == before, 'a checkpoint changed HistoryBuffer statistics'
 
 
+def forget_statistics(snapshot: dict, *names: str) -> None:
+    """Unregister statistics a test registered on purpose.
+
+    The ``statistics_snapshot`` fixture then checks that nothing else changed.
+    """
+    for name in names:
+        HistoryBuffer._statistics_methods.pop(name, None)
+        snapshot.pop(name, None)
+
+
 @pytest.mark.parametrize('name', ['__init__', '__class__', '__subclasses__'])
 def test_checkpoint_cannot_widen_restricted_getattr(tmp_path, name,
                                                     statistics_snapshot):
@@ -403,10 +413,7 @@ def test_statistics_registered_by_code_keep_checkpoints_loadable(
     torch.save({'x': GetattrPayload(Statistics, 'spread')}, evil)
     stand_in = torch.load(evil, weights_only=True)['x']
     assert stand_in is not Statistics.spread and not callable(stand_in)
-    # Remove them again (the snapshot fixture checks the class state).
-    for name in ('median_of_window', 'spread'):
-        del HistoryBuffer._statistics_methods[name]
-        statistics_snapshot.pop(name, None)
+    forget_statistics(statistics_snapshot, 'median_of_window', 'spread')
 
 
 def test_statistic_registered_by_a_checkpoint_is_refused(
@@ -550,9 +557,8 @@ def test_registered_statistics_are_restored_by_a_checkpoint(
     assert 'spread_restored' not in HistoryBuffer._statistics_methods
     assert HistoryBuffer._statistics_methods['median_restored'] \
         is HistoryBuffer.max
-    for name in ('median_restored', 'spread_restored'):
-        HistoryBuffer._statistics_methods.pop(name, None)
-        statistics_snapshot.pop(name, None)
+    forget_statistics(statistics_snapshot, 'median_restored',
+                      'spread_restored')
 
 
 # --------------------------------------------------------------------------
