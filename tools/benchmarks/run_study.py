@@ -14,8 +14,18 @@ Examples::
     python tools/benchmarks/run_study.py --out-dir /work/study --status
     python tools/benchmarks/run_study.py --out-dir /work/study --report-only
     python tools/benchmarks/run_study.py --quick --out-dir /tmp/study
+
+On a fresh machine, take the study up from its record in the repository
+(finished evaluations and the newest checkpoint of each unfinished run),
+and save the record again before the machine goes::
+
+    python tools/benchmarks/run_study.py --out-dir /work/study --jobs 2 \
+        --restore docs/study
+    python tools/benchmarks/run_study.py --out-dir /work/study \
+        --save-state docs/study/state
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
@@ -26,7 +36,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
 
 from mmae_plugin.evidence.driver import (recompute_statistics, run_study,
                                          status_text)
-from mmae_plugin.evidence.study import full_study, quick_study
+from mmae_plugin.evidence.handover import restore_record, save_state
+from mmae_plugin.evidence.study import (freeze_study, full_study,
+                                        load_study, quick_study)
 
 
 def positive(text: str) -> int:
@@ -66,11 +78,34 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'every finished evaluation from its saved test '
                         'features with the current definitions, then '
                         'report')
+    parser.add_argument('--restore', metavar='RECORD_DIR',
+                        help='first restore a study record (its runs.json '
+                        'and state/, e.g. docs/study) into --out-dir, '
+                        'keeping what is there')
+    parser.add_argument('--save-state', metavar='STATE_DIR',
+                        help='keep in STATE_DIR exactly the newest '
+                        'checkpoint of every unfinished run, and exit')
     parser.add_argument('--report', help='markdown report path (default '
                         '<out-dir>/report/study.md)')
     args = parser.parse_args(argv)
     args.out_dir = osp.abspath(args.out_dir)
     return args
+
+
+def reproducing_arguments(argv):
+    """The arguments that (re)compute the study: without the ones that only
+    report, show or move it."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ('--report-only', '--status', '--restats'):
+            continue
+        elif arg == '--restore':
+            skip = True
+        elif not arg.startswith('--restore='):
+            kept.append(arg)
+    return kept
 
 
 def study_of(args):
@@ -89,6 +124,17 @@ def main(argv=None) -> None:
         if args.status:
             print(status_text(args.out_dir))
             return
+        if args.save_state:
+            saved = save_state(args.out_dir, load_study(args.out_dir),
+                               args.save_state)
+            print(f'[study] {args.save_state} holds {len(saved)} unfinished '
+                  f'runs: {", ".join(saved) or "none"}')
+            return
+        if args.restore:
+            os.makedirs(args.out_dir, exist_ok=True)
+            print('[study] ' + restore_record(
+                args.out_dir, freeze_study(args.out_dir, study_of(args)),
+                args.restore), flush=True)
         failed = []
         if args.restats:
             print(f'[study] statistics recomputed for '
@@ -104,8 +150,7 @@ def main(argv=None) -> None:
         raise SystemExit(f'run_study.py: error: {error}')
     from mmae_plugin.evidence.report import write_study_report
     command = 'python tools/benchmarks/run_study.py ' + ' '.join(
-        a for a in (sys.argv[1:] if argv is None else argv)
-        if a not in ('--report-only', '--status', '--restats'))
+        reproducing_arguments(sys.argv[1:] if argv is None else argv))
     report = write_study_report(args.out_dir, args.report, command.strip())
     print(f'[study] report written to {report}')
     if failed:
