@@ -159,16 +159,29 @@ def killed_and_resumed(repo_root, tmp_path_factory):
     killed_at = {p: p.stat().st_mtime_ns
                  for p in out_dir.glob('*/seed0/eval/*.json')}
     assert not eval_file(out_dir, 'mae', 2).exists()
+    record = save_record(out_dir, tmp_path_factory.mktemp('record'))
     resumed = subprocess.run(study_command(out_dir), cwd=repo_root,
                              capture_output=True, text=True, timeout=5400)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + \
         resumed.stderr[-3000:]
-    return out_dir, killed_at, resumed.stdout
+    return out_dir, killed_at, resumed.stdout, record
+
+
+def save_record(out_dir, record):
+    """What a machine leaves behind: runs.json and the saved state."""
+    from mmae_plugin.evidence.driver import load_evaluations
+    from mmae_plugin.evidence.handover import save_state
+    from mmae_plugin.evidence.study import load_study
+    study = load_study(str(out_dir))
+    (record / 'runs.json').write_text(
+        json.dumps(load_evaluations(str(out_dir), study)))
+    save_state(str(out_dir), study, str(record / 'state'))
+    return record
 
 
 @needs_evidence_opt_in
 def test_resume_does_not_redo_finished_evaluations(killed_and_resumed):
-    out_dir, killed_at, stdout = killed_and_resumed
+    out_dir, killed_at, stdout, _ = killed_and_resumed
     assert eval_file(out_dir, 'mae', 1) in killed_at
     for path, mtime in killed_at.items():
         assert path.stat().st_mtime_ns == mtime, f'{path} was redone'
@@ -186,7 +199,7 @@ def test_resume_does_not_redo_finished_evaluations(killed_and_resumed):
 
 @needs_evidence_opt_in
 def test_quick_study_evaluates_every_arm_and_epoch(killed_and_resumed):
-    out_dir, _, _ = killed_and_resumed
+    out_dir, _, _, _ = killed_and_resumed
     for arm in STUDY_ARMS:
         epochs = (1, 2) if arm.trains else (0, )
         for epoch in epochs:
@@ -206,7 +219,7 @@ def test_quick_study_evaluates_every_arm_and_epoch(killed_and_resumed):
 
 @needs_evidence_opt_in
 def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
-    out_dir, _, _ = killed_and_resumed
+    out_dir, _, _, _ = killed_and_resumed
     report = (out_dir / 'report' / 'study.md').read_text()
     for label in ('random init (control)', 'supervised (control)', 'MAE',
                   'M-MAE λ=0.01 μ=1', 'M-MAE λ=0.00125 μ=1'):
@@ -235,7 +248,7 @@ def test_restats_recomputes_statistics_from_saved_features(repo_root,
                                                            killed_and_resumed):
     import torch
     from mmae_plugin.evaluation.statistics import representation_statistics
-    out_dir, _, _ = killed_and_resumed
+    out_dir, _, _, _ = killed_and_resumed
     path = eval_file(out_dir, 'mmae_lam0.01_mu1', 2)
     before = json.loads(path.read_text())
     proc = subprocess.run(study_command(out_dir, '--restats'), cwd=repo_root,
@@ -252,6 +265,108 @@ def test_restats_recomputes_statistics_from_saved_features(repo_root,
     # The accuracies are untouched.
     assert {k: v for k, v in after.items() if '/repr/' not in k} == \
         {k: v for k, v in before.items() if '/repr/' not in k}
+
+
+@needs_evidence_opt_in
+def test_a_fresh_machine_takes_the_study_up_from_its_record(
+        repo_root, killed_and_resumed, tmp_path):
+    """The record saved at the kill, restored into an empty out dir, finishes
+    the study exactly as the killed machine did: no evaluation redone, MAE
+    resumed from its saved epoch-1 checkpoint, bit-equal final weights."""
+    import torch
+    out_dir, killed_at, _, record = killed_and_resumed
+    assert [p.name for p in (record / 'state').rglob('*.pth')] == \
+        ['epoch_1.pth']
+    fresh = tmp_path / 'fresh'
+    proc = subprocess.run(study_command(fresh, '--restore', str(record)),
+                          cwd=repo_root, capture_output=True, text=True,
+                          timeout=5400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (f'restored {len(killed_at)} evaluations' in proc.stdout and
+            'mae seed 0 epoch 1' in proc.stdout), proc.stdout[:3000]
+    assert 'mae seed 0: eval epoch 1' not in proc.stdout
+    log = (fresh / 'mae' / 'seed0' / 'run.log').read_text()
+    assert log.count('Epoch(train) [1][2/2]') == 0
+    assert log.count('Epoch(train) [2][2/2]') == 1
+    for arm in ('mae', 'supervised'):
+        weights = [torch.load(d / arm / 'seed0' / 'epoch_2.pth',
+                              weights_only=True)['state_dict']
+                   for d in (out_dir, fresh)]
+        assert weights[0].keys() == weights[1].keys()
+        for key in weights[0]:
+            assert torch.equal(weights[0][key], weights[1][key]), key
+    for path in out_dir.glob('*/seed0/eval/*.json'):
+        old, new = (json.loads(p.read_text()) for p in
+                    (path, fresh / path.relative_to(out_dir)))
+        assert {k: v for k, v in old.items() if k != 'eval_s'} == \
+            {k: v for k, v in new.items() if k != 'eval_s'}, path
+    # The run is finished: saving the state again keeps nothing of it.
+    from mmae_plugin.evidence.handover import save_state
+    from mmae_plugin.evidence.study import load_study
+    assert save_state(str(fresh), load_study(str(fresh)),
+                      str(record / 'state')) == []
+    assert not list((record / 'state').rglob('*'))
+
+
+def test_record_restores_what_is_missing_and_refuses_foreign_rows(tmp_path):
+    from mmae_plugin.evidence.handover import (restore_evaluations,
+                                               restore_record)
+    study = full_study(seeds=(0, 1))
+    out = tmp_path / 'out'
+    row = {'arm': 'mae', 'seed': 1, 'epoch': 5, 'cls/linear_top1': 80.0}
+    runs = tmp_path / 'runs.json'
+    runs.write_text(json.dumps([row]))
+    assert restore_evaluations(str(out), study, str(runs)) == 1
+    written = out / 'mae' / 'seed1' / 'eval' / 'epoch5.json'
+    assert json.loads(written.read_text()) == row
+    # What the out dir has is kept, never overwritten.
+    written.write_text(json.dumps({**row, 'cls/linear_top1': 81.0}))
+    assert restore_evaluations(str(out), study, str(runs)) == 0
+    assert json.loads(written.read_text())['cls/linear_top1'] == 81.0
+    for bad, named in (({'seed': 7}, 'seed 7'), ({'epoch': 6}, 'epoch 6'),
+                       ({'arm': 'byol'}, "'byol'")):
+        runs.write_text(json.dumps([{**row, **bad}]))
+        with pytest.raises(ValueError, match=named):
+            restore_evaluations(str(out), study, str(runs))
+    with pytest.raises(FileNotFoundError, match='no runs.json'):
+        restore_record(str(out), study, str(tmp_path / 'nowhere'))
+
+
+def test_state_keeps_the_newest_checkpoint_of_unfinished_runs_only(tmp_path):
+    import torch
+    from mmae_plugin.compat.checkpoint_integrity import (checkpoint_problem,
+                                                         write_sidecar)
+    from mmae_plugin.evidence.handover import restore_state, save_state
+    from mmae_plugin.evidence.study import (checkpoint_path, eval_path,
+                                            last_checkpoint_epoch, run_dir)
+    study = full_study(seeds=(0, 1))
+    old, new, state = (str(tmp_path / name) for name in ('old', 'new',
+                                                         'state'))
+    for epoch in (5, 7):  # the old machine: MAE seed 1 trained to epoch 7
+        path = checkpoint_path(old, 'mae', 1, epoch)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save({'state_dict': {'w': torch.full((3, ), float(epoch))}},
+                   path)
+        write_sidecar(path)
+        with open(os.path.join(run_dir(old, 'mae', 1), 'last_checkpoint'),
+                  'w') as f:
+            f.write(path)
+    assert save_state(old, study, state) == ['mae seed 1 epoch 7']
+    assert sorted(os.listdir(run_dir(state, 'mae', 1))) == [
+        '.epoch_7.pth.sha256', 'epoch_7.pth']
+    assert restore_state(new, study, state) == ['mae seed 1 epoch 7']
+    restored = checkpoint_path(new, 'mae', 1, 7)
+    assert checkpoint_problem(restored) is None
+    assert last_checkpoint_epoch(run_dir(new, 'mae', 1)) == 7
+    assert torch.load(restored, weights_only=True)['state_dict']['w'][0] == 7
+    assert restore_state(new, study, state) == []  # already as far
+    # Finished (every evaluation written): its state goes, folders too.
+    for epoch in study.eval_epochs:
+        os.makedirs(os.path.dirname(eval_path(old, 'mae', 1, epoch)),
+                    exist_ok=True)
+        open(eval_path(old, 'mae', 1, epoch), 'w').close()
+    assert save_state(old, study, state) == []
+    assert os.listdir(state) == []
 
 
 def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
