@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .intervals import format_mean_std, paired_interval
-from .study import (BASELINE, POOLINGS, Study, arm_by_name, load_study,
+from .study import (BASELINE, POOLINGS, REPO, Study, arm_by_name, load_study,
                     write_json_atomic)
 
 #: Accuracy metrics of every pooling, in table order.
@@ -266,6 +266,13 @@ def plot_curves(rows: List[dict], study: Study, keys: Sequence[str],
 # ----------------------------------------------------------------------------
 # The report
 # ----------------------------------------------------------------------------
+def record_dir(fig_dir: str) -> str:
+    """The record folder as a command names it: relative to the
+    repository when inside it."""
+    relative = osp.relpath(fig_dir, REPO)
+    return fig_dir if relative.startswith('..') else relative
+
+
 def runs_json_rows(rows: List[dict]) -> List[dict]:
     """The rows as stored: checkpoint paths relative to the out dir."""
     out = []
@@ -333,6 +340,12 @@ def write_study_report(out_dir: str, report: Optional[str] = None,
         '. Random init: the architecture\'s own initialisation under the '
         'seed, no training. Supervised: `configs/fashion_mnist/'
         'supervised_fmnist.py` (labels, same images, epochs and batch).',
+        f'* Across machines: `{command} --restore {record_dir(fig_dir)}` '
+        'takes the study up on a fresh machine from its record, this '
+        'page\'s `study/runs.json` (every finished evaluation) and '
+        '`study/state/` (the newest checkpoint of each unfinished run, '
+        'kept by `--save-state`); a resumed run trains what an '
+        'uninterrupted one trains.',
         '* Evaluation of each kept checkpoint (epochs '
         f'{", ".join(map(str, study.eval_epochs))}) on frozen features, '
         'CLS token and CLS + mean patch token (the plugin\'s `cls+mean` '
