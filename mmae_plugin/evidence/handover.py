@@ -143,21 +143,42 @@ def save_state(out_dir: str, study: Study, state_dir: str) -> List[str]:
     saved = []
     for arm in study.arms:
         for seed in study.seeds:
-            directory = run_dir(out_dir, arm, seed)
-            epoch = last_checkpoint_epoch(directory)
-            finished = all(osp.isfile(eval_path(out_dir, arm, seed, e))
-                           for e in arm_eval_epochs(study, arm_by_name(arm)))
-            keep = '' if finished or not epoch else \
-                checkpoint_path(state_dir, arm, seed, epoch)
-            old = saved_checkpoint(state_dir, arm, seed)
+            epoch = save_run_state(out_dir, study, state_dir, arm, seed)
+            if epoch:
+                saved.append(f'{arm} seed {seed} epoch {epoch}')
+    return saved
+
+
+def save_run_state(out_dir: str, study: Study, state_dir: str, arm: str,
+                   seed: int, attempts: int = 3) -> int:
+    """:func:`save_state` of one run.
+
+    A run that is training meanwhile may prune the checkpoint being copied
+    (it keeps only the newest); the copy then starts over from the newer one.
+
+    Returns:
+        The epoch saved, 0 if none (not started, or finished).
+    """
+    for attempt in range(attempts):
+        epoch = last_checkpoint_epoch(run_dir(out_dir, arm, seed))
+        finished = all(osp.isfile(eval_path(out_dir, arm, seed, e))
+                       for e in arm_eval_epochs(study, arm_by_name(arm)))
+        keep = '' if finished or not epoch else \
+            checkpoint_path(state_dir, arm, seed, epoch)
+        old = saved_checkpoint(state_dir, arm, seed)
+        try:
             if keep and old != keep:
                 copy_checkpoint(checkpoint_path(out_dir, arm, seed, epoch),
                                 keep)
-            if old and old != keep:
-                remove_checkpoint(old, state_dir)
-            if keep:
-                saved.append(f'{arm} seed {seed} epoch {epoch}')
-    return saved
+        except FileNotFoundError:
+            remove_checkpoint(keep, state_dir)  # half a copy is no state
+            if attempt + 1 == attempts:
+                raise
+            continue
+        if old and old != keep:
+            remove_checkpoint(old, state_dir)
+        return epoch if keep else 0
+    return 0
 
 
 def remove_checkpoint(path: str, root: str) -> None:
