@@ -22,13 +22,15 @@ import os.path as osp
 import shutil
 from typing import List
 
-from .study import (Study, arm_by_name, arm_eval_epochs, checkpoint_path,
-                    eval_path, last_checkpoint_epoch, read_json, run_dir,
-                    write_json_atomic)
+from mmae_plugin.compat.checkpoint_integrity import sidecar_path
+
+from .driver import is_finished, run_status
+from .study import (Study, arm_by_name, arm_eval_epochs, checkpoint_epochs,
+                    checkpoint_path, eval_path, last_checkpoint_epoch,
+                    read_json, run_dir, write_json_atomic)
 
 STATE_DIR = 'state'
 RUNS_FILE = 'runs.json'
-_SIDECAR = '.{}.sha256'  # mmae_plugin.compat.checkpoint_integrity's name
 
 
 def check_row(study: Study, row: dict, source: str) -> None:
@@ -64,27 +66,20 @@ def restore_evaluations(out_dir: str, study: Study, runs_json: str) -> int:
 
 def saved_checkpoint(state_dir: str, arm: str, seed: int) -> str:
     """The one checkpoint ``state_dir`` holds for a run ('' if none)."""
-    directory = run_dir(state_dir, arm, seed)
-    if not osp.isdir(directory):
-        return ''
-    names = [n for n in os.listdir(directory)
-             if n.startswith('epoch_') and n.endswith('.pth')]
-    if len(names) > 1:
-        raise ValueError(f'{directory} holds {sorted(names)}; a saved state '
-                         'is one checkpoint per run')
-    return osp.join(directory, names[0]) if names else ''
+    epochs = checkpoint_epochs(run_dir(state_dir, arm, seed))
+    if len(epochs) > 1:
+        raise ValueError(f'{run_dir(state_dir, arm, seed)} holds the '
+                         f'checkpoints of epochs {epochs}; a saved state is '
+                         'one checkpoint per run')
+    return checkpoint_path(state_dir, arm, seed, epochs[0]) if epochs else ''
 
 
 def copy_checkpoint(source: str, target: str) -> None:
     """Copy a checkpoint and its checksum sidecar (atomically each)."""
     os.makedirs(osp.dirname(target), exist_ok=True)
     pairs = [(source, target)]
-    sidecar = osp.join(osp.dirname(source),
-                       _SIDECAR.format(osp.basename(source)))
-    if osp.isfile(sidecar):
-        pairs.append((sidecar, osp.join(osp.dirname(target),
-                                        _SIDECAR.format(
-                                            osp.basename(target)))))
+    if osp.isfile(sidecar_path(source)):
+        pairs.append((sidecar_path(source), sidecar_path(target)))
     for src, dst in pairs:
         shutil.copyfile(src, dst + '.tmp')
         os.replace(dst + '.tmp', dst)
@@ -161,8 +156,7 @@ def save_run_state(out_dir: str, study: Study, state_dir: str, arm: str,
     """
     for attempt in range(attempts):
         epoch = last_checkpoint_epoch(run_dir(out_dir, arm, seed))
-        finished = all(osp.isfile(eval_path(out_dir, arm, seed, e))
-                       for e in arm_eval_epochs(study, arm_by_name(arm)))
+        finished = is_finished(run_status(out_dir, study, arm, seed))
         keep = '' if finished or not epoch else \
             checkpoint_path(state_dir, arm, seed, epoch)
         old = saved_checkpoint(state_dir, arm, seed)
@@ -184,8 +178,7 @@ def save_run_state(out_dir: str, study: Study, state_dir: str, arm: str,
 def remove_checkpoint(path: str, root: str) -> None:
     """Delete a saved checkpoint, its sidecar and the folders below ``root``
     it leaves empty."""
-    sidecar = osp.join(osp.dirname(path), _SIDECAR.format(osp.basename(path)))
-    for file in (path, sidecar):
+    for file in (path, sidecar_path(path)):
         if osp.isfile(file):
             os.remove(file)
     root = osp.abspath(root)
