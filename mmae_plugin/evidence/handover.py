@@ -20,7 +20,7 @@ Nothing already in the out dir is overwritten.
 import os
 import os.path as osp
 import shutil
-from typing import List
+from typing import List, Optional
 
 from mmae_plugin.compat.checkpoint_integrity import sidecar_path
 
@@ -64,14 +64,14 @@ def restore_evaluations(out_dir: str, study: Study, runs_json: str) -> int:
     return written
 
 
-def saved_checkpoint(state_dir: str, arm: str, seed: int) -> str:
-    """The one checkpoint ``state_dir`` holds for a run ('' if none)."""
+def saved_epoch(state_dir: str, arm: str, seed: int) -> Optional[int]:
+    """Epoch of the one checkpoint ``state_dir`` holds for a run, if any."""
     epochs = checkpoint_epochs(run_dir(state_dir, arm, seed))
     if len(epochs) > 1:
         raise ValueError(f'{run_dir(state_dir, arm, seed)} holds the '
                          f'checkpoints of epochs {epochs}; a saved state is '
                          'one checkpoint per run')
-    return checkpoint_path(state_dir, arm, seed, epochs[0]) if epochs else ''
+    return epochs[0] if epochs else None
 
 
 def copy_checkpoint(source: str, target: str) -> None:
@@ -95,10 +95,10 @@ def restore_state(out_dir: str, study: Study, state_dir: str) -> List[str]:
     restored = []
     for arm in study.arms:
         for seed in study.seeds:
-            source = saved_checkpoint(state_dir, arm, seed)
-            if not source:
+            epoch = saved_epoch(state_dir, arm, seed)
+            if epoch is None:
                 continue
-            epoch = int(osp.basename(source)[len('epoch_'):-len('.pth')])
+            source = checkpoint_path(state_dir, arm, seed, epoch)
             directory = run_dir(out_dir, arm, seed)
             if (last_checkpoint_epoch(directory) or 0) >= epoch:
                 continue
@@ -159,7 +159,9 @@ def save_run_state(out_dir: str, study: Study, state_dir: str, arm: str,
         finished = is_finished(run_status(out_dir, study, arm, seed))
         keep = '' if finished or not epoch else \
             checkpoint_path(state_dir, arm, seed, epoch)
-        old = saved_checkpoint(state_dir, arm, seed)
+        old_epoch = saved_epoch(state_dir, arm, seed)
+        old = '' if old_epoch is None else \
+            checkpoint_path(state_dir, arm, seed, old_epoch)
         try:
             if keep and old != keep:
                 copy_checkpoint(checkpoint_path(out_dir, arm, seed, epoch),
