@@ -225,7 +225,7 @@ def test_quick_study_report_status_and_rerun(repo_root, killed_and_resumed):
                   'M-MAE λ=0.01 μ=1', 'M-MAE λ=0.00125 μ=1'):
         assert f'| {label} | 1 |' in report
     assert 'n=1, no interval' in report
-    assert 'still running' not in report
+    assert 'not finished' not in report
     for figure in ('paired_differences', 'learning_curves', 'rank_curves'):
         assert (out_dir / 'report' / 'study' / f'{figure}.png').stat().st_size
     rows = json.loads((out_dir / 'report' / 'study' / 'runs.json').read_text())
@@ -371,7 +371,8 @@ def test_state_keeps_the_newest_checkpoint_of_unfinished_runs_only(tmp_path):
 
 def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
     from mmae_plugin.evidence.driver import (is_finished, run_order,
-                                             run_statuses, schedule_order)
+                                             run_statuses, schedule_order,
+                                             unfinished_text)
     from mmae_plugin.evidence.study import checkpoint_path
     study = full_study(seeds=(0, 1, 2))
     out = str(tmp_path)
@@ -392,7 +393,15 @@ def test_schedule_resumes_started_runs_then_pairs_then_supervised(tmp_path):
     assert order[2:2 + len(unsupervised)] == unsupervised
     assert [seed for _, seed in unsupervised] == [0] * 4 + [1] * 3 + [2] * 4
     assert order[-2:] == [('supervised', 1), ('supervised', 2)]
-    assert not all(map(is_finished, run_statuses(out, study)))
+    statuses = run_statuses(out, study)
+    assert not all(map(is_finished, statuses))
+    unfinished = unfinished_text(statuses).split('; ')
+    assert len(unfinished) == len(order)  # nothing is evaluated
+    assert ('supervised (control) seed 0 (trained to epoch 6 of 20, 0 of 4 '
+            'evaluations)') in unfinished
+    assert ('random init (control) seed 1 (initialised, 0 of 1 evaluations)'
+            in unfinished)
+    assert 'MAE seed 2 (not started, 0 of 4 evaluations)' in unfinished
 
 
 def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():

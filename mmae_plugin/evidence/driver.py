@@ -279,6 +279,28 @@ def progress_text(rows: List[Dict[str, object]]) -> str:
             'evaluations done')
 
 
+def unfinished_text(rows: List[Dict[str, object]]) -> str:
+    """The unfinished runs of :func:`run_statuses` rows, one clause each:
+    ``'supervised (control) seed 2 (trained to epoch 10 of 20, 2 of 4
+    evaluations)'``."""
+    clauses = []
+    for row in rows:
+        if is_finished(row):
+            continue
+        arm = arm_by_name(row['arm'])
+        if row['epoch'] is None:
+            trained = 'not started'
+        elif arm.trains:
+            trained = f'trained to epoch {row["epoch"]} of {row["epochs"]}'
+        else:
+            trained = 'initialised'
+        clauses.append(
+            f'{arm.label} seed {row["seed"]} '
+            f'({trained}, {len(row["evals_done"])} of '
+            f'{len(row["evals_wanted"])} evaluations)')
+    return '; '.join(clauses)
+
+
 def status_text(out_dir: str) -> str:
     """A table of every run: trained epochs and evaluations done."""
     study = load_study(out_dir)
