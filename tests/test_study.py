@@ -432,3 +432,23 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
     assert 'n=1, no interval' in one and 'than MAE' not in one
     assert 'supervised (control), cls+mean' not in by_arm
     assert '16 comparisons' in lines[-1] and '0.8' in lines[-1]
+
+
+def test_rank_table_pairs_each_kernel_with_mae():
+    from mmae_plugin.evidence.intervals import paired_interval
+    from mmae_plugin.evidence.report import results_table
+    study = full_study()
+    key = 'cls/repr/erank_cov'
+    mae = {seed: 20.0 + seed for seed in study.seeds}
+    mmae = {seed: 30.0 + seed + (-1) ** seed * 0.5 for seed in study.seeds}
+    rows = [{'arm': arm, 'seed': seed, 'epoch': 20, key: values[seed]}
+            for arm, values in (('mae', mae), ('mmae_lam0.01_mu1', mmae))
+            for seed in study.seeds]
+    lines = results_table(rows, study, 'cls', 20, ['repr/erank_cov'],
+                          lambda k: k.split('/')[-1])
+    assert lines[0] == '| arm | n | erank_cov | Δ vs MAE [95 % CI] |'
+    line = next(x for x in lines if x.startswith('| M-MAE λ=0.01 μ=1 |'))
+    diff = paired_interval(mmae, mae)
+    assert diff.low > 9 and diff.high < 11
+    assert line.endswith(f'| {diff.text()} |') and '| 5 |' in line
+    assert next(x for x in lines if x.startswith('| MAE |')).endswith('– |')

@@ -11,7 +11,7 @@ import datetime
 import os
 import os.path as osp
 import textwrap
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -74,11 +74,25 @@ def arm_epoch(study: Study, arm: str, epoch: int) -> int:
 
 
 def results_table(rows: List[dict], study: Study, pooling: str,
-                  epoch: int) -> List[str]:
-    """Mean ± std and the paired difference to MAE of every arm."""
-    keys = accuracy_keys(study)
+                  epoch: int, keys: Optional[Sequence[str]] = None,
+                  label: Callable[[str], str] = metric_label) -> List[str]:
+    """Mean ± std and the paired difference to MAE of every arm.
+
+    Args:
+        rows: The evaluations.
+        study: The study they belong to.
+        pooling: ``'cls'`` or ``'cls+mean'``.
+        epoch: The epoch compared (the random-init control's is 0).
+        keys: Metrics without the pooling prefix; the accuracies by
+            default.
+        label: Column title of a metric.
+
+    Returns:
+        The markdown table's lines.
+    """
+    keys = accuracy_keys(study) if keys is None else keys
     header = '| arm | n | ' + ' | '.join(
-        f'{metric_label(k)} | Δ vs MAE [95 % CI]' for k in keys) + ' |'
+        f'{label(k)} | Δ vs MAE [95 % CI]' for k in keys) + ' |'
     lines = [header, '|---|---|' + '---|---|' * len(keys)]
     for arm in study.arms:
         at = arm_epoch(study, arm, epoch)
@@ -376,7 +390,11 @@ def write_study_report(out_dir: str, report: Optional[str] = None,
                   *curve_table(rows, study, pooling, 'linear_top1'), '']
     lines += [f'![learning curves]({rel(figures["acc"])})', '']
     if 'rank' in figures:
-        lines += ['## Effective rank over training (CLS, test features)', '']
+        lines += ['## Effective rank over training (CLS, test features)', '',
+                  f'### at epoch {final}, paired with MAE', '',
+                  *results_table(rows, study, 'cls', final,
+                                 [k.split('/', 1)[1] for k in ranks],
+                                 lambda k: k.split('/')[-1]), '']
         for key in ranks:
             lines += [f'### {kernel_label(key)}', '',
                       *curve_table(rows, study, 'cls',
