@@ -436,7 +436,7 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
 
 def test_rank_table_pairs_each_kernel_with_mae():
     from mmae_plugin.evidence.intervals import paired_interval
-    from mmae_plugin.evidence.report import results_table
+    from mmae_plugin.evidence.report import results_table, stat_name
     study = full_study()
     key = 'cls/repr/erank_cov'
     mae = {seed: 20.0 + seed for seed in study.seeds}
@@ -445,7 +445,7 @@ def test_rank_table_pairs_each_kernel_with_mae():
             for arm, values in (('mae', mae), ('mmae_lam0.01_mu1', mmae))
             for seed in study.seeds]
     lines = results_table(rows, study, 'cls', 20, ['repr/erank_cov'],
-                          lambda k: k.split('/')[-1])
+                          stat_name)
     assert lines[0] == '| arm | n | erank_cov | Δ vs MAE [95 % CI] |'
     line = next(x for x in lines if x.startswith('| M-MAE λ=0.01 μ=1 |'))
     diff = paired_interval(mmae, mae)
