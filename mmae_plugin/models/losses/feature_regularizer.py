@@ -5,6 +5,13 @@ device): the checks of the values run on the device and their outcome is a
 code tensor, :attr:`FeatureRegularizer.skip_code`. A step whose (gathered)
 features are not usable contributes a zero, with zero gradient, instead of
 raising on one rank while the others wait in a collective.
+
+Under a process group (``gather='global'`` or ``'reference'``) the features
+of every rank arrive padded to a per-rank capacity with a device-side mask
+of the valid rows (:class:`~mmae_plugin.models.utils.gather.RowGatherer`,
+one collective per step): the terms are computed on the padded rows with
+the padding set to zero, which changes neither the coding rate nor the
+uniformity sum, and divided by the valid-row count held on the device.
 """
 import logging
 from abc import abstractmethod
@@ -19,7 +26,8 @@ from mmae_plugin.matrix_info.coding_rate import (row_magnitudes,
                                                  unit_rows_unchecked)
 from mmae_plugin.matrix_info.validation import (check_init_cfg, check_real,
                                                 check_tensor)
-from ..utils import check_gather_mode, gather_features
+from ..utils.gather import (GatheredRows, RowGatherer, check_capacity,
+                            check_gather_mode, is_distributed)
 
 #: Largest weight whose float32 loss can be finite for a non-zero term.
 MAX_LOSS_WEIGHT = float(torch.finfo(torch.float32).max)
@@ -28,6 +36,8 @@ MAX_LOSS_WEIGHT = float(torch.finfo(torch.float32).max)
 SKIP_NON_FINITE = 1
 SKIP_ZERO_ROW = 2
 SKIP_NON_FINITE_RESULT = 4
+SKIP_TOO_FEW_ROWS = 8
+SKIP_GATHER_REFUSED = 16
 
 
 class FeatureRegularizer(BaseModule):
@@ -52,8 +62,14 @@ class FeatureRegularizer(BaseModule):
 
     A batch of fewer than 2 samples (after the gather), e.g. the last batch
     of an epoch with ``drop_last=False``, has no batch statistics: the term
-    is skipped for that step with a logged warning and a zero that keeps the
-    autograd graph (and, under DDP, the gather's collectives) is returned.
+    is skipped for that step and a zero that keeps the autograd graph (and,
+    under DDP, the gather's collectives) is returned; without a gather a
+    warning is logged at once, with one the count is only known on the
+    device and :attr:`skip_code` is :data:`SKIP_TOO_FEW_ROWS`. A rank whose
+    features no longer fit the gather's layout (more rows than the
+    capacity, another width or dtype) gives :data:`SKIP_GATHER_REFUSED` on
+    every rank, which :class:`~mmae_plugin.models.MMAE` turns into an error
+    on every rank at the next step.
 
     Args:
         gather: How features of other ranks enter the loss: ``'global'``,
@@ -62,27 +78,41 @@ class FeatureRegularizer(BaseModule):
         loss_weight: Weight of the term, a real number in
             [0, float32 max].
         init_cfg: mmengine initialisation config (None, a dict or a list).
+        gather_capacity: Rows every rank's slot of the gather holds, at
+            least the per-GPU batch size; ``None`` (default): the largest
+            per-rank batch of the first gathered step.
     """
 
     #: key under which :class:`~mmae_plugin.models.MMAE` logs the term.
     loss_name = 'loss_reg'
 
     def __init__(self, gather: str = 'global', loss_weight: float = 0.01,
-                 init_cfg=None) -> None:
+                 init_cfg=None, gather_capacity: Optional[int] = None
+                 ) -> None:
         super().__init__(init_cfg=check_init_cfg(init_cfg))
         self.gather = check_gather_mode(gather)
         self.loss_weight = check_real(loss_weight, 'loss_weight', minimum=0,
                                       maximum=MAX_LOSS_WEIGHT)
+        self.gather_capacity = check_capacity(gather_capacity)
+        self._gatherer = RowGatherer(self.gather_capacity,
+                                     f'{type(self).__name__} features')
+        #: Every rank's slot header of the last gather (device, int64).
+        self._last_headers: Optional[Tensor] = None
         #: Device scalar (float32) of the last forward: why the term was
         #: skipped, 0 if it was applied.
         self.skip_code: Optional[Tensor] = None
 
     @abstractmethod
-    def value(self, zn: Tensor) -> Tensor:
+    def value(self, zn: Tensor, valid: Optional[Tensor] = None) -> Tensor:
         """The unweighted term on unit-norm rows ``zn`` (N, d), float64.
 
         Must read nothing on the host; may return NaN where its own
         numerics fail (the caller then skips the term).
+
+        Args:
+            zn: Unit rows; with ``valid``, the other rows are zero.
+            valid: (N,) bool mask of the rows that count (gathered
+                padding is not), or ``None``: all rows.
         """
 
     def forward(self, features: Tensor) -> Tensor:
@@ -94,8 +124,26 @@ class FeatureRegularizer(BaseModule):
         Returns:
             Scalar float32 loss (a zero when the step is skipped).
         """
-        check_tensor(features, 'features', check_finite=False)
-        z = gather_features(features, self.gather)
+        if self.gather == 'local' or not is_distributed():
+            check_tensor(features, 'features', check_finite=False)
+            return self._forward_rows(features)
+        # No rank-local check before the collective: a rank raising alone
+        # would leave the others waiting in it. Shapes and dtypes travel in
+        # the gather's headers and are judged identically on every rank.
+        if not isinstance(features, Tensor):
+            raise TypeError('features must be a torch.Tensor, got '
+                            f'{type(features).__name__}')
+        gathered = self._gatherer(features, self.gather)
+        if gathered is None:  # no rank has a row: the same on every rank
+            self.skip_code = features.new_full((), SKIP_TOO_FEW_ROWS,
+                                               dtype=torch.float32)
+            return (features.sum() * 0.0).float()
+        self._check_gathered_layout()
+        self._last_headers = gathered.headers
+        return self._forward_gathered(gathered)
+
+    def _forward_rows(self, z: Tensor) -> Tensor:
+        """The term on this rank's rows only (no gather)."""
         if z.shape[0] < 2:
             print_log(
                 f'{type(self).__name__} skipped for this step: it needs at '
@@ -123,6 +171,59 @@ class FeatureRegularizer(BaseModule):
             self.skip_code = code.float()
             return torch.where(code == 0, loss, 0.0)
 
+    def _check_gathered_layout(self) -> None:
+        """Refuse gathered rows that are not (B, d) floating point.
+
+        The layout was agreed from every rank's header, so every rank
+        raises here alike.
+        """
+        layout = self._gatherer.layout
+        if len(layout.row_shape) != 1 or not layout.dtype.is_floating_point:
+            raise ValueError(
+                'features must be 2-D floating-point tensors (B, d) on every '
+                f'rank, got rows of shape {layout.row_shape} and dtype '
+                f'{layout.dtype}')
+
+    def _forward_gathered(self, gathered: GatheredRows) -> Tensor:
+        """The term on every rank's padded rows, masked on the device."""
+        z, valid = gathered.rows, gathered.valid
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            z = z.to(torch.float64)
+            magnitude = torch.where(valid, row_magnitudes(z), 1.0)
+            finite = torch.isfinite(magnitude).all()
+            zero_row = (magnitude == 0).any()
+            enough = gathered.count >= 2
+            usable = finite & ~zero_row & enough & ~gathered.refused
+            # Padding and every row of a skipped step become zero before
+            # any arithmetic: the term stays finite, its gradient exactly 0.
+            keep = valid & usable
+            zn = unit_rows_unchecked(torch.where(keep.unsqueeze(1), z, 1.0),
+                                     torch.where(keep, magnitude, 1.0))
+            zn = torch.where(keep.unsqueeze(1), zn, 0.0)
+            loss = (self.loss_weight * self.value(zn, valid)).float()
+            code = self._gathered_skip_code(gathered.refused, enough, finite,
+                                            zero_row, loss)
+            self.skip_code = code.float()
+            return torch.where(code == 0, loss, 0.0)
+
+    @staticmethod
+    def _gathered_skip_code(*flags: Tensor) -> Tensor:
+        """The :attr:`skip_code` of a gathered step, first reason first.
+
+        Args:
+            *flags: ``refused``, ``enough``, ``finite``, ``zero_row`` (device
+                bools) and the weighted ``loss``.
+
+        Returns:
+            int64 device scalar.
+        """
+        refused, enough, finite, zero_row, loss = flags
+        code = torch.where(torch.isfinite(loss), 0, SKIP_NON_FINITE_RESULT)
+        code = torch.where(zero_row, SKIP_ZERO_ROW, code)
+        code = torch.where(~finite, SKIP_NON_FINITE, code)
+        code = torch.where(~enough, SKIP_TOO_FEW_ROWS, code)
+        return torch.where(refused, SKIP_GATHER_REFUSED, code)
+
     def skip_reason(self, code: int) -> str:
         """What a non-zero :attr:`skip_code` means, naming the parameter.
 
@@ -140,9 +241,22 @@ class FeatureRegularizer(BaseModule):
         if code == SKIP_ZERO_ROW:
             return (f'{name}: features have an all-zero row: a zero vector '
                     'has no direction to normalise')
+        if code == SKIP_TOO_FEW_ROWS:
+            return (f'{name}: it needs at least 2 samples in the gathered '
+                    'batch, got fewer (a last batch with drop_last=False, or '
+                    'empty ranks?)')
+        if code == SKIP_GATHER_REFUSED:
+            return f'{name}: {self.gather_mismatch_message()}'
         return (f'{name}: the term is not finite or loss_weight='
                 f'{self.loss_weight!r} times it overflows float32; use a '
                 'smaller loss_weight')
+
+    def gather_mismatch_message(self) -> str:
+        """Why the last gather left some rank's rows out (reads its headers
+        on the host: for the error path only)."""
+        if self._last_headers is None:
+            return 'no gather has run'
+        return self._gatherer.mismatch_message(self._last_headers)
 
     def raise_if_skipped(self) -> None:
         """Raise the error behind a skipped last forward, for direct use.

@@ -1,4 +1,7 @@
 """M-MAE's total-coding-rate regulariser."""
+from typing import Optional
+
+import torch
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
@@ -41,15 +44,19 @@ class TCRLoss(FeatureRegularizer):
             or ``'local'``.
         loss_weight: Weight lambda of the term (>= 0).
         init_cfg: mmengine initialisation config.
+        gather_capacity: Rows per rank of the gather's slots (see
+            :class:`FeatureRegularizer`); ``None``: agreed at the first
+            gathered step.
     """
 
     loss_name = 'loss_tcr'
 
     def __init__(self, mu: float = 1.0, form: str = 'reference',
                  centering: bool = False, gather: str = 'global',
-                 loss_weight: float = 0.01, init_cfg=None) -> None:
+                 loss_weight: float = 0.01, init_cfg=None,
+                 gather_capacity: Optional[int] = None) -> None:
         super().__init__(gather=gather, loss_weight=loss_weight,
-                         init_cfg=init_cfg)
+                         init_cfg=init_cfg, gather_capacity=gather_capacity)
         self.form, self.mu, self.centering = check_coding_rate_args(
             form, mu, centering)
 
@@ -58,6 +65,13 @@ class TCRLoss(FeatureRegularizer):
         """Logged name of the coding rate this loss maximises."""
         return coding_rate_key(self.form, self.mu, self.centering)
 
-    def value(self, zn: Tensor) -> Tensor:
-        return -coding_rate_of_unit_rows(zn, self.form, self.mu,
-                                         self.centering)
+    def value(self, zn: Tensor, valid: Optional[Tensor] = None) -> Tensor:
+        if valid is None or not self.centering:
+            # Zero padding rows leave logdet(mu I + zn^T zn) unchanged.
+            return -coding_rate_of_unit_rows(zn, self.form, self.mu,
+                                             self.centering)
+        # Centre over the valid rows only and keep the padding at zero.
+        count = valid.sum().clamp_min(1).to(zn.dtype)
+        mean = zn.sum(dim=0, keepdim=True) / count
+        centred = torch.where(valid.unsqueeze(1), zn - mean, 0.0)
+        return -coding_rate_of_unit_rows(centred, self.form, self.mu, False)

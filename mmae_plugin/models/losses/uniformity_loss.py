@@ -1,4 +1,6 @@
 """U-MAE's square uniformity regulariser."""
+from typing import Optional
+
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
@@ -16,11 +18,17 @@ class UniformityLoss(FeatureRegularizer):
         gather: ``'global'``, ``'reference'`` or ``'local'`` (see
             :class:`~mmae_plugin.models.losses.TCRLoss`).
         loss_weight: Weight lambda of the term (>= 0).
+        gather_capacity: Rows per rank of the gather's slots (see
+            :class:`~mmae_plugin.models.losses.FeatureRegularizer`).
     """
 
     loss_name = 'loss_unif'
 
-    def value(self, zn: Tensor) -> Tensor:
+    def value(self, zn: Tensor, valid: Optional[Tensor] = None) -> Tensor:
         num_samples, dim = zn.shape
+        # Zero padding rows add nothing to the sum; only the count changes.
         gram = zn @ zn.T if num_samples <= dim else zn.T @ zn
-        return gram.square().sum() / num_samples**2
+        if valid is None:
+            return gram.square().sum() / num_samples**2
+        count = valid.sum().clamp_min(1).to(zn.dtype)
+        return gram.square().sum() / count**2

@@ -2,45 +2,88 @@
 
 Three modes, chosen by the losses' ``gather`` argument:
 
-* ``'global'``: :func:`torch.distributed.nn.functional.all_gather`, whose
-  backward sums every rank's gradient for the local slice. Under DDP (which
-  averages parameter gradients over ranks) the result equals the gradient of
-  the loss computed by one process on the whole global batch, so the loss
-  weight means the same thing for any number of GPUs.
-* ``'reference'``: mmpretrain's ``GatherLayer`` (the gather of the published
-  U-MAE / M-MAE code): backward returns the local slice of this rank's
-  gradient only. Under DDP the regulariser's gradient is ``1 / world_size``
-  of the true one, i.e. the effective weight is ``loss_weight / world_size``.
+* ``'global'``: the backward sums every rank's gradient for the local slice
+  (what :func:`torch.distributed.nn.functional.all_gather` does). Under DDP
+  (which averages parameter gradients over ranks) the result equals the
+  gradient of the loss computed by one process on the whole global batch,
+  so the loss weight means the same thing for any number of GPUs.
+* ``'reference'``: the backward of mmpretrain's ``GatherLayer`` (the gather
+  of the published U-MAE / M-MAE code): this rank's gradient for its own
+  slice only. Under DDP the regulariser's gradient is ``1 / world_size`` of
+  the true one, i.e. the effective weight is ``loss_weight / world_size``.
 * ``'local'``: no gather; each rank regularises its own batch.
 
-Ranks may hold different numbers of rows (a sampler with
-``round_up=False``, the last batch of an epoch with ``drop_last=False``):
-the row counts are exchanged first, every rank pads to the largest, and the
-padding is cut off after the all-gather. Collectives need equal shapes
-(gloo aborts with "Received data size doesn't match expected size", NCCL
-would return garbage). The counts travel over a gloo group on the host, so
-learning them costs no device sync.
+**One collective per step.** Collectives need equal shapes on every rank
+(gloo aborts the process with "Received data size doesn't match expected
+size", NCCL returns garbage), but ranks may hold different numbers of rows
+(a sampler with ``round_up=False``, the last batch of an epoch with
+``drop_last=False``, an empty rank). :class:`RowGatherer` therefore sends
+every rank's rows in a fixed-size *slot*: a small int64 header (the rank's
+valid-row count, its shape and dtype, a status) followed by its rows padded
+with zeros to a per-rank *capacity*. One ``all_gather_into_tensor`` of the
+slots carries rows and counts together; the valid rows become a device-side
+mask, so nothing is read on the host and no rank waits for another's CPU.
+The backward is one ``reduce_scatter`` (NCCL) or ``all_reduce`` (other
+backends) for ``'global'`` and none for ``'reference'``; only each rank's
+own valid rows receive a gradient.
+
+The slot size must be the same on every rank before the first exchange, so
+the *layout* (capacity, row shape, dtype) is agreed once, on the first
+gathered call, by an all-gather of the headers alone (one host read, once
+per process group): the capacity is the configured one or the largest row
+count of that call. Rows of a different width or dtype on some rank are
+refused there with the same ``ValueError`` on every rank. A later call whose
+rows no longer fit the layout (more rows than the capacity, another width
+or dtype) cannot raise on its own rank alone (the others would wait in the
+collective): it sends an empty slot whose header says why, and every rank
+sees the same :attr:`GatheredRows.refused` flag.
+
+:func:`gather_rows` (used by ``MatrixInfoHook`` at its interval, where host
+reads are fine) returns the concatenated valid rows themselves: it agrees
+the layout every call (two collectives) and cuts the padding on the host.
 """
-from typing import List, Optional
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from mmpretrain.models.selfsup.simclr import GatherLayer
 from torch import Tensor
-from torch.distributed.nn.functional import all_gather
 
-from mmae_plugin.matrix_info.validation import check_choice
+from mmae_plugin.matrix_info.validation import check_choice, check_int
 
 GATHER_MODES = ('global', 'reference', 'local')
 
-#: Host-side gloo groups, one per default process group they were made for.
-_HOST_GROUPS: dict = {}
+#: Dtypes a slot can carry; the header stores ``index + 1`` (0: another).
+SLOT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16,
+               torch.int64, torch.int32, torch.int16, torch.int8,
+               torch.uint8, torch.bool)
+#: Largest number of dimensions of one row the header can describe.
+MAX_ROW_DIMS = 4
+
+# Header words (int64) at the start of every slot.
+STATUS, ROWS, DTYPE, ROW_DIMS, CAPACITY = 0, 1, 2, 3, 4
+SHAPE = 5  # MAX_ROW_DIMS words: the row shape, zero-filled
+HEADER_WORDS = SHAPE + MAX_ROW_DIMS
+HEADER_BYTES = 8 * HEADER_WORDS
+
+#: Status bits of a slot header: why a rank's rows were left out.
+TOO_MANY_ROWS = 1
+OTHER_ROW_SHAPE = 2
+OTHER_DTYPE = 4
 
 
 def check_gather_mode(gather: str) -> str:
     """Return ``gather`` if it is a known mode, else raise a clear error."""
     return check_choice(gather, 'gather', GATHER_MODES)
+
+
+def check_capacity(capacity: Optional[int],
+                   name: str = 'gather_capacity') -> Optional[int]:
+    """Return ``capacity`` if it is ``None`` or an int >= 1, else raise."""
+    if capacity is None:
+        return None
+    return check_int(capacity, name, minimum=1)
 
 
 def is_distributed() -> bool:
@@ -49,66 +92,402 @@ def is_distributed() -> bool:
         and dist.get_world_size() > 1
 
 
-def host_group() -> Optional[dist.ProcessGroup]:
-    """A gloo group over all ranks, for small host-side exchanges.
-
-    The default group itself when its backend is gloo; otherwise (NCCL) a
-    gloo group made on first use. Every rank reaches the first call at the
-    same point of the same program (the first gathered step), as
-    ``new_group`` requires.
-
-    Returns:
-        The group (``None`` means the default group).
-    """
-    if dist.get_backend() == dist.Backend.GLOO:
-        return None
-    world = dist.group.WORLD
-    if world not in _HOST_GROUPS:
-        _HOST_GROUPS[world] = dist.new_group(backend=dist.Backend.GLOO)
-    return _HOST_GROUPS[world]
+# ------------------------------------------------------------------ headers
+def _dtype_code(dtype: torch.dtype) -> int:
+    return SLOT_DTYPES.index(dtype) + 1 if dtype in SLOT_DTYPES else 0
 
 
-def row_counts(num_rows: int) -> List[int]:
-    """Every rank's ``num_rows``, in rank order, exchanged on the host.
+def _row_dims(x: Tensor) -> int:
+    """Number of dimensions of one row, -1 when the header cannot say."""
+    dims = x.dim() - 1
+    return dims if 0 <= dims <= MAX_ROW_DIMS else -1
+
+
+def header_words(x: Tensor, capacity: Optional[int],
+                 status: int = 0) -> List[int]:
+    """The int64 header describing this rank's ``x``.
 
     Args:
-        num_rows: This rank's number of rows.
+        x: Local rows (N, ...).
+        capacity: The configured capacity (``None``: -1 in the header).
+        status: Status bits (0 when the rows are sent).
 
     Returns:
-        One int per rank.
+        :data:`HEADER_WORDS` ints.
     """
-    local = torch.tensor([num_rows], dtype=torch.int64)
-    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, local, group=host_group())
-    # A CPU tensor: reading it waits for no device.
-    return torch.cat(parts).tolist()
+    words = [0] * HEADER_WORDS
+    dims = _row_dims(x)
+    words[STATUS] = status
+    words[ROWS] = x.shape[0] if x.dim() else 0
+    words[DTYPE] = _dtype_code(x.dtype)
+    words[ROW_DIMS] = dims
+    words[CAPACITY] = -1 if capacity is None else capacity
+    if dims > 0:
+        words[SHAPE:SHAPE + dims] = list(x.shape[1:])
+    return words
 
 
-def gather_rows(x: Tensor, gather: str = 'global') -> Tensor:
+def _words_on(words: Sequence[int], device: torch.device) -> Tensor:
+    """``words`` as an int64 tensor on ``device``, without a device wait.
+
+    A plain host-to-GPU copy from pageable memory synchronises the stream;
+    from pinned memory with ``non_blocking`` it is only queued (the caching
+    host allocator keeps the pinned block until the copy has run).
+    """
+    host = torch.tensor(list(words), dtype=torch.int64)
+    if device.type == 'cuda':
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def _describe_rank(words: Sequence[int]) -> str:
+    """``'5 rows of (4,) float32'`` from one rank's header."""
+    dims = int(words[ROW_DIMS])
+    shape = ('(more than %d dims)' % MAX_ROW_DIMS if dims < 0 else
+             str(tuple(int(w) for w in words[SHAPE:SHAPE + dims])))
+    code = int(words[DTYPE])
+    dtype = str(SLOT_DTYPES[code - 1]).replace('torch.', '') if code \
+        else 'an unsupported dtype'
+    return f'{int(words[ROWS])} rows of {shape} {dtype}'
+
+
+def describe_ranks(headers: Sequence[Sequence[int]]) -> str:
+    """One phrase per rank: its row count, row shape and dtype."""
+    return ', '.join(f'rank {rank}: {_describe_rank(words)}'
+                     for rank, words in enumerate(headers))
+
+
+# ------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class RowLayout:
+    """What every rank's slot holds: ``capacity`` rows of one shape/dtype.
+
+    Attributes:
+        capacity: Rows reserved per rank.
+        row_shape: Shape of one row.
+        dtype: Dtype of the rows.
+    """
+
+    capacity: int
+    row_shape: Tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of ``capacity`` rows."""
+        numel = self.capacity * math.prod(self.row_shape)
+        return numel * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def slot_bytes(self) -> int:
+        """Header plus rows, rounded up to 8 bytes (int64 alignment)."""
+        return HEADER_BYTES + 8 * math.ceil(self.payload_bytes / 8)
+
+    def status_of(self, x: Tensor) -> int:
+        """Status bits of local rows ``x``: 0 when they fit the slot."""
+        status = 0
+        if tuple(x.shape[1:]) != self.row_shape or x.dim() == 0:
+            status |= OTHER_ROW_SHAPE
+        if x.dtype != self.dtype:
+            status |= OTHER_DTYPE
+        if x.dim() and x.shape[0] > self.capacity:
+            status |= TOO_MANY_ROWS
+        return status
+
+
+def agree_layout(headers: Sequence[Sequence[int]],
+                 capacity: Optional[int], what: str = 'rows'
+                 ) -> Optional[RowLayout]:
+    """The layout every rank derives from the same gathered headers.
+
+    Every rank calls this with identical ``headers``, so every rank returns
+    the same layout or raises the same error.
+
+    Args:
+        headers: One :func:`header_words` list per rank, in rank order.
+        capacity: The configured capacity, or ``None`` for the largest row
+            count in ``headers``.
+        what: What the rows are, for the error message.
+
+    Returns:
+        The layout, or ``None`` when no rank has a row and no capacity is
+        configured (nothing to size the slots by yet).
+
+    Raises:
+        ValueError: Row shapes, dtypes or configured capacities differ
+            across ranks, a rank's rows are not describable, or a rank has
+            more rows than the configured capacity.
+    """
+    first = headers[0]
+    kinds = {(tuple(w[DTYPE:ROW_DIMS + 1]), tuple(w[SHAPE:]))
+             for w in headers}
+    if len(kinds) > 1 or first[DTYPE] == 0 or first[ROW_DIMS] < 0:
+        raise ValueError(
+            f'cannot gather {what} across ranks: every rank must hold rows '
+            'of the same shape and one dtype (float64, float32, float16, '
+            f'bfloat16 or an integer type), got {describe_ranks(headers)}')
+    if len({w[CAPACITY] for w in headers}) > 1:
+        raise ValueError(
+            f'cannot gather {what} across ranks: the configured '
+            'gather_capacity differs across ranks: '
+            f'{[int(w[CAPACITY]) for w in headers]}')
+    most = max(int(w[ROWS]) for w in headers)
+    if capacity is not None and most > capacity:
+        raise ValueError(
+            f'cannot gather {what} across ranks: gather_capacity={capacity} '
+            f'but {describe_ranks(headers)}; set gather_capacity to at least '
+            'the per-GPU batch size')
+    if capacity is None and most == 0:
+        return None
+    dims = int(first[ROW_DIMS])
+    return RowLayout(capacity=most if capacity is None else capacity,
+                     row_shape=tuple(int(w) for w in first[SHAPE:SHAPE + dims]),
+                     dtype=SLOT_DTYPES[int(first[DTYPE]) - 1])
+
+
+def exchange_headers(x: Tensor, capacity: Optional[int]) -> List[List[int]]:
+    """All-gather every rank's header (one collective, one host read).
+
+    Args:
+        x: Local rows.
+        capacity: The configured capacity (travels in the header so a
+            mismatch across ranks is seen).
+
+    Returns:
+        One header per rank, in rank order.
+    """
+    local = _words_on(header_words(x, capacity), x.device)
+    gathered = torch.empty(dist.get_world_size() * HEADER_WORDS,
+                           dtype=torch.int64, device=x.device)
+    dist.all_gather_into_tensor(gathered, local)
+    return gathered.view(-1, HEADER_WORDS).tolist()
+
+
+# ------------------------------------------------------------ the collective
+def pack_slot(x: Tensor, layout: RowLayout) -> Tensor:
+    """This rank's slot: header and rows padded with zeros, as bytes.
+
+    Rows that do not fit ``layout`` are not sent: the slot holds no row and
+    its header's status says why.
+
+    Args:
+        x: Local rows.
+        layout: The agreed layout.
+
+    Returns:
+        ``(layout.slot_bytes,)`` uint8 tensor on ``x``'s device.
+    """
+    status = layout.status_of(x)
+    slot = torch.zeros(layout.slot_bytes, dtype=torch.uint8, device=x.device)
+    slot[:HEADER_BYTES].copy_(
+        _words_on(header_words(x, layout.capacity, status),
+                  x.device).view(torch.uint8))
+    if status == 0 and x.numel():
+        rows = x.detach().contiguous().view(-1).view(torch.uint8)
+        slot[HEADER_BYTES:HEADER_BYTES + rows.numel()].copy_(rows)
+    return slot
+
+
+def _slot_rows(slots: Tensor, layout: RowLayout) -> Tensor:
+    """Rows (W * capacity, *row_shape) of gathered slots (W, slot_bytes)."""
+    payload = slots[:, HEADER_BYTES:HEADER_BYTES + layout.payload_bytes]
+    values = payload.contiguous().view(layout.dtype)
+    return values.reshape(-1, *layout.row_shape)
+
+
+class _SlotAllGather(torch.autograd.Function):
+    """One all-gather of the slots; exact backward to the valid rows."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, layout: RowLayout,
+                gather: str) -> Tuple[Tensor, Tensor]:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        slot = pack_slot(x, layout)
+        slots = torch.empty(world * slot.numel(), dtype=torch.uint8,
+                            device=x.device)
+        dist.all_gather_into_tensor(slots, slot)
+        slots = slots.view(world, -1)
+        headers = slots[:, :HEADER_BYTES].contiguous().view(torch.int64)
+        rows = _slot_rows(slots, layout)
+        ctx.layout, ctx.gather, ctx.rank, ctx.world = (layout, gather, rank,
+                                                       world)
+        ctx.sent = layout.status_of(x) == 0
+        ctx.local_shape = x.shape
+        ctx.mark_non_differentiable(headers)
+        return rows, headers
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_rows: Tensor, _grad_headers: Tensor):
+        layout = ctx.layout
+        grad_rows = grad_rows.contiguous()
+        if ctx.gather == 'reference':
+            # GatherLayer: this rank's own gradient for its slice, no
+            # collective.
+            mine = grad_rows.view(ctx.world, layout.capacity,
+                                  *layout.row_shape)[ctx.rank]
+        elif dist.get_backend() == dist.Backend.NCCL:
+            mine = torch.empty((layout.capacity, *layout.row_shape),
+                               dtype=grad_rows.dtype,
+                               device=grad_rows.device)
+            dist.reduce_scatter_tensor(mine, grad_rows)
+        else:
+            # Every backend has all_reduce; reduce_scatter is NCCL's (and
+            # only recent gloo's). The sum for this rank's slice is the same.
+            total = grad_rows.clone()
+            dist.all_reduce(total)
+            mine = total.view(ctx.world, layout.capacity,
+                              *layout.row_shape)[ctx.rank]
+        if not ctx.sent:
+            return (grad_rows.new_zeros(ctx.local_shape), None, None)
+        return mine[:ctx.local_shape[0]], None, None
+
+
+@dataclass
+class GatheredRows:
+    """Every rank's slot of one gather, still padded.
+
+    Attributes:
+        rows: (W * capacity, ...) rows in rank order; padding rows are zero.
+        valid: (W * capacity,) bool, True for the rows some rank sent.
+        count: Scalar int64, the number of valid rows.
+        refused: Scalar bool, True when some rank's rows did not fit the
+            layout and were not sent (its header's status says why).
+        headers: (W, :data:`HEADER_WORDS`) int64, every rank's header.
+    """
+
+    rows: Tensor
+    valid: Tensor
+    count: Tensor
+    refused: Tensor
+    headers: Tensor
+
+
+def slot_gather(x: Tensor, layout: RowLayout, gather: str) -> GatheredRows:
+    """Gather ``x`` of every rank into padded slots: one collective.
+
+    Reads nothing on the host.
+
+    Args:
+        x: Local rows (N, ...), ``N <= layout.capacity`` to be sent.
+        layout: The layout agreed by every rank.
+        gather: ``'global'`` or ``'reference'`` (the backward).
+
+    Returns:
+        The padded rows with their mask.
+    """
+    rows, headers = _SlotAllGather.apply(x, layout, gather)
+    sent = headers[:, STATUS] == 0
+    counts = torch.where(sent, headers[:, ROWS], 0)
+    slot_index = torch.arange(layout.capacity, device=rows.device)
+    valid = (slot_index.unsqueeze(0) < counts.unsqueeze(1)).flatten()
+    return GatheredRows(rows=rows, valid=valid, count=counts.sum(),
+                        refused=~sent.all(), headers=headers)
+
+
+class RowGatherer:
+    """Gathers rows with one collective per call once the layout is agreed.
+
+    Holds the :class:`RowLayout` of one call site (the regulariser's
+    features): agreed on the first call under a process group and reused
+    while that group lives.
+
+    Args:
+        capacity: Rows reserved per rank, e.g. the per-GPU batch size;
+            ``None``: the largest per-rank row count of the first call.
+        what: What the rows are, for error messages.
+    """
+
+    def __init__(self, capacity: Optional[int] = None,
+                 what: str = 'features') -> None:
+        self.capacity = check_capacity(capacity)
+        self.what = what
+        # The group's id, not the group: a module holding a ProcessGroup
+        # could not be deep-copied (EMA) or pickled.
+        self._group_key: Optional[Tuple[int, int]] = None
+        self._layout: Optional[RowLayout] = None
+
+    @property
+    def layout(self) -> Optional[RowLayout]:
+        """The agreed layout, ``None`` before the first gathered call."""
+        return self._layout
+
+    def _layout_for(self, x: Tensor) -> Optional[RowLayout]:
+        """The layout under the current group, agreed on first use."""
+        key = (id(dist.group.WORLD), dist.get_world_size())
+        if self._group_key != key or self._layout is None:
+            headers = exchange_headers(x, self.capacity)
+            self._layout = agree_layout(headers, self.capacity, self.what)
+            self._group_key = key
+        return self._layout
+
+    def __call__(self, x: Tensor, gather: str) -> Optional[GatheredRows]:
+        """Gather ``x`` of every rank (call only when distributed).
+
+        Args:
+            x: Local rows (N, ...).
+            gather: ``'global'`` or ``'reference'``.
+
+        Returns:
+            The padded rows, or ``None`` when no rank has a row yet and no
+            capacity is configured (every rank returns ``None`` then).
+        """
+        layout = self._layout_for(x)
+        if layout is None:
+            return None
+        return slot_gather(x, layout, gather)
+
+    def mismatch_message(self, headers: Tensor) -> str:
+        """Why some rank's rows were not sent (reads ``headers``: a sync).
+
+        Args:
+            headers: :attr:`GatheredRows.headers` of the gather.
+
+        Returns:
+            One sentence naming each rank's rows and the agreed layout.
+        """
+        layout = self._layout
+        return (f'the {self.what} of some rank did not fit the gather layout '
+                f'agreed at the first gathered step (capacity '
+                f'{layout.capacity} rows of {layout.row_shape} '
+                f'{str(layout.dtype).replace("torch.", "")} per rank): '
+                f'{describe_ranks(headers.tolist())}; set gather_capacity to '
+                'the per-GPU batch size and keep the features of every rank '
+                'the same width and dtype')
+
+
+def gather_rows(x: Tensor, gather: str = 'global',
+                capacity: Optional[int] = None) -> Tensor:
     """Concatenate the rows of ``x`` from every rank (counts may differ).
+
+    Agrees the layout first (a header all-gather, read on the host), then
+    gathers the padded slots and cuts the padding: two collectives, one
+    host read. Every rank returns the same rows or raises the same error.
 
     Args:
         x: Local (N_rank, ...) tensor.
         gather: ``'global'`` or ``'reference'``, the backward (see the module
             docstring); under ``torch.no_grad`` both are a plain all-gather.
+        capacity: Rows reserved per rank (``None``: the largest count).
 
     Returns:
         (sum N_rank, ...) tensor, rank 0's rows first; ``x`` itself when not
         distributed.
+
+    Raises:
+        ValueError: Row shapes or dtypes differ across ranks.
     """
     if not is_distributed():
         return x
-    counts = row_counts(x.shape[0])
-    longest = max(counts)
-    # Differentiable padding: its backward drops the padded rows' gradient.
-    padded = x if x.shape[0] == longest else F.pad(
-        x, (0, 0) * (x.dim() - 1) + (0, longest - x.shape[0]))
-    padded = padded.contiguous()
-    if gather == 'global':
-        parts = all_gather(padded)
-    else:
-        parts = GatherLayer.apply(padded)
-    return torch.cat([part[:n] for part, n in zip(parts, counts)], dim=0)
+    capacity = check_capacity(capacity, 'capacity')
+    headers = exchange_headers(x, capacity)
+    layout = agree_layout(headers, capacity)
+    if layout is None:  # no rank has a row
+        return x
+    gathered = slot_gather(x, layout, gather)
+    parts = gathered.rows.split(layout.capacity)
+    return torch.cat([part[:int(words[ROWS])]
+                      for part, words in zip(parts, headers)], dim=0)
 
 
 def gather_features(features: Tensor, gather: str) -> Tensor:
