@@ -7,7 +7,9 @@ CONFIG=$3
 WORK_DIR=$4
 GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-CPUS_PER_TASK=${CPUS_PER_TASK:-5}
+# 9 CPUs per GPU task: the ImageNet recipes' 8 dataloader workers + the
+# main process (raise both together on bigger nodes; docs/gpu_clusters.md)
+CPUS_PER_TASK=${CPUS_PER_TASK:-9}
 SRUN_ARGS=${SRUN_ARGS:-""}
 PY_ARGS=${@:5}
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

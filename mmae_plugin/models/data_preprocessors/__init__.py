@@ -1,4 +1,7 @@
 """Data preprocessors registered in mmpretrain's ``MODELS``."""
 from .batch_flip import BatchFlipDataPreprocessor
+from .non_blocking import (NonBlockingClsDataPreprocessor,
+                           NonBlockingSelfSupDataPreprocessor, bgr_rgb_swap)
 
-__all__ = ['BatchFlipDataPreprocessor']
+__all__ = ['BatchFlipDataPreprocessor', 'NonBlockingClsDataPreprocessor',
+           'NonBlockingSelfSupDataPreprocessor', 'bgr_rgb_swap']

@@ -3,14 +3,15 @@ from typing import Optional, Sequence, Union
 
 import torch
 from mmengine.structures import BaseDataElement
-from mmpretrain.models.utils import SelfSupDataPreprocessor
 from mmpretrain.registry import MODELS
+
+from .non_blocking import NonBlockingSelfSupDataPreprocessor
 
 FLIP_DIRECTIONS = {'horizontal': -1, 'vertical': -2}
 
 
 @MODELS.register_module()
-class BatchFlipDataPreprocessor(SelfSupDataPreprocessor):
+class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
     """``SelfSupDataPreprocessor`` that also flips images at random.
 
     Replaces the per-sample ``RandomFlip`` transform of the dataloader
@@ -20,6 +21,10 @@ class BatchFlipDataPreprocessor(SelfSupDataPreprocessor):
     ReseedHook` reseeds every iteration, so resumed runs draw the same
     flips). Evaluation batches (``training=False``) are not flipped. The flip
     is applied after normalisation, with which it commutes exactly.
+
+    The normalisation is :class:`NonBlockingSelfSupDataPreprocessor`'s
+    (mmpretrain's ``SelfSupDataPreprocessor`` bit for bit, the BGR/RGB swap
+    on the device); unlike there, copies block by default here.
 
     On the CPU the data samples are passed through as they come: moving a
     CPU data element to the CPU returns an equal copy, and building 256 of

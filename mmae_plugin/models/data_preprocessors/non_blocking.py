@@ -1,0 +1,141 @@
+"""Data preprocessors whose batch copy does not block the host.
+
+mmpretrain's preprocessors copy each batch to the GPU with a blocking
+``Tensor.to`` (``non_blocking=False``: the host waits for the copy), and
+``SelfSupDataPreprocessor`` swaps BGR to RGB with a Python index list
+(``batch[:, [2, 1, 0]]``), which builds an index tensor on the host and
+copies it to the device every step: one more small blocking copy. The two
+classes here give the same output bit for bit, with
+
+* ``non_blocking=True`` by default: with the dataloader's
+  ``pin_memory=True`` the copy is queued and the host goes on to the
+  forward pass (from pageable memory CUDA still stages it synchronously,
+  so the result is the same either way);
+* the channel swap as ``torch.flip`` on the device (no host-side index).
+
+The ImageNet recipes (``configs/*vit*.py``) use them.
+"""
+from typing import List, Optional, Sequence, Union
+
+import torch
+from mmpretrain.models.utils import (ClsDataPreprocessor,
+                                     SelfSupDataPreprocessor)
+from mmpretrain.registry import MODELS
+from torch import Tensor
+
+__all__ = ['NonBlockingSelfSupDataPreprocessor',
+           'NonBlockingClsDataPreprocessor', 'bgr_rgb_swap']
+
+
+def bgr_rgb_swap(batch: Tensor) -> Tensor:
+    """Reverse the channel order of a (B, 3, H, W) batch on its device.
+
+    Equal, element for element, to ``batch[:, [2, 1, 0]]`` without the
+    index tensor that indexing with a list creates on the host.
+
+    Args:
+        batch: Images (B, C, H, W) with C == 3.
+
+    Returns:
+        A new tensor with channels 2, 1, 0.
+
+    Raises:
+        ValueError: If the batch does not have 3 channels.
+    """
+    if batch.dim() < 2 or batch.shape[1] != 3:
+        raise ValueError('the BGR <-> RGB swap needs batches of 3-channel '
+                         f'images (B, 3, H, W), got shape {tuple(batch.shape)}'
+                         '; set to_rgb=False for other channel counts')
+    return batch.flip(1)
+
+
+@MODELS.register_module()
+class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
+    """``SelfSupDataPreprocessor`` with a non-blocking copy and an on-device
+    channel swap.
+
+    The output equals mmpretrain's ``SelfSupDataPreprocessor`` with the same
+    arguments bit for bit: the same copy, the channel swap as
+    :func:`bgr_rgb_swap` (``torch.flip``) instead of ``[:, [2, 1, 0]]``,
+    then the conversion to float and the normalisation in the same order.
+
+    Args:
+        mean, std, pad_size_divisor, pad_value, to_rgb, bgr_to_rgb,
+            rgb_to_bgr: As in mmpretrain's ``SelfSupDataPreprocessor``.
+        non_blocking: Copy batches to the device without blocking the host
+            (default True; effective with the dataloader's
+            ``pin_memory=True``).
+    """
+
+    def __init__(self,
+                 mean: Optional[Sequence[Union[float, int]]] = None,
+                 std: Optional[Sequence[Union[float, int]]] = None,
+                 pad_size_divisor: int = 1,
+                 pad_value: Union[float, int] = 0,
+                 to_rgb: bool = False,
+                 bgr_to_rgb: bool = False,
+                 rgb_to_bgr: bool = False,
+                 non_blocking: Optional[bool] = True) -> None:
+        super().__init__(
+            mean=mean,
+            std=std,
+            pad_size_divisor=pad_size_divisor,
+            pad_value=pad_value,
+            to_rgb=to_rgb,
+            bgr_to_rgb=bgr_to_rgb,
+            rgb_to_bgr=rgb_to_bgr,
+            non_blocking=non_blocking)
+
+    def _convert(self, batch: Tensor) -> Tensor:
+        """Channel swap (if set), float, normalisation (if set)."""
+        if self._channel_conversion:
+            batch = bgr_rgb_swap(batch)
+        batch = batch.float()
+        if self._enable_normalize:
+            batch = (batch - self.mean) / self.std
+        return batch
+
+    def forward(self, data: dict, training: bool = False) -> dict:
+        """Copy a collated batch to the device and normalise it.
+
+        Args:
+            data: ``dict(inputs=..., data_samples=...)`` from
+                ``default_collate``; ``inputs`` a (B, C, H, W) tensor or a
+                list of them (one per view).
+            training: Unused (kept for the preprocessor interface).
+
+        Returns:
+            ``dict(inputs=..., data_samples=...)`` on the device.
+        """
+        if not isinstance(data, dict):
+            raise TypeError('NonBlockingSelfSupDataPreprocessor needs the '
+                            "dataloader's default_collate (a dict), got "
+                            f'{type(data).__name__}')
+        inputs, data_samples = self.cast_data(list(data.values()))
+        if isinstance(inputs, list):
+            converted: Union[Tensor, List[Tensor]] = [
+                self._convert(view) for view in inputs]
+        else:
+            converted = self._convert(inputs)
+        return {'inputs': converted, 'data_samples': data_samples}
+
+
+@MODELS.register_module()
+class NonBlockingClsDataPreprocessor(ClsDataPreprocessor):
+    """``ClsDataPreprocessor`` whose image copy does not block the host.
+
+    mmpretrain's class already swaps channels with ``flip``; it only copies
+    with ``non_blocking=False``. Everything else (normalisation, padding,
+    labels, Mixup / CutMix) is mmpretrain's, so the output is the same bit
+    for bit. The labels (B integers, gathered from the data samples on the
+    host) are copied as mmpretrain copies them.
+
+    Args:
+        non_blocking: Copy the images without blocking the host (default
+            True; effective with the dataloader's ``pin_memory=True``).
+        **kwargs: mmpretrain's ``ClsDataPreprocessor`` arguments.
+    """
+
+    def __init__(self, non_blocking: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._non_blocking = bool(non_blocking)
