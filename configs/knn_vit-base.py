@@ -24,6 +24,7 @@ model = dict(
     prototype=dict(
         batch_size=256,
         num_workers=8,
+        pin_memory=True,
         sampler=dict(type='DefaultSampler', shuffle=False),
         collate_fn=dict(type='default_collate'),
         dataset=dict(

@@ -4,7 +4,17 @@ _base_ = 'mmpretrain::mae/benchmarks/vit-large-p16_8xb2048-linear-coslr-90e_in1k
 
 custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
 
-train_dataloader = dict(batch_size=1024)
+# Data loading sized to feed a GPU (docs/gpu_clusters.md): 8 workers, the
+# CPUS_PER_TASK=9 of tools/slurm_train.sh minus the main process; pinned
+# batches, so the preprocessor's non-blocking copy is only queued; the
+# workers persist across epochs. The preprocessor is mmpretrain's, bit for
+# bit, with that copy and the BGR -> RGB swap on the device.
+train_dataloader = dict(
+    batch_size=1024, num_workers=8, pin_memory=True,
+    persistent_workers=True)
+val_dataloader = dict(num_workers=8, pin_memory=True)
+test_dataloader = dict(num_workers=8, pin_memory=True)
+data_preprocessor = dict(type='NonBlockingClsDataPreprocessor')
 # bfloat16 autocast for the frozen encoder (see mae_vit-base_200e.py; on
 # GPUs without bfloat16: --cfg-options optim_wrapper.dtype=float16).
 optim_wrapper = dict(
