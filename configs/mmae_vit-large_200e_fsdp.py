@@ -7,7 +7,7 @@
 #   tools/dist_train.sh configs/mmae_vit-large_200e_fsdp.py 8
 _base_ = 'mmae_vit-large_200e.py'
 
-runner_type = 'FlexibleRunner'
+runner_type = 'MMAEFlexibleRunner'
 strategy = dict(
     type='FSDPStrategy',
     model_wrapper=dict(

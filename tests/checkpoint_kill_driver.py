@@ -36,7 +36,7 @@ import torch
 torch.set_num_threads(1)  # forked children: no OpenMP pool to inherit
 
 import mmae_plugin  # noqa: E402,F401
-from mmengine.hooks import CheckpointHook, Hook  # noqa: E402
+from mmengine.hooks import Hook  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_fault_tools import toy_runner  # noqa: E402
@@ -118,7 +118,7 @@ def in_child(function):
 
 def train_with_strace(work_dir, log, inject=None):
     attach = AttachStrace(log, inject)
-    runner = toy_runner(work_dir, max_epochs=2,
+    runner = toy_runner(work_dir, max_epochs=2, upstream=UPSTREAM,
                         custom_hooks=[attach, DetachStrace(attach)])
     runner.train()
 
@@ -153,14 +153,18 @@ class RecordStart(Hook):
 
 def resume_to_the_end(work_dir, result_file):
     runner = toy_runner(work_dir, max_epochs=3, resume=True,
+                        upstream=UPSTREAM,
                         custom_hooks=[RecordStart(result_file)])
     runner.train()
 
 
+#: Set by ``--upstream-retention``: mmengine's own Runner and CheckpointHook.
+UPSTREAM = False
+
+
 def restore_upstream_retention():
-    for name in ('_save_checkpoint_with_step', '_save_best_checkpoint'):
-        setattr(CheckpointHook, name,
-                getattr(CheckpointHook, name).__wrapped__)
+    global UPSTREAM
+    UPSTREAM = True
 
 
 def sweep(root, every=1, only=None):

@@ -12,7 +12,7 @@ import os.path as osp
 import shutil
 import subprocess
 import sys
-import warnings
+import re
 import zipfile
 
 import pytest
@@ -20,13 +20,15 @@ import torch
 import mmengine.runner
 from mmengine.fileio import register_backend
 from mmengine.fileio.backends import BaseStorageBackend
-from mmengine.hooks import CheckpointHook, Hook
+from mmengine.hooks import Hook
 
-import mmae_plugin  # noqa: F401  (before the names below are looked up)
-from checkpoint_fault_tools import ToyModel, toy_runner
-from mmae_plugin.compat.checkpoint_integrity import (
-    CheckpointIntegrityWarning, CorruptCheckpointError, file_sha256,
-    legacy_sidecar_path, sidecar_path)
+import mmae_plugin  # noqa: F401  (registers the hook and the runner)
+from checkpoint_fault_tools import ToyModel, make_toy_runner, toy_runner
+from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
+                                              file_sha256, legacy_sidecar_path,
+                                              sidecar_path)
+from mmae_plugin.engine.hooks import SafeCheckpointHook
+from mmae_plugin.engine.runners import MMAERunner
 
 HERE = osp.dirname(osp.abspath(__file__))
 
@@ -99,6 +101,27 @@ def table_record(path):
                 if '/data/' in name and size == 64 * 4)
 
 
+def load_through_runner(work_dir, path):
+    """Load ``path`` with the plugin's runner (which verifies it)."""
+    return toy_runner(work_dir, max_epochs=1).load_checkpoint(path)
+
+
+def run_logs(work_dir):
+    """The text of every run log mmengine wrote under ``work_dir``."""
+    return ''.join(open(log).read() for log in sorted(
+        glob.glob(str(work_dir / '*' / '*.log'))))
+
+
+def fallback_logged(work_dir, skipped, resumed, lost):
+    """Whether a run's log says it passed over ``skipped`` for ``resumed``
+    and how many epochs that costs."""
+    logs = run_logs(work_dir)
+    return re.search(
+        rf'auto-resume passed over [^\n]*{re.escape(skipped)}[^\n]*'
+        rf'Resuming from [^\n]*{re.escape(resumed)}: {lost} epochs? of '
+        'training will be redone', logs) is not None
+
+
 # --------------------------------------------------------------------------
 # sidecars
 # --------------------------------------------------------------------------
@@ -135,7 +158,7 @@ def test_save_best_leaves_one_file_starting_with_best(tmp_path):
     one ``best*`` file in the work dir, however often the best changes."""
     runner = toy_runner(tmp_path, max_epochs=1)
     runner.train()
-    hook = CheckpointHook(interval=2, by_epoch=True, save_best='acc')
+    hook = SafeCheckpointHook(interval=2, by_epoch=True, save_best='acc')
     hook.before_train(runner)
     for acc in (0.5, 0.7):  # the second best replaces the first
         hook.after_val_epoch(runner, dict(acc=acc))
@@ -143,7 +166,7 @@ def test_save_best_leaves_one_file_starting_with_best(tmp_path):
         assert best == ['best_acc_epoch_1.pth'], best
     assert sorted(n for n in os.listdir(tmp_path) if 'best' in n) == [
         '.best_acc_epoch_1.pth.sha256', 'best_acc_epoch_1.pth']
-    mmengine.runner.load_checkpoint(ToyModel(), str(tmp_path / best[0]))
+    runner.load_checkpoint(str(tmp_path / best[0]))
 
 
 def test_retention_removes_sidecars_with_their_checkpoints(tmp_path):
@@ -178,6 +201,14 @@ def test_orphan_sidecars_of_both_names_are_removed_at_start(tmp_path):
         '.epoch_1.pth.sha256', '.epoch_2.pth.sha256', 'notes.sha256']
 
 
+def test_partial_saves_of_a_killed_run_are_removed_at_start(tmp_path):
+    toy_runner(tmp_path, max_epochs=1, max_keep_ckpts=-1).train()
+    (tmp_path / '.epoch_2.pth.partial').write_bytes(b'half a checkpoint')
+    (tmp_path / '.epoch_3.pth.partial').mkdir()  # an FSDP folder's
+    assert resume(tmp_path, max_epochs=2) == 1
+    assert not [n for n in os.listdir(tmp_path) if 'partial' in n]
+
+
 class InMemoryBackend(BaseStorageBackend):
     """A real mmengine storage backend that keeps files in a dict (object
     storage on this machine: nothing reaches the local filesystem)."""
@@ -193,18 +224,34 @@ class InMemoryBackend(BaseStorageBackend):
     def put(self, obj, filepath):
         self.files[str(filepath)] = bytes(obj)
 
+    def isfile(self, filepath):
+        return str(filepath) in self.files
 
-def test_plain_path_saved_to_another_backend_gets_no_local_sidecar(
-        tmp_path):
-    """``CheckpointHook(backend_args=dict(backend='petrel'))`` saves plain
-    paths to object storage (mmengine's test_after_val_epoch does): the
-    sidecar is local-only, so it is not attempted there."""
+    def isdir(self, filepath):
+        return False
+
+    def remove(self, filepath):
+        del self.files[str(filepath)]
+
+    def join_path(self, filepath, *filepaths):
+        return osp.join(filepath, *filepaths)
+
+
+def test_hook_saving_to_another_backend_writes_nothing_locally(tmp_path):
+    """``backend_args`` naming object storage: upstream's writes, no local
+    sidecar or partial file; retention still removes after saving."""
     register_backend('mmae_test_in_memory', InMemoryBackend, force=True)
-    path = str(tmp_path / 'best_acc_epoch_0.pth')
-    mmengine.runner.save_checkpoint(  # the plugin's, bound at import
-        {'state_dict': ToyModel().state_dict()}, path,
-        backend_args=dict(backend='mmae_test_in_memory'))
-    assert path in InMemoryBackend.files and os.listdir(tmp_path) == []
+    InMemoryBackend.files.clear()
+    runner = make_toy_runner(
+        tmp_path / 'work', 3, runner_class=MMAERunner,
+        default_hooks=dict(checkpoint=dict(
+            type='SafeCheckpointHook', interval=1, max_keep_ckpts=1,
+            out_dir=str(tmp_path / 'remote'),
+            backend_args=dict(backend='mmae_test_in_memory'))))
+    runner.train()
+    saved = sorted(osp.basename(p) for p in InMemoryBackend.files)
+    assert saved == ['epoch_3.pth']
+    assert not osp.exists(tmp_path / 'remote')
 
 
 # --------------------------------------------------------------------------
@@ -216,10 +263,9 @@ def test_v020_sidecar_is_honoured_for_truncation(three_epochs):
     bad = str(three_epochs / 'epoch_3.pth')
     with pytest.raises(CorruptCheckpointError,
                        match=r'SHA-256.*epoch_3\.pth\.sha256'):
-        mmengine.runner.load_checkpoint(ToyModel(), bad)
-    with pytest.warns(CheckpointIntegrityWarning,
-                      match=r'epoch_3\.pth is unusable.*epoch_2\.pth'):
-        assert resume(three_epochs) == 2
+        load_through_runner(three_epochs, bad)
+    assert resume(three_epochs) == 2
+    assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth', 1)
 
 
 def test_v020_sidecar_catches_flipped_bytes(three_epochs):
@@ -229,18 +275,18 @@ def test_v020_sidecar_catches_flipped_bytes(three_epochs):
     state = torch.load(bad, weights_only=True)
     state['state_dict']['table'][0] += 1  # same layout, other bytes
     torch.save(state, bad)
-    with pytest.raises(CorruptCheckpointError, match='recorded in .*'
+    with pytest.raises(CorruptCheckpointError,
+                       match=r'SHA-256.*recorded at save time.*'
                        r'epoch_3\.pth\.sha256'):
-        mmengine.runner.load_checkpoint(ToyModel(), bad)
+        load_through_runner(three_epochs, bad)
 
 
 def test_new_save_replaces_the_v020_sidecar(three_epochs):
     """Saving again under a name with a 0.2.0 sidecar: the hidden sidecar
     is written and the old one, describing the replaced file, removed."""
     as_v020_sidecars(three_epochs)
-    (three_epochs / 'last_checkpoint').write_text(
-        str(three_epochs / 'epoch_2.pth'))
-    assert resume(three_epochs, max_epochs=3) == 2  # saves epoch_3 again
+    resume(three_epochs, max_epochs=3,
+           load_from=str(three_epochs / 'epoch_2.pth'))  # saves epoch_3 again
     path = str(three_epochs / 'epoch_3.pth')
     assert not osp.exists(legacy_sidecar_path(path))
     with open(sidecar_path(path)) as f:
@@ -254,11 +300,8 @@ def test_new_save_replaces_the_v020_sidecar(three_epochs):
 # --------------------------------------------------------------------------
 def test_truncated_checkpoint_auto_resume_falls_back(three_epochs):
     truncate(three_epochs / 'epoch_3.pth')
-    with pytest.warns(CheckpointIntegrityWarning,
-                      match=r'epoch_3\.pth is unusable.*resuming from '
-                      r'.*epoch_2\.pth'):
-        start = resume(three_epochs)
-    assert start == 2
+    assert resume(three_epochs) == 2
+    assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth', 1)
 
 
 def test_truncated_checkpoint_explicit_resume_names_both_files(three_epochs):
@@ -279,9 +322,8 @@ def test_truncated_checkpoint_without_sidecar_is_caught_too(three_epochs):
     truncate(bad, keep=0.9)
     with pytest.raises(CorruptCheckpointError,
                        match=r'epoch_3\.pth is damaged.*zip.*epoch_2\.pth'):
-        mmengine.runner.load_checkpoint(ToyModel(), bad)
-    with pytest.warns(CheckpointIntegrityWarning):
-        assert resume(three_epochs) == 2
+        load_through_runner(three_epochs, bad)
+    assert resume(three_epochs) == 2
 
 
 @pytest.mark.parametrize('with_sidecar', [True, False])
@@ -297,34 +339,29 @@ def test_flipped_bytes_inside_a_tensor_are_detected(three_epochs,
     expected = 'SHA-256' if with_sidecar else 'CRC-32'
     with pytest.raises(CorruptCheckpointError, match=expected):
         resume(three_epochs, load_from=bad)
-    with pytest.warns(CheckpointIntegrityWarning, match='epoch_3.pth'):
-        assert resume(three_epochs) == 2
+    assert resume(three_epochs) == 2
+    assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth', 1)
 
 
 def test_empty_last_checkpoint_resumes_the_newest_intact(three_epochs):
     (three_epochs / 'last_checkpoint').write_text('')
-    with pytest.warns(CheckpointIntegrityWarning,
-                      match=r'last_checkpoint is empty.*epoch_3\.pth'):
-        assert mmengine.runner.find_latest_checkpoint(str(three_epochs)) == \
-            str(three_epochs / 'epoch_3.pth')
-    with pytest.warns(CheckpointIntegrityWarning):
-        assert resume(three_epochs) == 3
+    assert resume(three_epochs) == 3
+    assert fallback_logged(three_epochs, 'last_checkpoint', 'epoch_3.pth', 0)
     with pytest.raises(FileNotFoundError, match='checkpoint path is empty'):
-        mmengine.runner.checkpoint._load_checkpoint('')
+        load_through_runner(three_epochs, '')
 
 
 def test_no_intact_checkpoint_left_is_an_error_naming_the_file(tmp_path):
     toy_runner(tmp_path, max_epochs=1).train()
     truncate(tmp_path / 'epoch_1.pth')
     with pytest.raises(CorruptCheckpointError,
-                       match=r'epoch_1\.pth.*no intact checkpoint'):
+                       match=r'no intact checkpoint.*epoch_1\.pth'):
         resume(tmp_path)
 
 
 def test_intact_resume_is_unchanged(three_epochs):
-    with warnings.catch_warnings():
-        warnings.simplefilter('error', CheckpointIntegrityWarning)
-        assert resume(three_epochs) == 3
+    assert resume(three_epochs) == 3
+    assert 'auto-resume passed over' not in run_logs(three_epochs)
 
 
 def test_replaced_checkpoint_with_stale_sidecar_says_what_to_do(tmp_path):
@@ -332,11 +369,11 @@ def test_replaced_checkpoint_with_stale_sidecar_says_what_to_do(tmp_path):
     path = str(tmp_path / 'epoch_1.pth')
     torch.save({'state_dict': ToyModel().state_dict()}, path)  # by hand
     with pytest.raises(CorruptCheckpointError,
-                       match=r'delete its checksum file .*/\.epoch_1\.pth'
+                       match=r'delete the checksum file .*/\.epoch_1\.pth'
                        r'\.sha256'):
-        mmengine.runner.load_checkpoint(ToyModel(), path)
+        load_through_runner(tmp_path, path)
     os.remove(sidecar_path(path))
-    mmengine.runner.load_checkpoint(ToyModel(), path)
+    load_through_runner(tmp_path, path)
 
 
 # --------------------------------------------------------------------------
@@ -355,7 +392,7 @@ def fill(folder):
 def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
         tmp_path, small_disk):
     class FillDiskBeforeSave(Hook):
-        priority = 'LOW'  # before CheckpointHook
+        priority = 'LOW'  # before SafeCheckpointHook
 
         def after_train_epoch(self, runner):
             if runner.epoch == 1:
@@ -364,7 +401,8 @@ def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
     work_dir = tmp_path / 'work'  # logs here, checkpoints on the small disk
     runner = toy_runner(work_dir, max_epochs=2,
                         custom_hooks=[FillDiskBeforeSave()])
-    hook = next(h for h in runner.hooks if isinstance(h, CheckpointHook))
+    hook = next(h for h in runner.hooks
+                if isinstance(h, SafeCheckpointHook))
     hook.out_dir = str(small_disk)
     with pytest.raises(OSError) as info:
         runner.train()
@@ -438,6 +476,6 @@ def test_the_sweep_finds_upstream_removal_order(tmp_path):
     """With mmengine's own order (remove, then write) a kill on the first
     write of the save, the checkpoint's, leaves nothing to resume."""
     summary = run_kill_driver(tmp_path, '--upstream-retention',
-                              '--points', 'write:1,rename:1')
+                              '--points', 'write:1,write:2')
     assert summary['killed'] == 2
     assert summary['survived'] == 0

@@ -9,10 +9,6 @@ imported (configs do that with ``custom_imports``).
 """
 from typing import Callable, List
 
-from .atomic_checkpoint_write import (write_last_checkpoint_atomically,
-                                      write_local_files_atomically)
-from .checkpoint_integrity import verify_checkpoints
-from .checkpoint_retention import remove_old_checkpoints_last
 from .checkpoint_allowlist import (allow_mmengine_checkpoints,
                                    remember_registered_statistics)
 from .collate_scope import strip_collate_scope
@@ -38,10 +34,6 @@ FIXES: List[Callable[[], None]] = [
     load_fsdp_optimizer_state_by_keyword,
     copy_full_optimizer_states_on_cpu,
     resume_per_rank_seed_once,
-    write_local_files_atomically,
-    write_last_checkpoint_atomically,
-    verify_checkpoints,
-    remove_old_checkpoints_last,
 ]
 
 _APPLIED = False

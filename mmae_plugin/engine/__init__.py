@@ -1,2 +1,2 @@
-"""Runner-side components of mmae-plugin: hooks, optimizer constructors."""
-from . import hooks, optimizers  # noqa: F401
+"""Runner-side components of mmae-plugin: hooks, runners, optimizers."""
+from . import hooks, optimizers, runners  # noqa: F401

@@ -22,7 +22,7 @@ import os.path as osp
 import shutil
 from typing import List, Optional
 
-from mmae_plugin.compat.checkpoint_integrity import sidecar_path
+from mmae_plugin.checkpoint.integrity import sidecar_path
 
 from .driver import is_finished, run_status
 from .study import (Study, arm_by_name, arm_eval_epochs, checkpoint_epochs,

@@ -76,6 +76,7 @@ cifar10_param_scheduler = [
 # two branches, every 50 iterations (a multiple of the logger interval).
 cifar10_default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
-    checkpoint=dict(type='CheckpointHook', interval=20, max_keep_ckpts=3))
+    checkpoint=dict(type='SafeCheckpointHook', interval=20, max_keep_ckpts=3))
+runner_type = 'MMAERunner'  # verified auto-resume (docs/reliability.md)
 custom_hooks = [dict(type='MatrixInfoHook', interval=50, kernel='covariance'),
                 dict(type='DivergenceHook')]

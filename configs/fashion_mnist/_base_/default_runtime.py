@@ -6,7 +6,11 @@ custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=2))
+    checkpoint=dict(type='SafeCheckpointHook', interval=1, max_keep_ckpts=2))
+# The plugin's runner: auto-resume from the run's own newest intact
+# checkpoint; SafeCheckpointHook: finite-only, atomic, checksummed saves
+# (docs/reliability.md).
+runner_type = 'MMAERunner'
 env_cfg = dict(dist_cfg=dict(backend='nccl'))  # gloo without CUDA (plugin)
 randomness = dict(seed=0, diff_rank_seed=True)
 # Every random draw (masks, augmentations in workers or in the main process)

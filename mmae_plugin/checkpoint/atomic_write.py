@@ -1,66 +1,37 @@
-"""Checkpoints written in place.
+"""Writing a file so that a reader sees the old one or the new one.
 
-Upstream: mmengine 0.10.7 ``LocalBackend.put`` / ``put_text`` open the
-target with 'wb' / 'w' and write into it, and ``CheckpointHook`` writes
-``last_checkpoint`` with ``open(..., 'w')``, so a job killed while saving
-leaves a truncated ``epoch_N.pth`` or an empty ``last_checkpoint``: resume
-then fails. Not fixed in any mmengine release as of 0.10.7.
+A job killed while writing leaves a truncated file behind a plain
+``open(path, 'w')``. :func:`write_atomically` writes to a temporary beside
+the target, fsyncs it and renames it over the target; the checkpoint hook
+uses it for checksum sidecars and ``last_checkpoint`` and the same
+rename-after-fsync for the checkpoints themselves.
 
-What changes: only the files whose loss hurts (see :func:`is_precious`:
-``*.pth`` checkpoints, their ``.sha256`` sidecars, ``last_checkpoint`` and
-``*.json`` metrics) are written to a temporary file beside the target,
-fsync'ed and renamed over it, so a save is all-or-nothing. Every other
-``put``/``put_text`` is upstream's in-place write.
-
-Only where a rename is equivalent to upstream's in-place write: the target
-(after following symlinks, so a symlink is written through as upstream
-does) is missing or a regular file with one link owned by us, and its
-folder accepts a new file. Hard links, FIFOs, devices and files of other
-owners get upstream's in-place write. The new file gets the old file's
-mode, group and extended attributes (ACLs), or for a new file ``0o666 &
-~umask`` like ``open``.
+A rename is used only where it is equivalent to an in-place write
+(:func:`atomic_write_target`): the target, after following symlinks, is
+missing or a regular file with one link owned by us, and its folder
+accepts a new file. The new file gets the old file's mode, group and
+extended attributes (ACLs), or for a new file ``0o666 & ~umask`` like
+``open``.
 
 Temporaries are named ``.<name>.<writer>.<pid>.XXXXXXXX.tmp``, where
 ``<writer>`` is the host name, the boot id and the pid namespace: on a
 shared filesystem several hosts, and several containers of one host, write
-into the same folder (every rank dumps test metrics). A temporary left by a
-killed write is removed (by the next write of the same file, and in the
-work and checkpoint folders when training starts) only if it was written
-from this host, boot and pid namespace by a process that no longer exists;
-another writer's temporary is never touched.
+into the same folder. A temporary left by a killed write is removed (by the
+next write of the same file, and by the checkpoint hook when training
+starts) only if it was written from this host, boot and pid namespace by a
+process that no longer exists; another writer's temporary is never touched.
 """
 import builtins
-import functools
-import locale
 import os
 import os.path as osp
 import re
 import socket
 import stat
 import tempfile
-from typing import IO, Any, Callable, Optional, Union
-
-from ._checkpoint_hook_cleanup import clean_up_after_before_train
+from typing import Optional, Union
 
 _TMP_NAME = re.compile(r'^\.(?P<name>.+)\.(?P<writer>[A-Za-z0-9_-]+)'
                        r'\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$')
-#: Suffixes of the files replaced atomically (checkpoints, their checksum
-#: sidecars, metrics); ``last_checkpoint`` is matched by name.
-PRECIOUS_SUFFIXES = ('.pth', '.pth.sha256', '.json')
-
-
-def is_precious(filepath: Union[str, 'os.PathLike']) -> bool:
-    """Whether losing ``filepath`` to a kill mid-write loses a run's state.
-
-    Args:
-        filepath: The path ``put``/``put_text`` was given.
-
-    Returns:
-        True for ``*.pth``, ``*.pth.sha256``, ``*.json`` and
-        ``last_checkpoint``.
-    """
-    name = osp.basename(os.fspath(filepath))
-    return name == 'last_checkpoint' or name.endswith(PRECIOUS_SUFFIXES)
 
 
 def _read_first_line(path: str) -> str:
@@ -260,93 +231,19 @@ def _naming(err: OSError, filepath: str) -> OSError:
     return OSError(err.errno, os.strerror(err.errno), filepath)
 
 
-def write_local_files_atomically() -> None:
-    """Route local ``put``/``put_text`` of checkpoints etc. through a rename."""
-    from mmengine.fileio.backends import LocalBackend
-
-    upstream_put, upstream_put_text = LocalBackend.put, LocalBackend.put_text
-    if getattr(upstream_put, '_mmae_fixed', False):
-        return
-
-    def write(obj: Any, filepath, mode: str, encoding: Optional[str],
-              upstream: Callable[[], None]) -> None:
-        if not is_precious(filepath):
-            return upstream()
-        os.makedirs(osp.dirname(filepath) or '.', exist_ok=True)
-        target = atomic_write_target(filepath)
-        if target is None:
-            return upstream()
-        try:
-            write_atomically(obj, target, mode, encoding)
-        except PermissionError:
-            upstream()  # a writable file in a folder we may not add to
-
-    @functools.wraps(upstream_put)
-    def put(self, obj: bytes, filepath) -> None:
-        write(obj, filepath, 'wb', None,
-              lambda: upstream_put(self, obj, filepath))
-
-    @functools.wraps(upstream_put_text)
-    def put_text(self, obj: str, filepath, encoding: str = 'utf-8') -> None:
-        write(obj, filepath, 'w', encoding,
-              lambda: upstream_put_text(self, obj, filepath, encoding))
-
-    put._mmae_fixed = put_text._mmae_fixed = True
-    LocalBackend.put, LocalBackend.put_text = put, put_text
-
-
-class _AtomicTextFile:
-    """File-like object for ``open(path, 'w')`` that writes on close."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self._parts = path, []
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f'write() argument must be str, not '
-                            f'{type(text).__name__}')
-        self._parts.append(text)
-        return len(text)
-
-    def __enter__(self) -> '_AtomicTextFile':
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            from mmengine.fileio.backends import LocalBackend
-            LocalBackend().put_text(''.join(self._parts), self.path,
-                                    locale.getpreferredencoding(False))
-
-
-def open_last_checkpoint_atomically(file: Any, mode: str = 'r', *args,
-                                    **kwargs) -> Union[IO, _AtomicTextFile]:
-    """``open`` for ``mmengine.hooks.checkpoint_hook``.
+def fsync_folder(folder: str) -> None:
+    """Make a rename inside ``folder`` durable (best effort).
 
     Args:
-        file: Path to open.
-        mode: As for ``open``.
-        *args: As for ``open``.
-        **kwargs: As for ``open``.
-
-    Returns:
-        A writer that replaces ``last_checkpoint`` atomically on close for
-        ``open(<...>/last_checkpoint, 'w')``, else ``open``'s file object.
+        folder: The folder whose entries changed.
     """
-    if mode == 'w' and not args and not kwargs and isinstance(
-            file, (str, os.PathLike)) and \
-            osp.basename(file) == 'last_checkpoint':
-        return _AtomicTextFile(os.fspath(file))
-    return builtins.open(file, mode, *args, **kwargs)
-
-
-def write_last_checkpoint_atomically() -> None:
-    """Write ``last_checkpoint`` atomically; clean up orphans at start."""
-    import mmengine.hooks.checkpoint_hook as hook_module
-
-    hook_module.open = open_last_checkpoint_atomically
-
-    def remove_orphans(hook, runner) -> None:
-        for folder in {str(hook.out_dir), str(runner.work_dir)}:
-            remove_orphan_temporaries(folder)
-
-    clean_up_after_before_train('_mmae_fixed', remove_orphans)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on folders; the rename stands
+    finally:
+        os.close(fd)

@@ -1,0 +1,304 @@
+"""Checksums of checkpoints, and what is wrong with a damaged one.
+
+A checkpoint written by :class:`~mmae_plugin.engine.hooks.SafeCheckpointHook`
+has a hidden sidecar ``.<name>.sha256`` beside it in ``sha256sum -c``
+format (run ``sha256sum -c .epoch_3.pth.sha256`` in its folder to check by
+hand). A checkpoint *file* gets one line; an FSDP checkpoint *folder*
+(``epoch_3.pth/rank0.pth``, ``rank1.pth``...) one line per rank file, named
+relative to the folder's parent, so the same command checks it.
+
+Intact means: every digest of the sidecar matches; without a sidecar
+(written without the plugin, or a kill between checkpoint and sidecar), a
+zip archive whose members match their CRC-32s (torch's format; Python's
+``zipfile`` checks them), and for a folder, rank files ``rank0.pth`` ...
+``rank{n-1}.pth`` each intact. Files that are not zip archives (torch's
+legacy format) are left to torch. ``<name>.sha256``, the visible sidecar of
+plugin 0.2.0, is still read.
+"""
+import hashlib
+import os
+import os.path as osp
+import re
+import zipfile
+from typing import Dict, List, Optional, Tuple
+
+from .atomic_write import write_atomically
+from .bounded_read import UnsafeFileError, read_small_text
+
+SIDECAR_SUFFIX = '.sha256'
+_CHUNK = 1 << 22
+_RANK_FILE = re.compile(r'^rank(\d+)\.pth$')
+_DIGEST = re.compile(r'^[0-9a-f]{64}$')
+# Verification results by (path, size, mtime, sidecar mtimes): resume
+# verifies the chosen checkpoint, then loads it; hashing a multi-GB file
+# twice would double the resume time for nothing.
+_VERIFIED: Dict[Tuple, Optional[str]] = {}
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint that is truncated, or whose bytes changed after saving."""
+
+
+def sidecar_path(checkpoint: str) -> str:
+    """Where the checksums of ``checkpoint`` are written.
+
+    Args:
+        checkpoint: Path of a checkpoint file or FSDP folder.
+
+    Returns:
+        ``<folder>/.<name>.sha256``: hidden, so listings by name (``best*``,
+        ``epoch_*``) see only the checkpoints.
+    """
+    folder, name = osp.split(osp.normpath(checkpoint))
+    return osp.join(folder, f'.{name}{SIDECAR_SUFFIX}')
+
+
+def legacy_sidecar_path(checkpoint: str) -> str:
+    """Where plugin 0.2.0 wrote the checksum of ``checkpoint``."""
+    return osp.normpath(checkpoint) + SIDECAR_SUFFIX
+
+
+def sidecar_paths(checkpoint: str) -> Tuple[str, str]:
+    """Every place a checksum of ``checkpoint`` may be kept, newest first."""
+    return sidecar_path(checkpoint), legacy_sidecar_path(checkpoint)
+
+
+def file_sha256(path: str) -> str:
+    """SHA-256 of a file, read in chunks.
+
+    Args:
+        path: File to hash.
+
+    Returns:
+        The hex digest.
+    """
+    digest = hashlib.sha256()
+    with open(path, 'rb') as file:
+        for chunk in iter(lambda: file.read(_CHUNK), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def rank_files(folder: str) -> List[str]:
+    """The ``rank<i>.pth`` files of an FSDP checkpoint folder, by rank.
+
+    Args:
+        folder: The checkpoint folder.
+
+    Returns:
+        Their names, ``rank0.pth`` first.
+    """
+    names = [n for n in os.listdir(folder) if _RANK_FILE.match(n)]
+    return sorted(names, key=lambda n: int(_RANK_FILE.match(n).group(1)))
+
+
+def checksum_lines(checkpoint: str) -> str:
+    """The sidecar text of a complete checkpoint file or folder.
+
+    Args:
+        checkpoint: The checkpoint file, or FSDP folder.
+
+    Returns:
+        ``sha256sum`` lines, names relative to the checkpoint's parent.
+    """
+    checkpoint = osp.normpath(checkpoint)
+    name = osp.basename(checkpoint)
+    if not osp.isdir(checkpoint):
+        return f'{file_sha256(checkpoint)}  {name}\n'
+    return ''.join(
+        f'{file_sha256(osp.join(checkpoint, rank))}  {name}/{rank}\n'
+        for rank in rank_files(checkpoint))
+
+
+def write_sidecar(checkpoint: str) -> None:
+    """Write the hidden sidecar of a complete checkpoint (atomically).
+
+    A 0.2.0 sidecar of the same name described the file this save replaced,
+    so it goes once the new digests are on disk.
+
+    Args:
+        checkpoint: Local path of the checkpoint file or folder just written.
+    """
+    write_atomically(checksum_lines(checkpoint), sidecar_path(checkpoint),
+                     mode='w', encoding='utf-8')
+    try:
+        os.remove(legacy_sidecar_path(checkpoint))
+    except (FileNotFoundError, IsADirectoryError):
+        pass
+
+
+def remove_sidecars(checkpoint: str) -> None:
+    """Delete every sidecar of ``checkpoint`` (after it was removed)."""
+    for sidecar in sidecar_paths(checkpoint):
+        if osp.isfile(sidecar):
+            os.remove(sidecar)
+
+
+def recorded_digests(checkpoint: str) -> Optional[Dict[str, str]]:
+    """The digests a sidecar of ``checkpoint`` records, by relative name.
+
+    Args:
+        checkpoint: Local checkpoint path (file or folder).
+
+    Returns:
+        ``{name relative to the parent: digest}`` from the first sidecar
+        present, or None without any.
+
+    Raises:
+        CorruptCheckpointError: A sidecar exists but is not a small regular
+            file of ``sha256sum`` lines.
+    """
+    for sidecar in sidecar_paths(checkpoint):
+        try:
+            text = read_small_text(sidecar, 'checksum file')
+        except FileNotFoundError:
+            continue
+        except (UnsafeFileError, IsADirectoryError) as err:
+            raise CorruptCheckpointError(str(err)) from err
+        digests = {}
+        for line in text.splitlines():
+            digest, _, name = line.strip().partition('  ')
+            if not _DIGEST.match(digest) or not name:
+                raise CorruptCheckpointError(
+                    f'checksum file {sidecar} holds no SHA-256 line '
+                    f'(got {line[:80]!r}); delete it to load {checkpoint} '
+                    'unchecked')
+            digests[name.lstrip('*')] = digest
+        if not digests:
+            raise CorruptCheckpointError(
+                f'checksum file {sidecar} is empty; delete it to load '
+                f'{checkpoint} unchecked')
+        return digests
+    return None
+
+
+def zip_problem(path: str) -> Optional[str]:
+    """What is wrong with a checkpoint file that has no sidecar, if anything.
+
+    Args:
+        path: Local checkpoint file.
+
+    Returns:
+        None if it is a zip archive whose members match their CRC-32s or
+        not a zip archive at all (left to torch); else the problem.
+    """
+    with open(path, 'rb') as file:
+        magic = file.read(4)
+    if magic != b'PK\x03\x04':
+        return 'it is empty' if not magic else None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad_member = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError) as err:
+        return f'it is not a complete zip archive (truncated?): {err}'
+    if bad_member is not None:
+        return f'the CRC-32 of its record {bad_member!r} does not match'
+    return None
+
+
+def _unchecked_folder_problem(folder: str) -> Optional[str]:
+    ranks = rank_files(folder)
+    if not ranks:
+        return 'it is a folder without rank<i>.pth files'
+    expected = [f'rank{i}.pth' for i in range(len(ranks))]
+    if ranks != expected:
+        return f'its rank files {ranks} are not rank0.pth ... rank{len(ranks) - 1}.pth'
+    for rank in ranks:
+        problem = zip_problem(osp.join(folder, rank))
+        if problem is not None:
+            return f'{rank}: {problem}'
+    return None
+
+
+def _digest_mismatch(checkpoint: str, digests: Dict[str, str]) -> Optional[str]:
+    parent = osp.dirname(osp.normpath(checkpoint))
+    name = osp.basename(osp.normpath(checkpoint))
+    if osp.isdir(checkpoint):
+        present = {f'{name}/{rank}' for rank in rank_files(checkpoint)}
+        missing = sorted(set(digests) - present)
+        if missing:
+            return f'it lacks {missing}, recorded at save time'
+        extra = sorted(present - set(digests))
+        if extra:
+            return f'it holds {extra}, not recorded at save time'
+    elif name not in digests:
+        return f'its checksum file records {sorted(digests)}, not {name}'
+    for relative, digest in digests.items():
+        actual = file_sha256(osp.join(parent, relative))
+        if actual != digest:
+            return (f'the SHA-256 of {relative} is {actual}, not {digest} as '
+                    'recorded at save time (truncated or corrupted since; if '
+                    'you replaced it on purpose, delete the checksum file '
+                    f'{sidecar_path(checkpoint)})')
+    return None
+
+
+def _compute_problem(checkpoint: str) -> Optional[str]:
+    try:
+        digests = recorded_digests(checkpoint)
+        if digests is not None:
+            return _digest_mismatch(checkpoint, digests)
+        if osp.isdir(checkpoint):
+            return _unchecked_folder_problem(checkpoint)
+        return zip_problem(checkpoint)
+    except CorruptCheckpointError as err:
+        return str(err)
+    except OSError as err:
+        return f'it cannot be read ({err})'
+
+
+def _state_key(checkpoint: str) -> Tuple:
+    paths = [checkpoint, *sidecar_paths(checkpoint)]
+    if osp.isdir(checkpoint):
+        paths += [osp.join(checkpoint, r) for r in rank_files(checkpoint)]
+    key = [osp.realpath(checkpoint)]
+    for path in paths:
+        try:
+            info = os.stat(path)
+            key += [path, info.st_ino, info.st_size, info.st_mtime_ns]
+        except OSError:
+            key += [path, None]
+    return tuple(key)
+
+
+def checkpoint_problem(checkpoint: str) -> Optional[str]:
+    """Why ``checkpoint`` is not an intact checkpoint, or None if it is.
+
+    Args:
+        checkpoint: Local path of a checkpoint file or FSDP folder.
+
+    Returns:
+        None if intact; else a sentence fragment saying what is wrong.
+    """
+    try:
+        info = os.stat(checkpoint)
+    except FileNotFoundError:
+        return 'it does not exist'
+    except OSError as err:
+        return f'it cannot be read ({err})'
+    if not (osp.isdir(checkpoint) or osp.isfile(checkpoint)):
+        return 'it is not a regular file or a checkpoint folder'
+    del info
+    try:
+        key = _state_key(checkpoint)
+    except OSError as err:
+        return f'it cannot be read ({err})'
+    if key not in _VERIFIED:
+        _VERIFIED[key] = _compute_problem(checkpoint)
+    return _VERIFIED[key]
+
+
+def verify_checkpoint(checkpoint: str, instead: str = '') -> None:
+    """Raise unless ``checkpoint`` is intact.
+
+    Args:
+        checkpoint: Local checkpoint file or folder.
+        instead: A sentence saying what to use instead (appended).
+
+    Raises:
+        CorruptCheckpointError: Naming the file and what is wrong.
+    """
+    problem = checkpoint_problem(checkpoint)
+    if problem is not None:
+        raise CorruptCheckpointError(
+            f'checkpoint {checkpoint} is damaged: {problem}. {instead}'.strip())

@@ -1,0 +1,98 @@
+"""Resume and load that verify checkpoints and choose the run's own.
+
+:class:`VerifiedCheckpointMixin` goes before mmengine's ``Runner`` or
+``FlexibleRunner`` (see :mod:`.runners`). It changes three things, only in
+runs whose config sets ``runner_type`` to one of the plugin's runners:
+
+* auto-resume (``resume=True`` without ``load_from``) continues from the
+  newest intact own checkpoint
+  (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`),
+  and a fallback is written to the run's log with what it costs;
+* every local checkpoint the runner resumes or loads, file or FSDP folder,
+  is verified first; a damaged one raises ``CorruptCheckpointError`` naming
+  it and the newest intact checkpoint beside it;
+* a save records the world size the run had, and a resume at another world
+  size is refused (see :mod:`.world_size`).
+"""
+import os
+import os.path as osp
+from typing import Any
+
+from mmae_plugin.checkpoint.discovery import (choose_resume_checkpoint,
+                                              newest_intact_sentence)
+from mmae_plugin.checkpoint.integrity import verify_checkpoint
+
+
+def is_local_checkpoint(filename: Any) -> bool:
+    """Whether mmengine would read ``filename`` from this filesystem."""
+    return isinstance(filename, (str, os.PathLike)) and \
+        '://' not in os.fspath(filename) and \
+        not os.fspath(filename).startswith('pavi:')
+
+
+def verify_before_loading(filename: Any) -> None:
+    """Refuse a damaged local checkpoint by name; leave others to mmengine.
+
+    Args:
+        filename: What ``resume`` / ``load_checkpoint`` was given.
+
+    Raises:
+        FileNotFoundError: The path is empty.
+        CorruptCheckpointError: The checkpoint is damaged.
+    """
+    if not is_local_checkpoint(filename):
+        return
+    path = osp.expanduser(os.fspath(filename))
+    if not path.strip():
+        raise FileNotFoundError(
+            'the checkpoint path is empty (load_from="" or --resume ""): '
+            'name a checkpoint file')
+    if osp.exists(path):
+        verify_checkpoint(path, newest_intact_sentence(path))
+
+
+class VerifiedCheckpointMixin:
+    """Runner behaviour for verified, own-checkpoint resume (see module)."""
+
+    def load_or_resume(self) -> None:
+        """Choose the auto-resume checkpoint, then load or resume as mmengine.
+        """
+        if not self._has_loaded and self._resume is True and \
+                self._load_from is None:
+            choice = choose_resume_checkpoint(self.work_dir)
+            if choice.skipped:
+                self.logger.warning(choice.fallback_message())
+            if choice.path is not None:
+                self.logger.info(f'Auto-resuming from {choice.path}')
+                self._load_from = choice.path
+            else:
+                self._resume = False  # nothing to resume: a fresh start
+        super().load_or_resume()
+
+    def load_checkpoint(self, filename: str, *args, **kwargs) -> Any:
+        """Verify a local checkpoint, then load it as mmengine does.
+
+        Args:
+            filename: Checkpoint path or URL.
+            *args: As for mmengine's ``load_checkpoint``.
+            **kwargs: As for mmengine's ``load_checkpoint``.
+
+        Returns:
+            What mmengine returns.
+        """
+        verify_before_loading(filename)
+        return super().load_checkpoint(filename, *args, **kwargs)
+
+    def resume(self, filename: str, *args, **kwargs) -> Any:
+        """Verify a local checkpoint, then resume from it as mmengine does.
+
+        Args:
+            filename: Checkpoint path or URL.
+            *args: As for mmengine's ``resume``.
+            **kwargs: As for mmengine's ``resume``.
+
+        Returns:
+            What mmengine returns.
+        """
+        verify_before_loading(filename)
+        return super().resume(filename, *args, **kwargs)
