@@ -1,0 +1,174 @@
+"""Auto-resume continues the run's own newest intact checkpoint, and reads
+what a hostile or broken work dir fakes without hanging or exhausting memory.
+
+Real runs of the plugin's runner and checkpoint hook on the toy model; the
+fallbacks must be in the run's own log file.
+"""
+import glob
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+import mmae_plugin  # noqa: F401
+from checkpoint_fault_tools import toy_runner
+from mmae_plugin.checkpoint import (CorruptCheckpointError, UnsafeFileError,
+                                    read_small_text)
+from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
+from mmengine.hooks import Hook
+
+
+class RecordStart(Hook):
+    """The epoch and learning rate a (resumed) run starts with."""
+
+    priority = 'VERY_LOW'
+
+    def before_train(self, runner):
+        self.epoch = runner.epoch
+        self.lr = runner.optim_wrapper.optimizer.param_groups[0]['lr']
+
+
+def resume(work_dir, max_epochs=4):
+    record = RecordStart()
+    toy_runner(work_dir, max_epochs=max_epochs, resume=True,
+               max_keep_ckpts=-1, custom_hooks=[record]).train()
+    return record
+
+
+def run_logs(work_dir):
+    return ''.join(open(log).read() for log in sorted(
+        glob.glob(str(work_dir / '*' / '*.log'))))
+
+
+@pytest.fixture
+def two_epochs(tmp_path):
+    toy_runner(tmp_path, max_epochs=2, max_keep_ckpts=-1).train()
+    return tmp_path
+
+
+def newest_mtime(path):
+    future = time.time() + 60
+    os.utime(path, (future, future))
+
+
+def test_a_foreign_newer_pth_is_never_resumed(two_epochs):
+    foreign = two_epochs / 'converted_backbone.pth'
+    torch.save({'state_dict': {}}, foreign)  # no 'meta': upstream KeyError
+    newest_mtime(foreign)
+    (two_epochs / 'last_checkpoint').write_text(str(foreign))
+    assert resume(two_epochs).epoch == 2
+    log = run_logs(two_epochs)
+    assert 'converted_backbone.pth: it is not one of the run\'s own' in log
+    assert 'Resuming from' in log and 'epoch_2.pth: 0 epochs' in log
+
+
+def test_best_checkpoint_is_never_resumed(two_epochs):
+    best = two_epochs / 'best_acc_epoch_2.pth'
+    shutil.copy(two_epochs / 'epoch_1.pth', best)
+    newest_mtime(best)
+    (two_epochs / 'last_checkpoint').write_text(str(best))
+    record = resume(two_epochs)
+    assert record.epoch == 2 and record.lr == 0.01
+    assert 'best_acc_epoch_2.pth: it is not one of the run\'s own' in \
+        run_logs(two_epochs)
+
+
+def test_an_older_epoch_copied_back_does_not_win_by_mtime(two_epochs):
+    """``cp`` of an old epoch_1 gives it the newest mtime; epoch_2 is the
+    newest by the epoch it records, and intact."""
+    shutil.copy(two_epochs / 'epoch_1.pth', two_epochs / 'backup.pth')
+    os.remove(two_epochs / 'epoch_1.pth')
+    shutil.copy(two_epochs / 'backup.pth', two_epochs / 'epoch_1.pth')
+    newest_mtime(two_epochs / 'epoch_1.pth')
+    (two_epochs / 'last_checkpoint').write_text('')
+    assert resume(two_epochs).epoch == 2
+
+
+def test_a_newer_intact_epoch_than_last_checkpoint_names_is_resumed(
+        two_epochs):
+    """A kill after epoch_2 was published but before last_checkpoint was
+    replaced: epoch_2 is complete (its sidecar verifies), so it is used."""
+    (two_epochs / 'last_checkpoint').write_text(
+        str(two_epochs / 'epoch_1.pth'))
+    assert resume(two_epochs).epoch == 2
+
+
+def test_fresh_work_dir_starts_from_scratch(tmp_path):
+    assert choose_resume_checkpoint(str(tmp_path)).path is None
+    assert resume(tmp_path, max_epochs=1).epoch == 0
+
+
+def test_only_foreign_files_is_an_error_naming_them(tmp_path):
+    torch.save({}, tmp_path / 'converted.pth')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'converted.pth'))
+    with pytest.raises(CorruptCheckpointError,
+                       match=r'no intact checkpoint.*converted\.pth'):
+        resume(tmp_path)
+
+
+# --------------------------------------------------------------------------
+# hostile metadata files: refused by name, at once
+# --------------------------------------------------------------------------
+def timed(function):
+    start = time.monotonic()
+    try:
+        return function(), time.monotonic() - start
+    except Exception as err:  # noqa: BLE001 (returned for the assertions)
+        return err, time.monotonic() - start
+
+
+def test_sidecar_that_is_a_fifo_is_refused_within_a_second(two_epochs):
+    sidecar = two_epochs / '.epoch_2.pth.sha256'
+    os.remove(sidecar)
+    os.mkfifo(sidecar)
+    record, seconds = timed(lambda: resume(two_epochs))
+    assert seconds < 10 and record.epoch == 1  # the run's own time, not a hang
+    assert 'checksum file' in run_logs(two_epochs)
+    assert 'is a FIFO' in run_logs(two_epochs)
+
+
+def test_last_checkpoint_that_is_a_fifo_is_refused_by_name(two_epochs):
+    last = two_epochs / 'last_checkpoint'
+    os.remove(last)
+    os.mkfifo(last)
+    choice, seconds = timed(lambda: choose_resume_checkpoint(str(two_epochs)))
+    assert seconds < 1
+    assert choice.path == str(two_epochs / 'epoch_2.pth')
+    assert 'last_checkpoint file' in choice.skipped[0][1]
+    assert 'is a FIFO' in choice.skipped[0][1]
+
+
+def test_sidecar_linked_to_dev_zero_is_refused_within_a_second(two_epochs):
+    sidecar = two_epochs / '.epoch_2.pth.sha256'
+    os.remove(sidecar)
+    os.symlink('/dev/zero', sidecar)
+    choice, seconds = timed(lambda: choose_resume_checkpoint(str(two_epochs)))
+    assert seconds < 1
+    assert choice.path == str(two_epochs / 'epoch_1.pth')
+    assert 'is a character device' in choice.skipped[0][1]
+
+
+def test_huge_sparse_sidecar_is_refused_within_a_second(two_epochs):
+    sidecar = two_epochs / '.epoch_2.pth.sha256'
+    with open(sidecar, 'r+b') as file:
+        file.truncate(1 << 40)  # 1 TiB, sparse
+    choice, seconds = timed(lambda: choose_resume_checkpoint(str(two_epochs)))
+    assert seconds < 1
+    assert choice.path == str(two_epochs / 'epoch_1.pth')
+    assert f'has {1 << 40} bytes' in choice.skipped[0][1]
+
+
+def test_read_small_text_names_what_it_refuses(tmp_path):
+    os.mkfifo(tmp_path / 'fifo')
+    for path, fragment in ((tmp_path / 'fifo', 'is a FIFO'),
+                           ('/dev/zero', 'is a character device'),
+                           (tmp_path, 'is a directory')):
+        with pytest.raises(UnsafeFileError,
+                           match=rf'checksum file {path} {fragment}'):
+            read_small_text(str(path), 'checksum file')
+    (tmp_path / 'big').write_bytes(b'x' * 11)
+    with pytest.raises(UnsafeFileError, match='has 11 bytes, more than the 10'):
+        read_small_text(str(tmp_path / 'big'), 'checksum file', limit=10)
+    assert read_small_text(str(tmp_path / 'big'), 'x', limit=11) == 'x' * 11
