@@ -128,6 +128,10 @@ REFUSED = [
     Row('TCRLoss', 'init_cfg', "'kaiming'", TypeError,
         tcr(init_cfg='kaiming')),
     Row('TCRLoss', 'init_cfg', '[]', TypeError, tcr(init_cfg=[])),
+    Row('TCRLoss', 'gather_capacity', '0', ValueError,
+        tcr(gather_capacity=0)),
+    Row('TCRLoss', 'gather_capacity', 'True', TypeError,
+        tcr(gather_capacity=True)),
     Row('TCRLoss', 'init_cfg', "{'layer': 'Linear'}", TypeError,
         tcr(init_cfg=dict(layer='Linear'))),
     Row('TCRLoss', 'features', 'non-finite', ValueError,
@@ -153,6 +157,8 @@ REFUSED = [
     Row('UniformityLoss', 'loss_weight', 'inf', ValueError,
         unif(loss_weight=INF)),
     Row('UniformityLoss', 'init_cfg', '3', TypeError, unif(init_cfg=3)),
+    Row('UniformityLoss', 'gather_capacity', '2.5', TypeError,
+        unif(gather_capacity=2.5)),
     Row('UniformityLoss', 'features', 'all-zero row', ValueError,
         forward(UniformityLoss(), ALL_ZERO_ROW)),
     Row('UniformityLoss', 'features', 'non-finite', ValueError,
@@ -182,6 +188,16 @@ REFUSED = [
     Row('MMAE', 'final_norm_twice=True', 'final_norm is False', ValueError,
         mmae_backbone(final_norm_twice=True,
                       backbone=dict(final_norm=False))),
+    # mmpretrain's MAEViT takes any mask_ratio; MMAE refuses at build the
+    # ones that mask no patch (0 / 0 loss), all of them, or more than all.
+    Row('MMAE', 'backbone.mask_ratio', 'got 1.0', ValueError,
+        mmae_backbone(backbone=dict(mask_ratio=1.0))),
+    Row('MMAE', 'backbone.mask_ratio', 'got -0.1', ValueError,
+        mmae_backbone(backbone=dict(mask_ratio=-0.1))),
+    Row('MMAE', 'backbone.mask_ratio', 'got 0.0', ValueError,
+        mmae_backbone(backbone=dict(mask_ratio=0.0))),
+    Row('MMAE', 'backbone.mask_ratio', "'0.75'", TypeError,
+        mmae_backbone(backbone=dict(mask_ratio='0.75'))),
     # --------------------------------------------------------- GzipFashionMNIST
     Row('GzipFashionMNIST', 'download', "'no'", TypeError,
         fmnist(download='no')),
@@ -190,6 +206,11 @@ REFUSED = [
         lambda: DATASETS.build(dict(type='GzipFashionMNIST', split='val'))),
     Row('GzipFashionMNIST', 'data_root', '3', TypeError, fmnist(data_root=3)),
     Row('GzipFashionMNIST', 'indices', '-3', ValueError, fmnist(indices=-3)),
+    # mmengine: an int is "the first n samples", so 0 selects none.
+    Row('GzipFashionMNIST', 'indices', '=0 selects no image', ValueError,
+        fmnist(indices=0)),
+    Row('GzipFashionMNIST', 'indices', '[] selects no image', ValueError,
+        fmnist(indices=[])),
     Row('GzipFashionMNIST', 'indices', 'True', TypeError,
         fmnist(indices=True)),
     Row('GzipFashionMNIST', 'indices', '2.0', TypeError, fmnist(indices=2.0)),
@@ -414,3 +435,51 @@ def test_last_batch_of_one_does_not_stop_training(repo_root, tmp_path):
     last = runner.message_hub.get_scalar('train/loss_tcr').current()
     assert last == 0.0
     assert math.isfinite(runner.message_hub.get_scalar('train/loss').current())
+
+
+# ------------------------------------------------- through tools/train.py
+#: ``--cfg-options`` refused when the Runner builds the model or dataset:
+#: option -> what the message must say (the parameter, the value and what
+#: is allowed).
+BAD_CFG_OPTIONS = {
+    'model.backbone.mask_ratio=1.0': (
+        'backbone.mask_ratio', 'got 1.0', 'a number in (0, 1)',
+        'leaves at least one visible'),
+    'model.backbone.mask_ratio=-0.1': (
+        'backbone.mask_ratio', 'got -0.1', 'a number in (0, 1)',
+        'masks at least one of the 49 patches'),
+    'train_dataloader.dataset.indices=0': (
+        'indices=0 selects no image', 'use a count >= 1'),
+}
+
+
+@pytest.mark.parametrize('option', BAD_CFG_OPTIONS)
+def test_bad_cfg_option_is_refused_before_training(repo_root, tmp_path,
+                                                   option):
+    """The real tools/train.py stops at build time with the named error.
+
+    Before, ``mask_ratio=1.0`` trained silently, ``-0.1`` stopped only as a
+    divergence at iteration 1 and ``indices=0`` ended in mmengine's "need
+    at least one array to concatenate".
+    """
+    import subprocess
+    import sys
+    work_dir = tmp_path / 'work'
+    command = [
+        sys.executable, os.path.join(repo_root, 'tools', 'train.py'),
+        os.path.join(repo_root, 'configs', 'fashion_mnist', 'mmae_fmnist.py'),
+        '--work-dir', str(work_dir), '--cfg-options', option,
+        'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+    ]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1',
+               PYTHONWARNINGS='ignore')
+    result = subprocess.run(command, cwd=repo_root, env=env,
+                            capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    for text in BAD_CFG_OPTIONS[option]:
+        assert text in output, output[-3000:]
+    assert 'Epoch(train)' not in output  # refused before any iteration
+    assert 'need at least one array' not in output
+    assert not list(work_dir.rglob('*.pth'))

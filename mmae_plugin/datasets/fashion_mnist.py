@@ -99,8 +99,11 @@ class GzipFashionMNIST(FashionMNIST):
         split: ``'train'`` (60,000 images) or ``'test'`` (10,000).
         download: Download with mmpretrain's downloader when missing (a
             bool).
-        indices: ``None`` (all), a count ``n >= 0`` (the first ``n``), or a
-            sequence of indices in ``[0, len)``.
+        indices: ``None`` (all), a count ``n >= 1`` (the first ``n``), or a
+            non-empty sequence of indices in ``[0, len)``. As in mmengine's
+            ``BaseDataset``, a count means the first ``n`` samples, so ``0``
+            (or ``[]``) would select none: it is refused here instead of
+            failing later in mmengine's serialisation.
         **kwargs: Other arguments of mmpretrain's ``BaseDataset``
             (``pipeline``, ``test_mode``...).
     """
@@ -174,19 +177,32 @@ class GzipFashionMNIST(FashionMNIST):
 
 
 def check_indices(indices) -> None:
-    """Refuse ``indices`` that mmengine would misread (e.g. -3 = last 3)."""
+    """Refuse ``indices`` that mmengine would misread (e.g. -3 = last 3)
+    or that select no sample (``0``, ``[]``)."""
     if indices is None:
         return
     if isinstance(indices, (list, tuple, range, np.ndarray)):
+        if len(indices) == 0:
+            raise ValueError(
+                f'indices={indices!r} selects no image; use a non-empty '
+                'sequence of indices >= 0, a count >= 1 (the first n '
+                'images) or None (all)')
         for position, index in enumerate(indices):
             check_int(index, f'indices[{position}]', minimum=0)
         return
     try:
         check_int(indices, 'indices', minimum=0)
     except TypeError:
-        raise TypeError('indices must be None, a count >= 0 or a sequence of '
+        raise TypeError('indices must be None, a count >= 1 or a sequence of '
                         f'indices >= 0, got {type(indices).__name__} '
                         f'{indices!r}') from None
+    if indices == 0:
+        # mmengine reads an int as "the first n samples": 0 is none, and
+        # its serialisation then fails with "need at least one array to
+        # concatenate".
+        raise ValueError(
+            'indices=0 selects no image (a count means the first n images); '
+            'use a count >= 1, a non-empty sequence of indices or None (all)')
 
 
 def check_indices_in_range(indices, length: int) -> None:

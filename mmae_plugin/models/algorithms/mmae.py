@@ -11,8 +11,9 @@ from torch import Tensor
 from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
                                              pool_token_sequence)
 from mmae_plugin.matrix_info.validation import (check_bool, check_config,
-                                                check_init_cfg)
+                                                check_init_cfg, check_real)
 from ..losses import FeatureRegularizer
+from ..losses.feature_regularizer import SKIP_GATHER_REFUSED
 
 #: The regularised feature: one of the plugin's token poolings.
 FEATURES = POOLINGS
@@ -35,7 +36,14 @@ class MMAE(MAE):
     applied. A step whose features were unusable (NaN/Inf on any rank) gets
     a zero term on every rank and one warning naming the iteration, issued
     at the next step from the value mmengine has already read for its log
-    (so the training step itself reads nothing on the host).
+    (so the training step itself reads nothing on the host). A step whose
+    gather left some rank's features out (they no longer fit the layout
+    agreed at the first step) raises at the next step, on every rank alike.
+
+    The encoder's ``mask_ratio`` (a parameter of mmpretrain's ``MAEViT``,
+    which accepts any value) is checked at build: it must mask at least one
+    patch and leave at least one visible, else the reconstruction loss has
+    no patch to average (NaN) or the encoder sees no patch.
 
     Args:
         backbone: Config of the encoder (``MAEViT``).
@@ -76,7 +84,9 @@ class MMAE(MAE):
                          init_cfg=check_init_cfg(init_cfg), **kwargs)
         self.feature = feature
         self.final_norm_twice = final_norm_twice
+        check_real(self.backbone.mask_ratio, 'backbone.mask_ratio')
         self._check_feature_is_defined()
+        self._check_mask_ratio()
         self.regularizer = self._build_regularizer(regularizer)
         #: Runner iteration of the last regularised step not yet checked.
         self._unchecked_iter: Optional[int] = None
@@ -103,6 +113,24 @@ class MMAE(MAE):
                 "final_norm_twice=True applies the encoder's C-wide norm to "
                 "the feature, but feature='cls+mean' is 2C wide; use "
                 "feature='cls' or 'mean'")
+
+    def _check_mask_ratio(self) -> None:
+        """Refuse a ``backbone.mask_ratio`` that masks no patch or all.
+
+        ``MAEViT.random_masking`` keeps ``int(L * (1 - mask_ratio))`` of the
+        ``L`` patches: with none masked the reconstruction loss (a mean over
+        the masked patches) is 0 / 0; with none kept the encoder sees no
+        image; a negative ratio asks for more patches than there are.
+        """
+        ratio = self.backbone.mask_ratio
+        num_patches = self.backbone.num_patches
+        kept = int(num_patches * (1 - ratio))
+        if not (0 < ratio < 1 and 1 <= kept < num_patches):
+            raise ValueError(
+                f'backbone.mask_ratio must be a number in (0, 1) that masks '
+                f'at least one of the {num_patches} patches and leaves at '
+                f'least one visible (MAEViT keeps int({num_patches} * (1 - '
+                f'mask_ratio)) of them), got {ratio!r}')
 
     @staticmethod
     def _build_regularizer(cfg: Optional[dict]
@@ -162,6 +190,13 @@ class MMAE(MAE):
                 or buffer is None:
             return
         code = int(buffer.current())
+        if code == SKIP_GATHER_REFUSED:
+            # Every rank logged the same code from the same gathered
+            # headers, so every rank raises here, before any collective.
+            raise RuntimeError(
+                f'{self.regularizer.loss_name} could not gather the features '
+                f'of every rank at training iteration {previous + 1}: '
+                f'{self.regularizer.skip_reason(code)}')
         if code:
             everywhere = ('this rank' if self.regularizer.gather == 'local'
                           else 'every rank')
