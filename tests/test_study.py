@@ -334,8 +334,8 @@ def test_record_restores_what_is_missing_and_refuses_foreign_rows(tmp_path):
 
 def test_state_keeps_the_newest_checkpoint_of_unfinished_runs_only(tmp_path):
     import torch
-    from mmae_plugin.compat.checkpoint_integrity import (checkpoint_problem,
-                                                         write_sidecar)
+    from mmae_plugin.checkpoint.integrity import (checkpoint_problem,
+                                                  write_sidecar)
     from mmae_plugin.evidence.handover import restore_state, save_state
     from mmae_plugin.evidence.study import (checkpoint_path, eval_path,
                                             last_checkpoint_epoch, run_dir)
