@@ -1,0 +1,79 @@
+"""tools/benchmarks/bench_pipeline.py: the paths it times do what they
+claim (shapes, crop boxes, the bytes the GPU would decode) and a tiny run
+reports every path side by side."""
+import importlib.util
+import json
+import os.path as osp
+
+import pytest
+import torch
+from PIL import Image
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        'bench_pipeline',
+        osp.join(REPO, 'tools', 'benchmarks', 'bench_pipeline.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def jpegs(bench, tmp_path_factory):
+    return bench.write_jpegs(str(tmp_path_factory.mktemp('jpegs')), 3)
+
+
+def test_written_jpegs_are_imagenet_sized(jpegs):
+    assert len(jpegs['paths']) == 3
+    for path in jpegs['paths']:
+        with Image.open(path) as image:
+            assert image.format == 'JPEG'
+            width, height = image.size
+        assert 375 <= width <= 563 and 310 <= height <= 464
+    # Photograph-like entropy: tens of KB, not a few.
+    assert 40 < jpegs['mean_kilobytes'] < 250
+
+
+def test_every_cpu_path_gives_a_224_crop(bench, jpegs):
+    paths = bench.build_paths(['recipe', 'recipe_pil_decode',
+                               'torchvision_cpu'])
+    assert paths['recipe'].steps == ['LoadImageFromFile', 'RandomResizedCrop',
+                                     'RandomFlip', 'PackInputs']
+    for path in jpegs['paths']:
+        for name in ('recipe', 'recipe_pil_decode'):
+            packed = paths[name](path)['inputs']
+            assert packed.shape == (3, 224, 224) and \
+                packed.dtype == torch.uint8
+        out = paths['torchvision_cpu'](path)
+        assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
+
+
+def test_gpu_path_keeps_the_encoded_bytes_and_a_box_inside(bench, jpegs):
+    run = bench.build_paths(['gpu_decode_cpu_side'])['gpu_decode_cpu_side']
+    for path in jpegs['paths']:
+        encoded, box, flip = run(path)
+        assert encoded.dtype == torch.uint8
+        assert bytes(encoded.numpy()) == open(path, 'rb').read()
+        top, left, height, width = box.tolist()
+        with Image.open(path) as image:
+            full_width, full_height = image.size
+        assert 0 <= top and top + height <= full_height
+        assert 0 <= left and left + width <= full_width
+        assert isinstance(flip, bool)
+
+
+def test_tiny_run_reports_the_paths_side_by_side(bench, tmp_path, capsys):
+    out = tmp_path / 'pipeline.json'
+    result = bench.main(['--images', '2', '--rounds', '1', '--out',
+                         str(out)])
+    assert set(result['paths']) == set(bench.PATHS)
+    for row in result['paths'].values():
+        assert row['images_per_s_cpu'] > 0 and row['cores_per_gpu'] > 0
+    assert result['paths']['recipe']['speed_over_recipe'] == 1.0
+    assert json.loads(out.read_text())['rounds'] == 1
+    printed = capsys.readouterr().out
+    assert '| gpu_decode_cpu_side |' in printed and 'load average' in printed
