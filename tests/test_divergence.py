@@ -14,7 +14,8 @@ from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401
 from checkpoint_fault_tools import toy_runner
-from mmae_plugin.engine.hooks import DivergenceHook, TrainingDivergedError
+from mmae_plugin.engine.hooks import (DivergenceHook, NonFiniteCheckpointError,
+                                      TrainingDivergedError)
 from mmae_plugin.engine.hooks.divergence_hook import divergence_message
 
 
@@ -63,9 +64,20 @@ def test_toy_regression_stops_at_the_first_non_finite_loss(tmp_path):
 def test_without_the_hook_mmengine_trains_on_through_nan(tmp_path):
     """The upstream behaviour the hook exists for (so the test above can
     fail): no error, NaN checkpoints."""
-    runner = toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=1)
+    runner = toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=1,
+                        upstream=True)
     runner.train()
     assert not all_finite(tmp_path / 'epoch_60.pth')
+
+
+def test_without_divergence_hook_the_checkpoint_hook_still_saves_no_nan(
+        tmp_path):
+    """SafeCheckpointHook alone: the run stops at the first save whose
+    state is not finite, and every checkpoint on disk is finite."""
+    with pytest.raises(NonFiniteCheckpointError, match='NaN or Inf'):
+        toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=-1).train()
+    saved = glob.glob(str(tmp_path / 'epoch_*.pth'))
+    assert saved and all(all_finite(path) for path in saved)
 
 
 @pytest.mark.parametrize('name', ['mae', 'mmae'])

@@ -43,7 +43,7 @@ def test_update_to_inf_is_not_saved_and_names_the_last_finite(tmp_path):
         toy_runner(tmp_path, max_epochs=3, max_keep_ckpts=-1,
                    custom_hooks=[InfiniteUpdate(epoch=2)]).train()
     message = str(info.value)
-    assert 'not saving epoch_2.pth at iteration 2' in message
+    assert 'not saving epoch_2.pth after iteration 2: 2 tensors' in message
     assert 'linear.weight' in message and 'linear.bias' in message
     assert f'newest checkpoint saved finite is {tmp_path}/epoch_1.pth' \
         in message

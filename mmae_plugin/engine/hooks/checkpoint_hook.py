@@ -176,7 +176,8 @@ class SafeCheckpointHook(CheckpointHook):
         return isinstance(backend, LocalBackend)
 
     # -------------------------------------------------------- finiteness
-    def require_finite_state(self, runner, what: str) -> None:
+    def require_finite_state(self, runner, what: str,
+                             iterations: int) -> None:
         """Raise on every rank if any rank's state is not finite.
 
         One all-reduce and one host read.
@@ -184,6 +185,7 @@ class SafeCheckpointHook(CheckpointHook):
         Args:
             runner: The runner.
             what: The checkpoint about to be written (for the message).
+            iterations: Iterations trained so far (for the message).
 
         Raises:
             NonFiniteCheckpointError: Some parameter, buffer or optimizer
@@ -201,15 +203,15 @@ class SafeCheckpointHook(CheckpointHook):
         per_rank = all_gather_object(local) if get_world_size() > 1 \
             else [local]
         raise NonFiniteCheckpointError(
-            self.nonfinite_message(runner, what, per_rank))
+            self.nonfinite_message(what, iterations, per_rank))
 
-    def nonfinite_message(self, runner, what: str,
+    def nonfinite_message(self, what: str, iterations: int,
                           per_rank: List[List[str]]) -> str:
         """The error text, the same on every rank.
 
         Args:
-            runner: The runner.
             what: The checkpoint that was not written.
+            iterations: Iterations trained so far.
             per_rank: Non-finite tensor names of each rank.
 
         Returns:
@@ -224,8 +226,8 @@ class SafeCheckpointHook(CheckpointHook):
                 f'{", ".join(map(str, ranks))})' if len(per_rank) > 1 else ''
         finite = self._finite_checkpoint or 'none (no checkpoint was saved ' \
             'finite by this run)'
-        return (f'not saving {what} at iteration {runner.iter} (epoch '
-                f'{runner.epoch}): {len(names)} tensors of the model or '
+        return (f'not saving {what} after iteration {iterations}: '
+                f'{len(names)} tensors of the model or '
                 f'optimizer state are NaN or Inf{where}: {listed}. The '
                 f'newest checkpoint saved finite is {finite}; resume from '
                 'it with a lower optim_wrapper.optimizer.lr, a longer '
@@ -234,7 +236,7 @@ class SafeCheckpointHook(CheckpointHook):
     # ------------------------------------------------------------- saving
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
         filename = self.filename_tmpl.format(step)
-        self.require_finite_state(runner, filename)
+        self.require_finite_state(runner, filename, meta['iter'])
         retired = self._update_kept_ids(runner, step)
         self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
@@ -275,7 +277,7 @@ class SafeCheckpointHook(CheckpointHook):
     def _save_best_checkpoint(self, runner, metrics) -> None:
         # Upstream's rules decide whether and where; its one save goes
         # through save_atomically and its removal of the old best waits.
-        self.require_finite_state(runner, 'the best checkpoint')
+        self.require_finite_state(runner, 'the best checkpoint', runner.iter)
         with deferred_removals(self) as queued, \
                 atomic_saves_of(runner, self):
             super()._save_best_checkpoint(runner, metrics)
