@@ -172,3 +172,37 @@ def test_read_small_text_names_what_it_refuses(tmp_path):
     with pytest.raises(UnsafeFileError, match='has 11 bytes, more than the 10'):
         read_small_text(str(tmp_path / 'big'), 'checksum file', limit=10)
     assert read_small_text(str(tmp_path / 'big'), 'x', limit=11) == 'x' * 11
+
+
+# --------------------------------------------------------------------------
+# every load path of the plugin's runner verifies
+# --------------------------------------------------------------------------
+def test_pretrained_init_cfg_checkpoint_is_verified(tmp_path):
+    """A linear probe's ``Pretrained`` backbone checkpoint, damaged on disk:
+    the plugin's runner refuses it by name before initialising."""
+    from mmengine.model import BaseModule
+
+    from conftest import ToyModel
+    from mmae_plugin.engine.runners import MMAERunner
+    from mmae_plugin.engine.runners.checkpoint_resume import \
+        pretrained_checkpoints
+
+    toy_runner(tmp_path, max_epochs=1).train()
+    path = str(tmp_path / 'epoch_1.pth')
+    with open(path, 'r+b') as file:
+        file.truncate(os.path.getsize(path) // 2)
+
+    class Probe(ToyModel):
+        def __init__(self):
+            super().__init__()
+            self.backbone = BaseModule(init_cfg=dict(
+                type='Pretrained', checkpoint=path, prefix='backbone.'))
+
+    model = Probe()
+    assert list(pretrained_checkpoints(model)) == [path]
+    from conftest import make_toy_runner
+    runner = make_toy_runner(tmp_path / 'probe', 1, runner_class=MMAERunner)
+    runner.model = model
+    with pytest.raises(CorruptCheckpointError,
+                       match=rf'checkpoint {path} is damaged'):
+        runner._init_model_weights()

@@ -8,15 +8,17 @@ runs whose config sets ``runner_type`` to one of the plugin's runners:
   newest intact own checkpoint
   (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`),
   and a fallback is written to the run's log with what it costs;
-* every local checkpoint the runner resumes or loads, file or FSDP folder,
-  is verified first; a damaged one raises ``CorruptCheckpointError`` naming
-  it and the newest intact checkpoint beside it;
-* a save records the world size the run had, and a resume at another world
-  size is refused (see :mod:`.world_size`).
+* every local checkpoint the runner resumes or loads (``--resume``,
+  ``load_from``, and the ``Pretrained`` ``init_cfg`` of any module, as the
+  linear-probe and fine-tuning configs use), file or FSDP folder, is
+  verified first; a damaged one raises ``CorruptCheckpointError`` naming
+  it and the newest intact checkpoint beside it.
 """
 import os
 import os.path as osp
-from typing import Any
+from typing import Any, Iterator
+
+import torch
 
 from mmae_plugin.checkpoint.discovery import (choose_resume_checkpoint,
                                               newest_intact_sentence)
@@ -51,6 +53,24 @@ def verify_before_loading(filename: Any) -> None:
         verify_checkpoint(path, newest_intact_sentence(path))
 
 
+def pretrained_checkpoints(model: torch.nn.Module) -> Iterator[str]:
+    """Checkpoints the ``Pretrained`` ``init_cfg``s of ``model`` will load.
+
+    Args:
+        model: The runner's model (wrapped or not).
+
+    Yields:
+        Each non-empty ``checkpoint`` of an ``init_cfg`` of type
+        ``'Pretrained'``, in module order.
+    """
+    for module in model.modules():
+        init_cfg = getattr(module, 'init_cfg', None)
+        for cfg in init_cfg if isinstance(init_cfg, list) else [init_cfg]:
+            if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained' \
+                    and cfg.get('checkpoint'):
+                yield cfg['checkpoint']
+
+
 class VerifiedCheckpointMixin:
     """Runner behaviour for verified, own-checkpoint resume (see module)."""
 
@@ -68,6 +88,13 @@ class VerifiedCheckpointMixin:
             else:
                 self._resume = False  # nothing to resume: a fresh start
         super().load_or_resume()
+
+    def _init_model_weights(self) -> None:
+        """Verify the ``Pretrained`` checkpoints, then initialise as mmengine.
+        """
+        for checkpoint in pretrained_checkpoints(self.model):
+            verify_before_loading(checkpoint)
+        super()._init_model_weights()
 
     def load_checkpoint(self, filename: str, *args, **kwargs) -> Any:
         """Verify a local checkpoint, then load it as mmengine does.
