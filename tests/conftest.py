@@ -173,7 +173,7 @@ class ToyDataset(torch.utils.data.Dataset):
 def make_toy_runner(work_dir: Any, max_epochs: int = 1, *,
                     runner_class: Type = Runner, dataset_length: int = 4,
                     lr: float = 0.01, momentum: float = 0.0,
-                    **kwargs: Any) -> Runner:
+                    batch_size: int = 2, **kwargs: Any) -> Runner:
     """A real Runner training :class:`ToyModel` with SGD, batch size 2.
 
     Args:
@@ -183,6 +183,7 @@ def make_toy_runner(work_dir: Any, max_epochs: int = 1, *,
         dataset_length: Samples per epoch (:class:`ToyDataset`).
         lr: SGD learning rate.
         momentum: SGD momentum.
+        batch_size: Samples per iteration (per process).
         **kwargs: More Runner arguments (hooks, ``load_from``, ``resume``,
             ...); ``log_level`` defaults to ``'WARNING'`` and
             ``experiment_name`` to a fresh unique name.
@@ -195,7 +196,7 @@ def make_toy_runner(work_dir: Any, max_epochs: int = 1, *,
     return runner_class(
         model=ToyModel(), work_dir=str(work_dir),
         train_dataloader=dict(dataset=ToyDataset(dataset_length),
-                              batch_size=2,
+                              batch_size=batch_size,
                               sampler=dict(type='DefaultSampler',
                                            shuffle=False),
                               num_workers=0),

@@ -1,5 +1,14 @@
 """MMEngine runners of the plugin (``runner_type`` in a config)."""
 from .checkpoint_resume import VerifiedCheckpointMixin
+from .collate_scope import CollateScopeMixin
+from .cpu_distributed import (CpuDistributedFlexibleRunnerMixin,
+                              CpuDistributedRunnerMixin)
+from .launch_record import LaunchChangedError, LaunchRecordMixin
 from .runners import MMAEFlexibleRunner, MMAERunner
 
-__all__ = ['VerifiedCheckpointMixin', 'MMAERunner', 'MMAEFlexibleRunner']
+__all__ = [
+    'VerifiedCheckpointMixin', 'LaunchRecordMixin', 'LaunchChangedError',
+    'CpuDistributedRunnerMixin',
+    'CpuDistributedFlexibleRunnerMixin', 'CollateScopeMixin', 'MMAERunner',
+    'MMAEFlexibleRunner'
+]

@@ -10,13 +10,24 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import FlexibleRunner, Runner
 
 from .checkpoint_resume import VerifiedCheckpointMixin
+from .collate_scope import CollateScopeMixin
+from .cpu_distributed import (CpuDistributedFlexibleRunnerMixin,
+                              CpuDistributedRunnerMixin)
+from .launch_record import LaunchRecordMixin
 
 
 @RUNNERS.register_module()
-class MMAERunner(VerifiedCheckpointMixin, Runner):
-    """mmengine's ``Runner`` with verified, own-checkpoint resume."""
+class MMAERunner(VerifiedCheckpointMixin, LaunchRecordMixin,
+                 CpuDistributedRunnerMixin, CollateScopeMixin, Runner):
+    """mmengine's ``Runner`` with verified, own-checkpoint resume that
+    refuses a changed launch, DDP on hosts without an accelerator and
+    ``collate_fn`` without ``_scope_``."""
 
 
 @RUNNERS.register_module()
-class MMAEFlexibleRunner(VerifiedCheckpointMixin, FlexibleRunner):
-    """mmengine's ``FlexibleRunner`` with verified, own-checkpoint resume."""
+class MMAEFlexibleRunner(VerifiedCheckpointMixin, LaunchRecordMixin,
+                         CpuDistributedFlexibleRunnerMixin, CollateScopeMixin,
+                         FlexibleRunner):
+    """mmengine's ``FlexibleRunner`` with verified, own-checkpoint resume
+    that refuses a changed launch, DDP / FSDP on hosts without an
+    accelerator and ``collate_fn`` without ``_scope_``."""

@@ -1,0 +1,164 @@
+"""Resume refuses a launch it cannot continue unchanged.
+
+mmengine restores the parameter schedulers' ``begin`` / ``end`` /
+``T_max`` in iterations, so a run resumed on another number of GPUs (or
+with another per-GPU batch) no longer ends its schedule at ``max_epochs``;
+with ``gather='global'`` the regularised batch is GPUs x per-GPU batch, so
+the objective changes too; and FSDP's local shards load only at the world
+size they were written with. mmengine resumes all of these silently.
+
+:class:`LaunchRecordMixin` writes ``meta['launch']`` (world size, per-GPU
+batch, iterations per epoch, FSDP sharding) into every checkpoint and, on
+resume, compares it with the current launch. A difference raises
+:class:`LaunchChangedError` naming both launches and what would change,
+unless the config says ``resume_launch_change = 'rescale'``: then the
+schedulers' iteration counts and the loop's iteration are rescaled to the
+new iterations per epoch (the epochs trained and the schedule's shape in
+epochs stay the same; the regularised batch is what the new launch gives),
+and the change is logged. FSDP's local state dict cannot be rescaled across
+world sizes and is always refused.
+"""
+from typing import Any, Dict, Optional
+
+from mmengine.dist import get_world_size
+
+#: The config key of the override and its values.
+OVERRIDE_KEY = 'resume_launch_change'
+OVERRIDE_VALUES = ('refuse', 'rescale')
+#: Scheduler attributes counted in steps (iterations once converted).
+_STEP_ATTRIBUTES = ('begin', 'end', 'T_max', 'last_step', '_global_step',
+                    'step_size')
+
+
+class LaunchChangedError(RuntimeError):
+    """Resume at another world size, per-GPU batch or FSDP sharding."""
+
+
+def _sharding(runner) -> Optional[str]:
+    strategy = getattr(runner, 'strategy', None)
+    state_dict_type = getattr(strategy, 'state_dict_type', None)
+    if state_dict_type is None:
+        return None
+    return str(getattr(state_dict_type, 'name', state_dict_type))
+
+
+def launch_record(runner) -> Dict[str, Any]:
+    """The launch a checkpoint of this run is written with.
+
+    Args:
+        runner: The runner (its train dataloader built).
+
+    Returns:
+        ``world_size``, ``per_gpu_batch``, ``iters_per_epoch`` and
+        ``sharding`` (FSDP's state dict type, or None).
+    """
+    loader = runner.train_dataloader
+    return dict(world_size=get_world_size(),
+                per_gpu_batch=getattr(loader, 'batch_size', None),
+                iters_per_epoch=len(loader),
+                sharding=_sharding(runner))
+
+
+def describe(launch: Dict[str, Any]) -> str:
+    """``'8 processes x 128 images (1024 per step, 1251 iterations per
+    epoch)'``."""
+    world, batch = launch['world_size'], launch['per_gpu_batch']
+    total = world * batch if isinstance(batch, int) else '?'
+    text = (f'{world} processes x {batch} images ({total} per step, '
+            f'{launch["iters_per_epoch"]} iterations per epoch')
+    if launch.get('sharding'):
+        text += f', FSDP {launch["sharding"]}'
+    return text + ')'
+
+
+def launch_change_message(path: str, saved: Dict[str, Any],
+                          now: Dict[str, Any]) -> str:
+    """Why ``path`` is not resumed at this launch, and what to do."""
+    local_shards = saved.get('sharding') == 'LOCAL_STATE_DICT' and \
+        saved['world_size'] != now['world_size']
+    remedy = ('FSDP local shards load only at the world size that wrote '
+              'them: resume with the same number of processes.'
+              if local_shards else
+              f"Resume with the same launch, or set {OVERRIDE_KEY} = "
+              "'rescale' in the config (--cfg-options "
+              f"{OVERRIDE_KEY}=rescale) to rescale the schedule to the new "
+              'iterations per epoch and accept the new regularised batch.')
+    return (f'cannot resume {path}: it was written by a launch of '
+            f'{describe(saved)}; this launch has {describe(now)}. Resumed '
+            "as it is, the parameter schedules (counted in iterations) would "
+            'no longer end at max_epochs and the regularised batch of a '
+            "gather='global' regulariser would change. " + remedy)
+
+
+def rescale_schedule(runner, ratio: float) -> None:
+    """Scale the loop's and schedulers' iteration counts by ``ratio``.
+
+    Args:
+        runner: The resumed runner.
+        ratio: New iterations per epoch / saved iterations per epoch.
+    """
+    loop = runner.train_loop
+    loop._iter = round(loop._iter * ratio)
+    schedulers = runner.param_schedulers or []
+    if isinstance(schedulers, dict):
+        schedulers = [s for group in schedulers.values() for s in group]
+    for scheduler in schedulers:
+        if getattr(scheduler, 'by_epoch', True):
+            continue  # counted in epochs: unchanged by the launch
+        for name in _STEP_ATTRIBUTES:
+            value = getattr(scheduler, name, None)
+            if isinstance(value, int) and value > 0:
+                setattr(scheduler, name, max(1, round(value * ratio)))
+        milestones = getattr(scheduler, 'milestones', None)
+        if milestones is not None:
+            scheduler.milestones = type(milestones)(
+                {round(step * ratio): count
+                 for step, count in milestones.items()})
+
+
+class LaunchRecordMixin:
+    """Record the launch in checkpoints; refuse or rescale a changed one."""
+
+    def save_checkpoint(self, *args, **kwargs) -> None:
+        """mmengine's ``save_checkpoint`` with ``meta['launch']`` added."""
+        meta = kwargs.get('meta')
+        if len(args) < 6:  # meta not passed positionally
+            kwargs['meta'] = dict(meta or {}, launch=launch_record(self))
+        return super().save_checkpoint(*args, **kwargs)
+
+    def resume(self, filename: str, *args, **kwargs) -> Any:
+        """Resume as mmengine, then check the launch (see the module)."""
+        self._loaded_launch = None
+        result = super().resume(filename, *args, **kwargs)
+        if self._loaded_launch is not None:  # None: written before 0.3
+            self._check_launch(filename, self._loaded_launch)
+        return result
+
+    def call_hook(self, fn_name: str, **kwargs) -> None:
+        """Keep the loaded checkpoint's launch for :meth:`resume`."""
+        if fn_name == 'after_load_checkpoint':
+            meta = kwargs['checkpoint'].get('meta') or {}
+            self._loaded_launch = meta.get('launch')
+        super().call_hook(fn_name, **kwargs)
+
+    def _check_launch(self, filename: str, saved: Dict[str, Any]) -> None:
+        now = launch_record(self)
+        if saved == now:
+            return
+        choice = self.cfg.get(OVERRIDE_KEY, 'refuse') if self.cfg else \
+            'refuse'
+        if choice not in OVERRIDE_VALUES:
+            raise ValueError(f'{OVERRIDE_KEY}={choice!r}: expected one of '
+                             f'{OVERRIDE_VALUES}')
+        message = launch_change_message(str(filename), saved, now)
+        local_shards = saved.get('sharding') == 'LOCAL_STATE_DICT' and \
+            saved['world_size'] != now['world_size']
+        if choice == 'refuse' or local_shards:
+            raise LaunchChangedError(message)
+        ratio = now['iters_per_epoch'] / saved['iters_per_epoch']
+        rescale_schedule(self, ratio)
+        self.logger.warning(
+            f'resuming {filename} at another launch ({OVERRIDE_KEY}='
+            f"'rescale'): written with {describe(saved)}, continued with "
+            f'{describe(now)}; iteration counts of the loop and the '
+            f'schedules scaled by {ratio:.6g}')
