@@ -7,8 +7,10 @@ in its matrix code, naming neither the diverging term nor the divergence.
 ``after_train_iter`` of the first iteration whose total loss is NaN or
 infinite, with every loss term and its value. It runs before
 ``CheckpointHook`` (priority ``VERY_LOW``) and ``LoggerHook``, so no
-checkpoint of that iteration, or of any later one, is written: the last
-checkpoint on disk is the last finite one.
+checkpoint of that iteration, or of any later one, is written. A state
+that turns non-finite in an update whose loss was still finite is kept
+off disk by ``SafeCheckpointHook``, which checks the parameters and the
+optimizer state themselves at every save.
 
 No host sync is added: mmengine's ``RuntimeInfoHook`` (priority
 ``VERY_HIGH``, so it runs first) already converts every value of the
@@ -100,9 +102,10 @@ def divergence_message(values: Dict[str, float], iteration: int,
             f'the total loss is not finite. Non-finite terms: {listing(bad)}; '
             f'finite terms: {listing(good)}. Total loss over the last '
             f'iterations: {trend or "n/a"}. No checkpoint of this iteration '
-            'was written; the last checkpoint holds the last finite state. '
-            'Resume from it with a lower optim_wrapper.optimizer.lr, a longer'
-            ' warm-up or optim_wrapper.clip_grad.')
+            'was written (and SafeCheckpointHook writes only finite states). '
+            'Resume from the last checkpoint with a lower '
+            'optim_wrapper.optimizer.lr, a longer warm-up or '
+            'optim_wrapper.clip_grad.')
 
 
 # In mmengine's registry too: the hook serves any MMEngine config, whatever
