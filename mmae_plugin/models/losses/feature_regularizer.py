@@ -95,7 +95,7 @@ class FeatureRegularizer(BaseModule):
                                       maximum=MAX_LOSS_WEIGHT)
         self.gather_capacity = check_capacity(gather_capacity)
         self._gatherer = RowGatherer(self.gather_capacity,
-                                     f'{type(self).__name__} features')
+                                     'features')
         #: Every rank's slot header of the last gather (device, int64).
         self._last_headers: Optional[Tensor] = None
         #: Device scalar (float32) of the last forward: why the term was

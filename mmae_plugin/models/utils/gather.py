@@ -240,8 +240,9 @@ def agree_layout(headers: Sequence[Sequence[int]],
     if capacity is None and most == 0:
         return None
     dims = int(first[ROW_DIMS])
+    row_shape = tuple(int(w) for w in first[SHAPE:SHAPE + dims])
     return RowLayout(capacity=most if capacity is None else capacity,
-                     row_shape=tuple(int(w) for w in first[SHAPE:SHAPE + dims]),
+                     row_shape=row_shape,
                      dtype=SLOT_DTYPES[int(first[DTYPE]) - 1])
 
 
