@@ -7,14 +7,26 @@ import os
 import os.path as osp
 import re
 import subprocess
+from typing import List, Tuple
 
 import pytest
 
-STAGES = ['environment', 'install', 'images', 'cuda_tests', 'bench_gpu',
-          'dist_train']
+STAGES = ['environment', 'install', 'images', 'cuda_tests', 'dist_train',
+          'bench_gpu']
 OUT_FILES = {'gpu_check.json', 'gpu_check.md', 'bench_gpu.json',
-             'environment.txt', 'install.log', 'cuda_tests.log',
+             'dist_train.json', 'install.log', 'cuda_tests.log',
              'bench_gpu.log', 'dist_train.log'}
+#: Seconds of one `run` call (tools/gpu_check.sh's head: 15 min of device
+#: time less the start, transfers and a rerun; at most 600 s a command).
+DEVICE_BUDGET_S = 560
+REPORT_RESERVE_S = 15
+
+
+def stage_limits(repo_root: str) -> List[Tuple[str, int]]:
+    """``run_stage NAME SECONDS`` of the script, in order."""
+    text = open(osp.join(repo_root, 'tools', 'gpu_check.sh')).read()
+    return [(name, int(limit)) for name, limit in
+            re.findall(r'^run_stage (\w+) (\d+)$', text, flags=re.M)]
 
 
 def cuda_marked_tests(repo_root: str) -> int:
@@ -115,6 +127,40 @@ def test_dry_run_markdown_summary(dry_run):
     assert 'CUDA tests: 0 passed, 0 failed' in text
     assert '| float32 | M-MAE |' in text
     assert '## dist_train.sh (1 process, resumed)' in text
+
+
+def test_stage_order_and_limits_fit_the_device_budget(repo_root):
+    """dist_train before the benchmark; the limits sum to the budget."""
+    limits = stage_limits(repo_root)
+    assert [name for name, _ in limits] == STAGES
+    assert dict(limits)['environment'] == 60
+    text = open(osp.join(repo_root, 'tools', 'gpu_check.sh')).read()
+    assert f'DEVICE_BUDGET={DEVICE_BUDGET_S}' in text
+    assert f'REPORT_RESERVE={REPORT_RESERVE_S}' in text
+    assert sum(limit for _, limit in limits) + REPORT_RESERVE_S == \
+        DEVICE_BUDGET_S
+    # One `run` command is at most 600 s; a stage overrunning its limit is
+    # killed 10 s later (timeout -k 10).
+    assert DEVICE_BUDGET_S + 10 < 600
+
+
+def test_cuda_tests_have_a_per_test_timeout(repo_root):
+    text = open(osp.join(repo_root, 'tools', 'gpu_check.sh')).read()
+    assert 'limits=(--timeout "$GC_TEST_TIMEOUT" -o timeout_method=thread)' \
+        in text
+    assert 'GC_TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT_S:-45}"' in text
+
+
+def test_dry_run_checks_distutils_first_and_keeps_the_environment(dry_run):
+    """The environment stage's output is in gpu_check.json (no file of its
+    own), its first line the distutils check."""
+    _, out = dry_run
+    report = json.load(open(osp.join(out, 'gpu_check.json')))
+    assert report['environment'][0] == 'distutils.errors: importable'
+    assert report['distutils_importable'] is True
+    assert any(line.startswith('torch ') for line in report['environment'])
+    dist = json.load(open(osp.join(out, 'dist_train.json')))
+    assert [len(run['losses']) for run in dist['runs']] == [4, 4]
 
 
 def test_unknown_argument_is_refused(repo_root):

@@ -1,5 +1,7 @@
 """Throughput components: the batched-flip data preprocessor and the GPU
 benchmark's CPU smoke run."""
+import statistics
+
 import pytest
 import torch
 from mmengine.registry import init_default_scope
@@ -85,11 +87,12 @@ def test_bad_arguments_fail_at_build(kwargs, match):
 
 
 def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
-    """bench_gpu.py --device cpu runs each model in its own process on the
-    GPU code path (synthetic host batch, dataloader over a PIL-written
-    folder, FlopCounterMode, the regulariser on the global batch with
-    stand-in rows) and writes complete JSON and Markdown. The ViT-B is
-    shrunk (ViT-tiny, 32 x 32 images, 1 decoder layer) to keep it short."""
+    """bench_gpu.py --device cpu runs both models in one process on the
+    GPU code path (synthetic host batch, alternating rounds, dataloader over
+    a PIL-written folder, FlopCounterMode, the regulariser on the global
+    batch with stand-in rows and alone at the gathered size) and writes
+    complete JSON and Markdown. The ViT-B is shrunk (ViT-tiny, 32 x 32
+    images, 1 decoder layer) to keep it short."""
     import json
     import subprocess
     import sys
@@ -127,6 +130,11 @@ def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
         assert case['flops']['vit_b_recipe'] is False
         assert case['loader_fed']['steps'] == 2
         assert case['loader_fed']['images_per_s'] > 0
+        # 3 alternating rounds (the default) of 2 steps each.
+        assert [r['round'] for r in case['rounds']] == [0, 1, 2]
+        assert all(r['steps'] == 2 for r in case['rounds'])
+        assert case['step_ms']['min'] <= case['step_ms']['median'] <= \
+            case['step_ms']['max']
     mmae = cases['M-MAE']
     # Global batch 4 x 2 = 8 rows: 2 real, 6 standing in for other ranks.
     assert (mmae['regularised_rows'], mmae['stand_in_rows']) == (8, 6)
@@ -135,5 +143,12 @@ def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
     assert 'regulariser' not in cases['MAE']
     assert block['mmae_over_mae_step_ratio'] > 0
     assert block['regulariser_ms'] > 0 and 'goals' not in block
+    assert len(block['step_ratio_per_round']) == block['rounds'] == 3
+    low, high = block['step_ratio_interval_95']
+    assert low <= statistics.fmean(block['step_ratio_per_round']) <= high
+    # The regulariser alone at the gathered size (8 rows x ViT-tiny's 192).
+    assert block['regulariser_gathered_shape'] == [8, 192]
+    assert mmae['regulariser_gathered']['gather'] == 'local'
+    assert block['regulariser_gathered_ms'] > 0
     text = summary.read_text()
     assert '| float32 | M-MAE |' in text and 'Dataloader alone' in text

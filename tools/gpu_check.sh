@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# The prepared GPU check: one command, at most 8 minutes on one H200 with
-# the machine's own torch (2.11, Python 3.12) and no network.
+# The prepared GPU check: one command, at most 560 s on one H200 with the
+# machine's own torch (2.11, Python 3.12) and no network.
+#
+# Device budget (/work/.library/device/README.md): 15 minutes of device time
+# per task, all calls together, counted from the machine's start (1-2 min)
+# to its return (30 s warm after a call), and at most 10 minutes a command.
+# 900 s - ~120 s start - ~40 s transfers and warm tail leaves ~740 s; one
+# call of this script, `run` with timeout_s=600, uses 560 s of it (the
+# stages' limits, 545 s, plus 15 s for the report), which leaves ~180 s for
+# an immediate rerun of one stage (GPU_CHECK_STAGES, same warm machine).
 #
 # Usage: bash tools/gpu_check.sh [--dry-run]
 #   --dry-run (or GPU_CHECK_DRY_RUN=1): the same stages on the CPU with tiny
@@ -9,6 +17,8 @@
 # Environment:
 #   OUT               where the results go (default: a new temporary folder,
 #                     printed at the end); at most 8 files, each <= 4 MiB
+#                     (the device tool brings back 8 files: the environment
+#                     is in gpu_check.json, not a file of its own)
 #   PYTHON            interpreter (default python3, the one holding torch)
 #   GPU_CHECK_WHEELS  wheel folder (default <repo>/.whl, filled on a machine
 #                     with network by tools/gpu_wheels.sh)
@@ -16,29 +26,42 @@
 #                     a temporary folder in a dry run)
 #   GPU_CHECK_STAGES  only these stages, e.g. 'install bench_gpu' for a rerun
 #                     (default: all; later stages need install and images)
-#   GPU_CHECK_BUDGET_S  seconds for everything (default 470; 1500 in a dry
-#                     run, whose stage timeouts are 3x the device ones: no
-#                     device time is at stake and a shared CPU can be slow)
+#   GPU_CHECK_BUDGET_S  seconds for everything (default 560, what the stage
+#                     limits sum to plus the report's 15 s; 3x in a dry run,
+#                     whose stage timeouts are 3x the device ones: no device
+#                     time is at stake and a shared CPU can be slow)
+#   GPU_CHECK_TEST_TIMEOUT_S  per-test limit of the CUDA tests (default 45;
+#                     pytest-timeout's thread method, which also ends a hung
+#                     NCCL or CUDA call; without pytest-timeout, none)
 #
-# Stages, each with its own timeout (cut to what is left of the budget);
-# a stage that fails or times out is recorded and the next one runs:
-#   environment  nvidia-smi, python, torch, CUDA, the packages found
-#   install      pip install --no-index --no-deps the carried wheels into
+# Stages in this order, each with its own timeout (seconds on the device;
+# cut to what is left of the budget); a stage that fails or times out is
+# recorded and the next one runs:
+#   environment  60: `import distutils.errors` first (mmengine's collect_env
+#                needs it; Python 3.12 has it only from setuptools in the
+#                interpreter's own site-packages, and the training runs would
+#                fail at start), then nvidia-smi, python, torch (a fresh VM's
+#                first import and CUDA init), the packages found
+#   install      45: pip install --no-index --no-deps the carried wheels into
 #                GPU_CHECK_SITE; the plugin from the working tree (PYTHONPATH)
-#   images       a synthetic image folder (PIL-written JPEG and PNG)
-#   cuda_tests   MMAE_TEST_CUDA=1 pytest -m cuda on the test files that
-#                carry the marker (tests/test_cuda.py); in a dry run they
-#                are collected and skipped
-#   bench_gpu    tools/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16 in
-#                bfloat16 and float16, each in its own process
-#   dist_train   tools/dist_train.sh configs/mmae_vit-base_200e.py 1 on the
+#   images       30: a synthetic image folder (PIL-written JPEG and PNG)
+#   cuda_tests   90: MMAE_TEST_CUDA=1 pytest -m cuda on the test files that
+#                carry the marker (tests/test_cuda.py, ...), each test
+#                limited to GPU_CHECK_TEST_TIMEOUT_S; in a dry run they are
+#                collected and skipped
+#   dist_train   150: tools/dist_train.sh configs/mmae_vit-base_200e.py 1 on the
 #                synthetic images: 1 epoch (25 iterations of 128), then a
 #                resumed run to epoch 2 (50 iterations in all); checks that
 #                the second run resumed at iteration 25 and that every loss
-#                is finite with the regulariser applied
-# Results in $OUT: gpu_check.json (every stage and its figures),
-# gpu_check.md (summary), bench_gpu.json, environment.txt and the logs of
-# install, cuda_tests, bench_gpu and dist_train.
+#                is finite with the regulariser applied; before the
+#                benchmark, so that it always has its full limit
+#   bench_gpu    170: tools/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16
+#                in bfloat16 and float16, alternating rounds in one process
+#                per dtype; last, as it saves its JSON after every case
+# Results in $OUT (8 files): gpu_check.json (every stage and its figures,
+# the environment stage's output), gpu_check.md (summary), bench_gpu.json,
+# dist_train.json (per-iteration figures) and the logs of install,
+# cuda_tests, bench_gpu and dist_train.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -60,6 +83,17 @@ fi
 # Run as `gpu_check.sh --stage NAME` under `timeout`, with the settings the
 # main part exported (GC_*).
 stage_environment() {
+  # First, before anything slow: the training runs' first call
+  # (mmengine's collect_env) imports distutils.
+  local distutils=0
+  if "$PYTHON" -c 'import distutils.errors' 2>/dev/null; then
+    echo "distutils.errors: importable"
+  else
+    distutils=1
+    echo "distutils.errors: NOT importable: mmengine's collect_env, at the" \
+      "start of every training run, will fail (Python >= 3.12 needs" \
+      "setuptools in the interpreter's own site-packages)"
+  fi
   echo "date: $(date -u +%FT%TZ)"
   echo "host: $(uname -a)"
   echo "cpus: $(nproc)"
@@ -87,6 +121,7 @@ for name in ('numpy', 'torchvision', 'setuptools', 'pillow',
     except md.PackageNotFoundError:
         print(name, 'not installed')
 EOF
+  return $distutils
 }
 
 stage_install() {
@@ -138,19 +173,32 @@ stage_cuda_tests() {
   if [ -z "$files" ]; then echo "no test file carries the cuda marker"; exit 1; fi
   echo "files: $files"
   # shellcheck disable=SC2086
-  (cd "$ROOT" && MMAE_TEST_CUDA=1 "$PYTHON" -m pytest -m cuda -q -rfEs \
-    -p no:cacheprovider --junitxml="$GC_TMP/cuda_tests.xml" $files)
+  # A per-test limit, so that one hung test (an NCCL collective, a CUDA
+  # call) ends after GC_TEST_TIMEOUT s, not at the stage's limit. The thread
+  # method ends the whole pytest (its JUnit file is then missing; -v names
+  # the test that hung in the log).
+  local limits=()
+  if "$PYTHON" -c 'import pytest_timeout' 2>/dev/null; then
+    limits=(--timeout "$GC_TEST_TIMEOUT" -o timeout_method=thread)
+    echo "per-test timeout: ${GC_TEST_TIMEOUT} s (pytest-timeout, thread method)"
+  else
+    echo "per-test timeout: none (pytest-timeout is not installed)"
+  fi
+  # shellcheck disable=SC2086
+  (cd "$ROOT" && MMAE_TEST_CUDA=1 "$PYTHON" -m pytest -m cuda -v -rfEs \
+    -p no:cacheprovider "${limits[@]}" \
+    --junitxml="$GC_TMP/cuda_tests.xml" $files)
 }
 
 stage_bench_gpu() {
   local args=(--folder "$GC_IMAGES" --out "$GC_TMP/bench_gpu.json"
               --markdown "$GC_TMP/bench_gpu.md")
   if [ "$GC_DRY" = 1 ]; then
-    args+=(--device cpu --iters 1 --warmup 1 --loader-iters 1 --reg-reps 1
-           --image-size 32 --cfg-options "${GC_SHRINK[@]}")
+    args+=(--device cpu --rounds 3 --iters 1 --warmup 1 --loader-iters 1
+           --reg-reps 1 --image-size 32 --cfg-options "${GC_SHRINK[@]}")
   else
-    args+=(--dtypes bfloat16 float16 --iters 30 --warmup 5 --loader-iters 15
-           --reg-reps 50 --case-timeout 100)
+    args+=(--dtypes bfloat16 float16 --rounds 3 --iters 100 --warmup 10
+           --loader-iters 15 --reg-reps 100 --case-timeout 80)
   fi
   (cd "$ROOT" && "$PYTHON" tools/benchmarks/bench_gpu.py "${args[@]}")
 }
@@ -286,15 +334,20 @@ else
   export GC_SITE="${GPU_CHECK_SITE:-/tmp/site}"
   export GC_IMAGE_COUNT=3200  # 25 iterations of 128 per epoch
 fi
+export GC_TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT_S:-45}"
 export GC_IMAGES="$GC_TMP/images"
 # ViT-B/16 shrunk to ViT-tiny at 32 x 32 (4 patches), 1 decoder layer.
 export GC_SHRINK_TEXT="model.backbone.arch=deit-tiny model.backbone.img_size=32 model.neck.num_patches=4 model.neck.embed_dim=192 model.neck.decoder_embed_dim=32 model.neck.decoder_depth=1 model.neck.decoder_num_heads=2"
 export GC_PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# The stage limits (run_stage below, device seconds) sum to 545 s; with
+# the report's 15 s that is the device budget of 560 s (see the top).
+DEVICE_BUDGET=560
 if [ "$GC_DRY" = 1 ]; then
-  BUDGET="${GPU_CHECK_BUDGET_S:-1500}"; SCALE=3
+  SCALE=3
 else
-  BUDGET="${GPU_CHECK_BUDGET_S:-470}"; SCALE=1
+  SCALE=1
 fi
+BUDGET="${GPU_CHECK_BUDGET_S:-$((DEVICE_BUDGET * SCALE))}"
 START=$(date +%s)
 REPORT_RESERVE=15
 STAGES="$GC_TMP/stages.jsonl"
@@ -331,16 +384,18 @@ run_stage() {
   echo "[gpu_check] $name: $status (rc $rc)"
 }
 
-run_stage environment 30
-run_stage install 60
+run_stage environment 60
+run_stage install 45
 # The carried stack first on the path, when it was installed.
 if grep -q '"name": "install", "status": "passed"' "$STAGES"; then
   export GC_PYTHONPATH="$GC_SITE:$GC_PYTHONPATH"
 fi
-run_stage images 40
-run_stage cuda_tests 110
-run_stage bench_gpu 190
+run_stage images 30
+run_stage cuda_tests 90
+# Training and its resume before the benchmark, which saves what it has
+# measured after every case and so loses least if the budget runs out.
 run_stage dist_train 150
+run_stage bench_gpu 170
 
 # ------------------------------------------------------------------ report
 PYTHONPATH="$GC_PYTHONPATH" "$PYTHON" - "$GC_TMP" "$OUT" "$GC_DRY" "$BUDGET" "$START" <<'EOF'
@@ -383,9 +438,25 @@ report = dict(mode='dry-run (CPU)' if dry else 'device',
               budget_s=budget, total_s=time.time() - start, stages=stages)
 env_log = osp.join(tmp, 'environment.log')
 if osp.exists(env_log):
-    report['environment'] = open(env_log, errors='replace').read()[-4000:]
+    # The environment stage's output in the JSON: the device tool brings
+    # back 8 files, and dist_train.json is worth the eighth.
+    text = open(env_log, errors='replace').read()[-20000:]
+    report['environment'] = text.splitlines()
+    report['distutils_importable'] = \
+        'distutils.errors: importable' in text
 
 junit = osp.join(tmp, 'cuda_tests.xml')
+tests_log = osp.join(tmp, 'cuda_tests.log')
+if not osp.exists(junit) and osp.exists(tests_log):
+    # pytest-timeout's thread method ended pytest before its JUnit file:
+    # the last test -v started is the one that hung.
+    lines = open(tests_log, errors='replace').read().splitlines()
+    started = [l.split(' ')[0] for l in lines
+               if l.startswith('tests/') and '::' in l]
+    report['cuda_tests'] = dict(
+        junit_missing=True,
+        timed_out=any('Timeout' in l for l in lines),
+        last_started=started[-1] if started else None)
 if osp.exists(junit):
     suites = ET.parse(junit).getroot()
     suite = suites if suites.tag == 'testsuite' else suites[0]
@@ -405,6 +476,8 @@ if bench is not None:
     report['bench_gpu_failed_cases'] = bench['failed_cases']
 dist = load(osp.join(tmp, 'dist_train.json'))
 if dist is not None:
+    shutil.copy(osp.join(tmp, 'dist_train.json'),
+                osp.join(out, 'dist_train.json'))
     report['dist_train'] = {k: v for k, v in dist.items() if k != 'runs'}
     report['dist_train']['runs'] = [
         {k: r[k] for k in ('folder', 'iterations', 'resumed', 'memory_mb')}
@@ -425,11 +498,19 @@ lines = [f'# GPU check ({report["mode"]}), {report["date"]}', '',
          '| stage | status | seconds | timeout s |', '| --- | --- | --- | --- |']
 lines += [f'| {s["name"]} | {s["status"]} | {float(s["seconds"]):.0f} | '
           f'{s["timeout_s"]} |' for s in stages]
-if 'cuda_tests' in report:
+if report.get('cuda_tests', {}).get('junit_missing'):
+    t = report['cuda_tests']
+    lines += ['', 'CUDA tests: pytest ended without its JUnit file'
+              f'{" after a per-test timeout" if t["timed_out"] else ""}; '
+              f'last test started: `{t["last_started"]}` (cuda_tests.log).']
+elif 'cuda_tests' in report:
     t = report['cuda_tests']
     lines += ['', f'CUDA tests: {t["passed"]} passed, {len(t["failed"])} '
               f'failed, {t["skipped"]} skipped of {t["total"]}.']
     lines += [f'- failed: `{name}`' for name in t['failed']]
+if not report.get('distutils_importable', True):
+    lines += ['', '**distutils.errors is not importable**: training runs '
+              'fail in mmengine\'s collect_env (see the environment stage).']
 if osp.exists(osp.join(tmp, 'bench_gpu.md')):
     body = open(osp.join(tmp, 'bench_gpu.md')).read().split('\n', 1)[1]
     lines += ['', '## bench_gpu.py', body.strip()]
@@ -448,10 +529,8 @@ if dist is not None:
     lines += [f'- problem: {p}' for p in d['problems']]
 with open(osp.join(out, 'gpu_check.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
-for name in ('environment', 'install', 'cuda_tests', 'bench_gpu',
-             'dist_train'):
-    dest = 'environment.txt' if name == 'environment' else f'{name}.log'
-    copy_tail(f'{name}.log', dest)
+for name in ('install', 'cuda_tests', 'bench_gpu', 'dist_train'):
+    copy_tail(f'{name}.log', f'{name}.log')
 print('\n'.join(lines))
 EOF
 echo "[gpu_check] results in $OUT: $(ls "$OUT" | tr '\n' ' ')"

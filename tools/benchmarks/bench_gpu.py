@@ -1,14 +1,21 @@
 """ViT-B/16 M-MAE against MAE on GPUs: what a GPU user needs to know.
 
-For each AMP dtype (bfloat16 and float16 by default) and each model
-(``configs/mae_vit-base_200e.py``, ``configs/mmae_vit-base_200e.py``), one
-fresh process (a ``torch.distributed.run`` of W processes when W GPUs are
-visible) builds the config's model and optimizer wrapper and measures:
+For each AMP dtype (bfloat16 and float16 by default), one fresh process
+(a ``torch.distributed.run`` of W processes when W GPUs are visible) builds
+both models (``configs/mae_vit-base_200e.py``,
+``configs/mmae_vit-base_200e.py``) with their optimizer wrappers and
+measures:
 
 * the full ``train_step`` (uint8 images on the host -> preprocessor ->
-  forward -> backward -> AdamW) at the config's per-GPU batch of 128:
-  median step time (CUDA events), images/s and peak GPU memory. Each model
-  has its own process, so the peak is its own and not the sum of both;
+  forward -> backward -> AdamW) at the config's per-GPU batch of 128, in
+  ``--rounds`` (default 3) alternating rounds of ``--iters`` (default 100)
+  steps per model: MAE, M-MAE; M-MAE, MAE; MAE, M-MAE... back to back in
+  the same process, so the M-MAE/MAE step ratio is taken per round (same
+  clocks, same allocator state) and reported with its spread and a 95 %
+  t-interval over the rounds. Step times come from CUDA events; a round's
+  figure is its median step. Peak GPU memory is per model's rounds, with
+  the other model's parameters and optimizer state resident
+  (``resident_gib``);
 * the FLOPs of one forward + backward counted by
   ``torch.utils.flop_counter.FlopCounterMode``, next to a closed form from
   the model's shapes (about 56-58 GFLOP per image at ViT-B/16 with the
@@ -18,8 +25,9 @@ visible) builds the config's model and optimizer wrapper and measures:
 * the step fed by a real mmengine dataloader (the recipe's ``train_dataloader``
   settings and pipeline over mmpretrain's ``CustomDataset``) reading a
   folder of PIL-written JPEG and PNG images made on the spot;
-* for M-MAE, the regulariser alone (forward + backward, CUDA events) on the
-  global batch, 1024 x 768 at ViT-B.
+* for M-MAE, the regulariser alone (forward + backward, CUDA events): as in
+  the step (with its gather across the W ranks), and on its own at the
+  gathered size (1024 x 768 at ViT-B, no collective), with quartiles.
 
 M-MAE regularises the global batch (8 x 128 = 1024 rows in the recipe),
 gathered across ranks. With W visible GPUs the W processes gather for real
@@ -29,9 +37,10 @@ the regulariser in the step has the recipe's 1024 x 768 shape and cost even
 on one GPU; only the communication of the missing ranks is absent.
 ``--global-batch 0`` regularises just the rows of the ranks present.
 
-The parent process writes the folder, runs the cases (the first one also
-measures the dataloader alone, before it builds its model) and writes one
-JSON file (and ``--markdown``, a summary table).
+The parent process writes the folder, runs one process per dtype (the
+first one also measures the dataloader alone, before it builds the models)
+and writes one JSON file, after every dtype (and ``--markdown``, a summary
+table).
 The M-MAE/MAE step ratio, the regulariser's ms per step, MAE images/s and
 the MFU are compared with the goals of the GPU work (``goals`` in the JSON).
 
@@ -116,10 +125,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='processes per case (default: the visible '
                         'GPUs on cuda, 1 on cpu); > 1 runs each case under '
                         'torch.distributed.run (NCCL, or gloo on cpu)')
+    parser.add_argument('--rounds', type=int, default=3,
+                        help='alternating rounds of --iters steps per case '
+                        '(default 3)')
     parser.add_argument('--iters', type=int, default=None,
-                        help='timed steps per case (default 30 cuda, 2 cpu)')
+                        help='timed steps per case and round (default 100 '
+                        'cuda, 2 cpu)')
     parser.add_argument('--warmup', type=int, default=None,
-                        help='untimed steps first (default 5 cuda, 1 cpu)')
+                        help='untimed steps per case first (default 10 '
+                        'cuda, 1 cpu)')
     parser.add_argument('--loader-iters', type=int, default=None,
                         help='timed dataloader-fed steps (default 20 cuda, '
                         '2 cpu; 0 skips them)')
@@ -139,12 +153,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='training crop (RandomResizedCrop scale) and '
                         'synthetic-batch side')
     parser.add_argument('--reg-reps', type=int, default=None,
-                        help='timed regulariser calls (default 50 cuda, 3 cpu)')
+                        help='timed regulariser calls (default 100 cuda, 3 '
+                        'cpu)')
     parser.add_argument('--peak-tflops', type=float, default=None,
                         help='dense peak for the MFU (default: the '
                         "datasheet's for the GPU's name)")
     parser.add_argument('--case-timeout', type=float, default=300,
-                        help='seconds per case process before it is killed')
+                        help="seconds per dtype's process (both cases) "
+                        'before it is killed')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction, default={},
         help='overrides of both ViT-B configs (the smoke test shrinks the '
@@ -180,9 +196,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             f'--global-batch {args.global_batch}: must be 0 or a multiple of '
             f'--nproc {args.nproc} that is at least nproc x batch = '
             f'{args.nproc * args.batch}')
-    defaults = dict(iters=(30, 2), warmup=(5, 1), loader_iters=(20, 2),
+    if args.rounds < 1:
+        parser.error(f'--rounds {args.rounds}: at least 1')
+    defaults = dict(iters=(100, 2), warmup=(10, 1), loader_iters=(20, 2),
                     num_workers=(None, 0), folder_images=(1024, 8),
-                    reg_reps=(50, 3))
+                    reg_reps=(100, 3))
     for key, (on_cuda, on_cpu) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, on_cuda if cuda else on_cpu)
@@ -305,6 +323,11 @@ def build_loader(loader_cfg: dict):
     from mmengine.registry import init_default_scope
     from mmengine.runner import Runner
     init_default_scope('mmpretrain')
+    # mmengine passes every key of collate_fn to the function, the _scope_
+    # of the mmpretrain:: bases too (the plugin's runners drop it).
+    loader_cfg = copy.deepcopy(loader_cfg)
+    if isinstance(loader_cfg.get('collate_fn'), dict):
+        loader_cfg['collate_fn'].pop('_scope_', None)
     return Runner.build_dataloader(loader_cfg, seed=0)
 
 
@@ -523,27 +546,43 @@ def stand_in_rows(model, rows: int, device: str) -> None:
     model.pool = pool_with_stand_ins
 
 
-def regulariser_timing(model, rows: int, dim: int, device: str,
+def regulariser_timing(regularizer, rows: int, dim: int, device: str,
                        reps: int) -> Dict:
-    """Forward + backward of the regulariser alone on (rows, dim) features
-    per rank (float32, what the encoder's final norm gives under AMP),
-    gathered across the ranks as in the step."""
+    """Forward + backward of a regulariser alone on (rows, dim) features
+    (float32, what the encoder's final norm gives under AMP); with its
+    ``gather`` as configured, across the ranks as in the step.
+
+    Returns:
+        Median, quartiles, min and max ms over ``reps`` calls (after 3).
+    """
     generator = torch.Generator().manual_seed(2)
     features = torch.randn(rows, dim, generator=generator).to(device)
     features.requires_grad_(True)
 
     def step():
-        model.regularizer(features).backward()
+        regularizer(features).backward()
         features.grad = None
 
     for _ in range(3):
         step()
     times, _ = timed_steps(step, reps, device)
-    skipped = int(model.regularizer.skip_code)  # after timing: one read
-    return dict(rows_per_rank=rows, dim=dim,
-                median_ms=statistics.median(times) * 1e3,
-                min_ms=min(times) * 1e3, reps=reps, skip_code=skipped,
-                gather=model.regularizer.gather)
+    skipped = int(regularizer.skip_code)  # after timing: one read
+    ms = sorted(t * 1e3 for t in times)
+    return dict(rows_per_rank=rows, dim=dim, median_ms=statistics.median(ms),
+                quartiles_ms=[ms[len(ms) // 4], ms[(3 * len(ms)) // 4]],
+                min_ms=ms[0], max_ms=ms[-1], reps=reps, skip_code=skipped,
+                gather=regularizer.gather)
+
+
+def gathered_regulariser_timing(model, rows: int, device: str,
+                                reps: int) -> Dict:
+    """The regulariser on its own at the gathered size (rows x embed dims,
+    1024 x 768 for the ViT-B recipe): a copy with ``gather='local'``, so no
+    collective is timed, only the arithmetic every rank repeats."""
+    local = copy.deepcopy(model.regularizer)
+    local.gather = 'local'
+    return regulariser_timing(local, rows, model.backbone.embed_dims, device,
+                              reps)
 
 
 def init_distributed(device: str) -> Tuple[int, int, int]:
@@ -563,45 +602,18 @@ def init_distributed(device: str) -> Tuple[int, int, int]:
     return dist.get_rank(), world, local_rank
 
 
-def run_case(spec: dict) -> Dict:
-    """One model at one dtype in this process (see the module docstring).
-
-    Args:
-        spec: The parent's settings: case, dtype, device, batch, global
-            batch, iters, warmup, loader settings, cfg_options...
+def build_case(case: str, spec: dict, data: dict, rank: int, world: int,
+               local_rank: int) -> Dict:
+    """One model of the comparison: built, FLOPs counted, wrapped in DDP.
 
     Returns:
-        This rank's measurements.
+        ``model``, ``trained`` (DDP or the model), ``wrapper``, ``cfg`` and
+        ``info`` (what goes into the JSON).
     """
-    device, dtype = spec['device'], spec['dtype']
-    rank, world, local_rank = init_distributed(device)
-    sys.path.insert(0, REPO)
-    import mmae_plugin  # noqa: F401
     from mmengine.optim import build_optim_wrapper
-    from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
-    init_default_scope('mmpretrain')
-    result = dict(case=spec['case'], dtype=dtype, rank=rank,
-                  world_size=world)
-    cfg = load_config(spec['case'], spec['cfg_options'])
-    if spec.get('measure_loader'):
-        # The input pipeline on its own, before this process uses the GPU;
-        # the sampler gives each rank 1 / world of the epoch.
-        batches = max(2, spec['loader_iters'])
-        result['dataloader_alone'] = measure_loader(
-            dataloader_config(cfg, spec['folder'], spec['batch'],
-                              spec['num_workers'], spec['image_size'],
-                              spec['batch'] * world * (batches + 2)), batches)
-        result['dataloader_alone']['ranks'] = world  # images/s of one rank
-    if device == 'cuda':
-        result['gpu'] = torch.cuda.get_device_name()
-        result['capability'] = list(torch.cuda.get_device_capability())
-        if dtype == 'bfloat16' and not torch.cuda.is_bf16_supported():
-            result['skipped'] = 'this GPU has no bfloat16'
-            return result
-        if spec.get('measure_matmul') and dtype != 'float32':
-            result['matmul_flops'] = measured_matmul_peak(
-                getattr(torch, dtype))
+    device, dtype, batch = spec['device'], spec['dtype'], spec['batch']
+    cfg = load_config(case, spec['cfg_options'])
     torch.manual_seed(rank)
     model = MODELS.build(cfg.model)
     model.init_weights()
@@ -609,30 +621,30 @@ def run_case(spec: dict) -> Dict:
     model.train()
     wrapper = build_optim_wrapper(
         model, optim_wrapper_config(cfg, device, dtype))
-    batch = spec['batch']
-    regularised = getattr(model, 'regularizer', None) is not None
-    if regularised:
+    info = dict(case=case, dtype=dtype, rank=rank, world_size=world,
+                config=CONFIGS[case], batch_per_rank=batch,
+                optim_wrapper=type(wrapper).__name__,
+                amp_dtype=str(getattr(wrapper, 'cast_dtype', None)),
+                loss_scaler=type(getattr(wrapper, 'loss_scaler', None))
+                .__name__ if hasattr(wrapper, 'loss_scaler') else None,
+                param_groups=len(wrapper.optimizer.param_groups))
+    if getattr(model, 'regularizer', None) is not None:
         per_rank = spec['global_batch'] // world if spec['global_batch'] \
             else batch
         stand_in_rows(model, per_rank - batch, device)
-        result['regularised_rows'] = per_rank * world
-        result['stand_in_rows'] = (per_rank - batch) * world
-    size = spec['image_size']
-    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
-    if device == 'cuda':
-        images = images.pin_memory()
-    data = dict(inputs=images, data_samples=[])
+        info['regularised_rows'] = per_rank * world
+        info['stand_in_rows'] = (per_rank - batch) * world
+        info['regularised_rows_per_rank'] = per_rank
     flops = counted_flops(model, wrapper, data)
     analytic = analytic_flops_per_image(model)
-    result['flops'] = dict(
+    info['flops'] = dict(
         counted_per_image=flops['total'] / batch,
         analytic_per_image=analytic['forward_backward'],
         counted_over_analytic=flops['total'] / batch /
         analytic['forward_backward'],
-        vit_b_recipe=is_vit_b_recipe(model),
-        largest_ops=flops['ops'])
-    if result['flops']['vit_b_recipe']:
-        result['flops']['counted_over_issue_estimate'] = \
+        vit_b_recipe=is_vit_b_recipe(model), largest_ops=flops['ops'])
+    if info['flops']['vit_b_recipe']:
+        info['flops']['counted_over_issue_estimate'] = \
             flops['total'] / batch / (VIT_B_REFERENCE_GFLOP * 1e9)
     trained = model
     if world > 1:
@@ -640,33 +652,51 @@ def run_case(spec: dict) -> Dict:
         trained = MMDistributedDataParallel(
             module=model, broadcast_buffers=False,
             device_ids=[local_rank] if device == 'cuda' else None)
-    for _ in range(spec['warmup']):
-        trained.train_step(data, wrapper)
-    synchronize(device)
-    if device == 'cuda':
-        torch.cuda.reset_peak_memory_stats()
-    times, wall = timed_steps(lambda: trained.train_step(data, wrapper),
-                              spec['iters'], device)
-    median = statistics.median(times)
+    return dict(model=model, trained=trained, wrapper=wrapper, cfg=cfg,
+                info=info, rounds=[], peak=0.0)
+
+
+def alternating_rounds(built: Dict[str, Dict], data: dict,
+                       spec: dict) -> None:
+    """``spec['rounds']`` rounds of ``spec['iters']`` steps per case in one
+    process, the case order reversed every other round (A B, B A, A B...),
+    so drift (clocks, temperature, allocator) falls on both cases alike.
+    Each case's rounds and peak memory are appended to its entry."""
+    device, names = spec['device'], list(built)
+    for index in range(spec['rounds']):
+        for name in names if index % 2 == 0 else names[::-1]:
+            case = built[name]
+            if device == 'cuda':
+                torch.cuda.reset_peak_memory_stats()
+            times, wall = timed_steps(
+                lambda: case['trained'].train_step(data, case['wrapper']),
+                spec['iters'], device)
+            case['rounds'].append(dict(
+                round=index, median_ms=statistics.median(times) * 1e3,
+                mean_ms=statistics.fmean(times) * 1e3,
+                min_ms=min(times) * 1e3, max_ms=max(times) * 1e3,
+                steps=len(times),
+                wall_images_per_s=spec['batch'] * len(times) / wall))
+            if device == 'cuda':
+                case['peak'] = max(case['peak'],
+                                   torch.cuda.max_memory_allocated() / 2**30)
+
+
+def case_result(case: Dict, spec: dict) -> Dict:
+    """A case's JSON: its info, rounds, median step over the rounds'
+    medians and their spread."""
+    result = dict(case['info'])
+    medians = [r['median_ms'] for r in case['rounds']]
     result.update(
-        config=CONFIGS[spec['case']], batch_per_rank=batch,
-        optim_wrapper=type(wrapper).__name__,
-        amp_dtype=str(getattr(wrapper, 'cast_dtype', None)),
-        loss_scaler=type(getattr(wrapper, 'loss_scaler', None)).__name__
-        if hasattr(wrapper, 'loss_scaler') else None,
-        param_groups=len(wrapper.optimizer.param_groups),
-        step_ms=dict(median=median * 1e3, min=min(times) * 1e3,
-                     max=max(times) * 1e3),
-        steps=len(times), wall_images_per_s=batch * len(times) / wall)
-    if device == 'cuda':
-        result['peak_memory_gib'] = torch.cuda.max_memory_allocated() / 2**30
-    if spec['loader_iters'] > 0:
-        result['loader_fed'] = loader_fed_steps(cfg, spec, trained, wrapper,
-                                                world)
-    if regularised:
-        result['regulariser'] = regulariser_timing(
-            model, per_rank, model.backbone.embed_dims, device,
-            spec['reg_reps'])
+        rounds=case['rounds'],
+        step_ms=dict(median=statistics.median(medians), min=min(medians),
+                     max=max(medians),
+                     spread=(max(medians) - min(medians)) /
+                     statistics.median(medians)),
+        steps=sum(r['steps'] for r in case['rounds']))
+    if spec['device'] == 'cuda':
+        result['peak_memory_gib'] = case['peak']
+        result['resident_gib'] = case.get('resident', 0.0)
     return result
 
 
@@ -686,11 +716,81 @@ def loader_fed_steps(cfg, spec: dict, trained, wrapper, world: int) -> Dict:
                 images_per_s=spec['batch'] * world * len(times) / wall)
 
 
+def run_dtype(spec: dict) -> Dict:
+    """Every case at one AMP dtype in this process (module docstring).
+
+    Args:
+        spec: The parent's settings: cases, dtype, device, batch, global
+            batch, rounds, iters, warmup, loader settings, cfg_options...
+
+    Returns:
+        This rank's measurements: ``cases`` (one result per case) and the
+        process-wide figures (GPU, matmul peak, dataloader alone).
+    """
+    device, dtype = spec['device'], spec['dtype']
+    rank, world, local_rank = init_distributed(device)
+    sys.path.insert(0, REPO)
+    import mmae_plugin  # noqa: F401
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmpretrain')
+    result: Dict = dict(dtype=dtype, rank=rank, world_size=world, cases={})
+    if spec.get('measure_loader'):
+        # The input pipeline on its own, before this process uses the GPU;
+        # the sampler gives each rank 1 / world of the epoch.
+        cfg = load_config(spec['cases'][0], spec['cfg_options'])
+        batches = max(2, spec['loader_iters'])
+        result['dataloader_alone'] = measure_loader(
+            dataloader_config(cfg, spec['folder'], spec['batch'],
+                              spec['num_workers'], spec['image_size'],
+                              spec['batch'] * world * (batches + 2)), batches)
+        result['dataloader_alone']['ranks'] = world  # images/s of one rank
+    if device == 'cuda':
+        result['gpu'] = torch.cuda.get_device_name()
+        result['capability'] = list(torch.cuda.get_device_capability())
+        if dtype == 'bfloat16' and not torch.cuda.is_bf16_supported():
+            result['skipped'] = 'this GPU has no bfloat16'
+            return result
+        if spec.get('measure_matmul') and dtype != 'float32':
+            result['matmul_flops'] = measured_matmul_peak(
+                getattr(torch, dtype))
+    size = spec['image_size']
+    images = torch.randint(0, 256, (spec['batch'], 3, size, size),
+                           dtype=torch.uint8)
+    if device == 'cuda':
+        images = images.pin_memory()
+    data = dict(inputs=images, data_samples=[])
+    built = {case: build_case(case, spec, data, rank, world, local_rank)
+             for case in spec['cases']}
+    for case in built.values():
+        for _ in range(spec['warmup']):
+            case['trained'].train_step(data, case['wrapper'])
+    synchronize(device)
+    if device == 'cuda':
+        resident = torch.cuda.memory_allocated() / 2**30
+        for case in built.values():
+            case['resident'] = resident
+    alternating_rounds(built, data, spec)
+    for name, case in built.items():
+        out = case_result(case, spec)
+        if spec['loader_iters'] > 0:
+            out['loader_fed'] = loader_fed_steps(
+                case['cfg'], spec, case['trained'], case['wrapper'], world)
+        if 'regularised_rows' in out:
+            out['regulariser'] = regulariser_timing(
+                case['model'].regularizer, out['regularised_rows_per_rank'],
+                case['model'].backbone.embed_dims, device, spec['reg_reps'])
+            out['regulariser_gathered'] = gathered_regulariser_timing(
+                case['model'], out['regularised_rows'], device,
+                spec['reg_reps'])
+        result['cases'][name] = out
+    return result
+
+
 def worker_main(spec_path: str) -> None:
-    """Entry of a case process: run it and write this rank's JSON."""
+    """Entry of a dtype's process: run it and write this rank's JSON."""
     with open(spec_path) as f:
         spec = json.load(f)
-    result = run_case(spec)
+    result = run_dtype(spec)
     with open(f'{spec["out"]}.rank{result["rank"]}.json', 'w') as f:
         json.dump(result, f, indent=2)
     if result['world_size'] > 1:
@@ -699,15 +799,16 @@ def worker_main(spec_path: str) -> None:
 
 
 # ----------------------------------------------------------------- parent
-def launch_case(spec: dict, nproc: int, workdir: str,
-                timeout: float) -> Dict:
-    """Run one case in fresh process(es); merge the ranks' results.
+def launch_dtype(spec: dict, nproc: int, workdir: str,
+                 timeout: float) -> Dict:
+    """Run one dtype's cases in fresh process(es); merge the ranks.
 
     Returns:
-        Rank 0's result with ``peak_memory_gib`` the largest over ranks,
-        ``images_per_s`` over all ranks, or a ``failed`` record.
+        Rank 0's result, each case with ``peak_memory_gib`` the largest
+        over ranks and ``images_per_s`` over all ranks; every case a
+        ``failed`` record if the process failed.
     """
-    name = f'{spec["case"]}_{spec["dtype"]}_{spec["round"]}'.replace('-', '')
+    name = f'{spec["dtype"]}'
     spec = dict(spec, out=osp.join(workdir, name))
     spec_path = osp.join(workdir, f'{name}.spec.json')
     with open(spec_path, 'w') as f:
@@ -742,18 +843,25 @@ def launch_case(spec: dict, nproc: int, workdir: str,
     if returncode != 0 or len(ranks) != nproc:
         with open(log_path, errors='replace') as f:
             tail = f.read()[-3000:]
-        return dict(case=spec['case'], dtype=spec['dtype'], failed=True,
-                    returncode=returncode, process_s=wall, log_tail=tail)
+        failed = dict(dtype=spec['dtype'], failed=True,
+                      returncode=returncode, process_s=wall, log_tail=tail)
+        return dict(failed, cases={case: dict(failed, case=case)
+                                   for case in spec['cases']})
     result = ranks[0]
     result['process_s'] = wall
     if 'skipped' in result:
+        result['cases'] = {case: dict(case=case, skipped=result['skipped'])
+                           for case in spec['cases']}
         return result
-    memory = [r['peak_memory_gib'] for r in ranks if 'peak_memory_gib' in r]
-    if memory:
-        result['peak_memory_gib'] = max(memory)
-    step_s = result['step_ms']['median'] / 1e3
-    result['images_per_s'] = spec['batch'] * nproc / step_s
-    result['images_per_s_per_gpu'] = spec['batch'] / step_s
+    for case, run in result['cases'].items():
+        memory = [r['cases'][case]['peak_memory_gib'] for r in ranks
+                  if 'peak_memory_gib' in r['cases'][case]]
+        if memory:
+            run['peak_memory_gib'] = max(memory)
+        step_s = run['step_ms']['median'] / 1e3
+        run['images_per_s'] = spec['batch'] * nproc / step_s
+        run['images_per_s_per_gpu'] = spec['batch'] / step_s
+        run['process_s'] = wall
     return result
 
 
@@ -769,33 +877,60 @@ def add_mfu(result: Dict, peak: Optional[float], matmul: Optional[float],
         if matmul else None
 
 
-def compare(runs: Dict[str, List[Dict]], device: str) -> Dict:
-    """M-MAE against MAE for one dtype: step ratio, step delta, goals."""
+#: Two-sided 95 % Student t quantiles by degrees of freedom (1-10).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
+         2.228)
+
+
+def mean_interval(values: Sequence[float]) -> Optional[List[float]]:
+    """95 % t-interval of the mean of ``values`` (>= 2 of them)."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    df = len(values) - 1
+    half = (T_975[df - 1] if df <= len(T_975) else 1.96) * \
+        statistics.stdev(values) / math.sqrt(len(values))
+    return [mean - half, mean + half]
+
+
+def usable(run: Dict) -> bool:
+    return not run.get('failed') and 'skipped' not in run
+
+
+def compare(cases: Dict[str, Dict], device: str) -> Dict:
+    """M-MAE against MAE for one dtype: the step ratio paired by round
+    (both cases of a round ran back to back in one process), its median,
+    spread and 95 % interval, the step delta and the goals."""
     out: Dict = {}
-    pairs = [(a, b) for a, b in zip(runs.get('MAE', []),
-                                    runs.get('M-MAE', []))
-             if not a.get('failed') and not b.get('failed')
-             and 'skipped' not in a and 'skipped' not in b]
-    if pairs:
-        ratios = [b['step_ms']['median'] / a['step_ms']['median']
-                  for a, b in pairs]
+    mae, mmae = cases.get('MAE'), cases.get('M-MAE')
+    if mae and mmae and usable(mae) and usable(mmae):
+        pairs = list(zip(mae['rounds'], mmae['rounds']))
+        ratios = [b['median_ms'] / a['median_ms'] for a, b in pairs]
         out['mmae_over_mae_step_ratio'] = statistics.median(ratios)
         out['step_ratio_per_round'] = ratios
+        out['step_ratio_spread'] = [min(ratios), max(ratios)]
+        out['step_ratio_interval_95'] = mean_interval(ratios)
         out['step_delta_ms'] = statistics.median(
-            b['step_ms']['median'] - a['step_ms']['median'] for a, b in pairs)
-    mmae = [r for r in runs.get('M-MAE', []) if 'regulariser' in r]
-    if mmae:
-        out['regulariser_ms'] = statistics.median(
-            r['regulariser']['median_ms'] for r in mmae)
-        out['regulariser_rows'] = mmae[0]['regularised_rows']
-    mae = [r for r in runs.get('MAE', []) if 'images_per_s' in r]
-    if mae:
-        out['mae_images_per_s'] = statistics.median(
-            r['images_per_s'] for r in mae)
+            b['median_ms'] - a['median_ms'] for a, b in pairs)
+        out['rounds'] = len(pairs)
+        out['steps_per_round'] = pairs[0][0]['steps'] if pairs else 0
+    if mmae and usable(mmae) and 'regulariser' in mmae:
+        out['regulariser_ms'] = mmae['regulariser']['median_ms']
+        out['regulariser_rows'] = mmae['regularised_rows']
+        gathered = mmae.get('regulariser_gathered')
+        if gathered:
+            out['regulariser_gathered_ms'] = gathered['median_ms']
+            out['regulariser_gathered_shape'] = [gathered['rows_per_rank'],
+                                                 gathered['dim']]
+    if mae and usable(mae):
+        out['mae_images_per_s'] = mae['images_per_s']
     if device == 'cuda':
+        interval = out.get('step_ratio_interval_95')
         out['goals'] = dict(
             step_ratio_ok=_at_most(out.get('mmae_over_mae_step_ratio'),
                                    GOALS['mmae_over_mae_step_ratio_max']),
+            step_ratio_interval_below_goal=None if not interval else
+            interval[1] <= GOALS['mmae_over_mae_step_ratio_max'],
             regulariser_ms_ok=_at_most(out.get('regulariser_ms'),
                                        GOALS['regulariser_ms_max']),
             mae_images_per_s_ok=None if 'mae_images_per_s' not in out else
@@ -818,7 +953,7 @@ def environment(args) -> Dict:
                 mmpretrain=version('mmpretrain'), device=args.device,
                 nproc=args.nproc, batch_per_rank=args.batch,
                 global_batch=args.global_batch, dtypes=args.dtypes,
-                iters=args.iters, warmup=args.warmup,
+                rounds=args.rounds, iters=args.iters, warmup=args.warmup,
                 loader_iters=args.loader_iters, image_size=args.image_size,
                 cfg_options=args.cfg_options, cpu_count=os.cpu_count(),
                 load_average=os.getloadavg()[0],
@@ -829,11 +964,11 @@ def environment(args) -> Dict:
 
 
 def run_all(args, save: Optional[Callable[[Dict], None]] = None) -> Dict:
-    """The parent's work: the folder, every case, the comparisons.
+    """The parent's work: the folder, one process per dtype, comparisons.
 
     Args:
         args: :func:`parse_args`'s namespace.
-        save: Called with the result so far after each case.
+        save: Called with the result so far after each dtype.
 
     Returns:
         The whole result (see the module docstring).
@@ -850,39 +985,36 @@ def run_all(args, save: Optional[Callable[[Dict], None]] = None) -> Dict:
     else:
         result['image_folder'] = dict(root=folder)
     base_spec = dict(device=args.device, batch=args.batch,
-                     global_batch=args.global_batch, iters=args.iters,
-                     warmup=args.warmup, loader_iters=args.loader_iters,
+                     global_batch=args.global_batch, rounds=args.rounds,
+                     iters=args.iters, warmup=args.warmup,
+                     loader_iters=args.loader_iters,
                      num_workers=args.num_workers, folder=folder,
                      image_size=args.image_size, reg_reps=args.reg_reps,
-                     cfg_options=args.cfg_options, round=0)
+                     cfg_options=args.cfg_options, cases=args.cases)
     result['amp'] = {}
-    gpu_name = None
+    matmul = None
     for dtype in args.dtypes:
-        runs: Dict[str, List[Dict]] = {case: [] for case in args.cases}
-        matmul = None
-        for index, case in enumerate(args.cases):
-            spec = dict(base_spec, case=case, dtype=dtype,
-                        measure_matmul=index == 0,
-                        measure_loader='dataloader_alone' not in result)
-            run = launch_case(spec, args.nproc, workdir, args.case_timeout)
-            print(f'[bench_gpu] {dtype} {case}: {progress_line(run)}',
+        spec = dict(base_spec, dtype=dtype, measure_matmul=matmul is None,
+                    measure_loader='dataloader_alone' not in result)
+        run = launch_dtype(spec, args.nproc, workdir, args.case_timeout)
+        if 'dataloader_alone' in run:
+            result['dataloader_alone'] = run.pop('dataloader_alone')
+        matmul = matmul or run.get('matmul_flops')
+        gpu_name = result['environment'].get('gpu') or run.get('gpu')
+        result['environment']['gpu'] = gpu_name
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else \
+            datasheet_peak(gpu_name or '')
+        for case, case_run in run['cases'].items():
+            add_mfu(case_run, peak, matmul, args.nproc)
+            print(f'[bench_gpu] {dtype} {case}: {progress_line(case_run)}',
                   flush=True)
-            runs[case].append(run)
-            if 'dataloader_alone' in run:
-                result['dataloader_alone'] = run.pop('dataloader_alone')
-            matmul = matmul or run.get('matmul_flops')
-            gpu_name = gpu_name or run.get('gpu')
-            result['environment']['gpu'] = gpu_name
-            peak = args.peak_tflops * 1e12 if args.peak_tflops else \
-                datasheet_peak(gpu_name or '')
-            add_mfu(run, peak, matmul, args.nproc)
-            result['amp'][dtype] = dict(
-                cases={c: r[0] for c, r in runs.items() if r},
-                peak_flops_datasheet=peak, matmul_flops_measured=matmul,
-                **compare(runs, args.device))
-            if save is not None:  # what is done survives a killed run
-                save(dict(result, partial=True,
-                          failed_cases=failed_cases(result)))
+        result['amp'][dtype] = dict(
+            cases=run['cases'], process_s=run.get('process_s'),
+            peak_flops_datasheet=peak, matmul_flops_measured=matmul,
+            **compare(run['cases'], args.device))
+        if save is not None:  # what is done survives a killed run
+            save(dict(result, partial=True,
+                      failed_cases=failed_cases(result)))
     result['failed_cases'] = failed_cases(result)
     return result
 
@@ -894,8 +1026,9 @@ def progress_line(run: Dict) -> str:
     if 'skipped' in run:
         return f'skipped: {run["skipped"]}'
     return (f'{run["images_per_s"]:.1f} images/s, median step '
-            f'{run["step_ms"]["median"]:.2f} ms, process '
-            f'{run["process_s"]:.0f} s')
+            f'{run["step_ms"]["median"]:.2f} ms over {len(run["rounds"])} '
+            f'rounds (round medians {run["step_ms"]["min"]:.2f}-'
+            f'{run["step_ms"]["max"]:.2f}), process {run["process_s"]:.0f} s')
 
 
 def failed_cases(result: Dict) -> List[str]:
@@ -908,6 +1041,11 @@ def _fmt(value, spec: str = '.2f', unit: str = '') -> str:
     return 'n/a' if value is None else f'{value:{spec}}{unit}'
 
 
+def _interval(values: Optional[Sequence[float]], spec: str = '.3f') -> str:
+    return 'n/a' if not values else \
+        f'[{values[0]:{spec}}, {values[1]:{spec}}]'
+
+
 def markdown(result: Dict) -> str:
     """A short Markdown summary of :func:`run_all`'s result."""
     env = result['environment']
@@ -917,10 +1055,11 @@ def markdown(result: Dict) -> str:
         f'torch {env["torch"]} (CUDA {env["cuda"]}), mmengine '
         f'{env["mmengine"]}, mmpretrain {env["mmpretrain"]}; batch '
         f'{env["batch_per_rank"]} per GPU, M-MAE regulariser on '
-        f'{env["global_batch"] or "the gathered"} rows; {env["iters"]} '
-        'timed steps per case, each case in its own process.', '',
-        '| dtype | model | images/s | step ms | peak GiB | GFLOP/img '
-        '(counted / closed form) | MFU (datasheet / matmul) | '
+        f'{env["global_batch"] or "the gathered"} rows; {env["rounds"]} '
+        f'alternating rounds of {env["iters"]} timed steps per case, both '
+        'cases in one process per dtype.', '',
+        '| dtype | model | images/s | step ms (round medians) | peak GiB | '
+        'GFLOP/img (counted / closed form) | MFU (datasheet / matmul) | '
         'loader-fed images/s |',
         '| --- | --- | --- | --- | --- | --- | --- | --- |']
     for dtype, block in result['amp'].items():
@@ -929,28 +1068,36 @@ def markdown(result: Dict) -> str:
                 why = run.get('skipped') or f'failed ({run["returncode"]})'
                 lines.append(f'| {dtype} | {case} | {why} | | | | | |')
                 continue
-            flops = run['flops']
+            flops, step = run['flops'], run['step_ms']
             lines.append(
                 f'| {dtype} | {case} | {run["images_per_s"]:.0f} | '
-                f'{run["step_ms"]["median"]:.1f} | '
-                f'{_fmt(run.get("peak_memory_gib"))} | '
+                f'{step["median"]:.1f} ({step["min"]:.1f}-{step["max"]:.1f})'
+                f' | {_fmt(run.get("peak_memory_gib"))} | '
                 f'{flops["counted_per_image"] / 1e9:.2f} / '
                 f'{flops["analytic_per_image"] / 1e9:.2f} | '
                 f'{_fmt(run.get("mfu_datasheet"), ".1%")} / '
                 f'{_fmt(run.get("mfu_measured_matmul"), ".1%")} | '
                 f'{_fmt(run.get("loader_fed", {}).get("images_per_s"), ".0f")}'
                 ' |')
-    lines += ['', '| dtype | M-MAE / MAE step | step delta ms | regulariser '
-              'ms (rows) | goals met |', '| --- | --- | --- | --- | --- |']
+    lines += ['', '| dtype | M-MAE / MAE step (per round; 95 % interval) | '
+              'step delta ms | regulariser ms in the step (rows) | '
+              'regulariser alone at the gathered size, ms | goals met |',
+              '| --- | --- | --- | --- | --- | --- |']
     for dtype, block in result['amp'].items():
         goals = block.get('goals', {})
-        met = ', '.join(f'{k[:-3]}={v}' for k, v in goals.items()
-                        if k.endswith('_ok')) or 'n/a (cpu)'
+        met = ', '.join(f'{k}={v}' for k, v in goals.items()
+                        if isinstance(v, bool) or v is None) or 'n/a (cpu)'
+        per_round = ', '.join(f'{r:.3f}' for r in
+                              block.get('step_ratio_per_round', []))
+        shape = block.get('regulariser_gathered_shape')
         lines.append(
             f'| {dtype} | {_fmt(block.get("mmae_over_mae_step_ratio"), ".3f")}'
+            f' ({per_round}; {_interval(block.get("step_ratio_interval_95"))})'
             f' | {_fmt(block.get("step_delta_ms"))} | '
             f'{_fmt(block.get("regulariser_ms"), ".3f")} '
-            f'({block.get("regulariser_rows", "n/a")}) | {met} |')
+            f'({block.get("regulariser_rows", "n/a")}) | '
+            f'{_fmt(block.get("regulariser_gathered_ms"), ".3f")}'
+            f'{f" ({shape[0]} x {shape[1]})" if shape else ""} | {met} |')
     loader = result.get('dataloader_alone')
     folder = result['image_folder']
     if loader:
