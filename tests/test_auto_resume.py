@@ -206,3 +206,16 @@ def test_pretrained_init_cfg_checkpoint_is_verified(tmp_path):
     with pytest.raises(CorruptCheckpointError,
                        match=rf'checkpoint {path} is damaged'):
         runner._init_model_weights()
+
+
+def test_frozen_evaluation_refuses_a_damaged_checkpoint(tmp_path, repo_root):
+    from mmengine.config import Config
+
+    from mmae_plugin.evaluation.frozen import evaluate_frozen_encoder
+    toy_runner(tmp_path, max_epochs=1).train()
+    path = str(tmp_path / 'epoch_1.pth')
+    with open(path, 'r+b') as file:
+        file.truncate(100)
+    config = Config.fromfile(f'{repo_root}/configs/fashion_mnist/knn_fmnist.py')
+    with pytest.raises(CorruptCheckpointError, match=rf'{path} is damaged'):
+        evaluate_frozen_encoder(config, path)

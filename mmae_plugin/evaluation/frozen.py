@@ -20,6 +20,8 @@ from mmengine.utils import ProgressBar
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
+from mmae_plugin.checkpoint.loading import verify_before_loading
+
 from .knn import knn_class_scores
 from .linear_probe import LinearProbe, fit_linear_probe
 from .statistics import representation_statistics
@@ -170,6 +172,7 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
         :class:`LinearProbe`; the encoder's weights on the CPU (see
         :func:`linear_probe_state_dict`).
     """
+    verify_before_loading(checkpoint)
     device = torch.device(device or get_device())
     model = build_model(knn_config)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')

@@ -14,43 +14,12 @@ runs whose config sets ``runner_type`` to one of the plugin's runners:
   verified first; a damaged one raises ``CorruptCheckpointError`` naming
   it and the newest intact checkpoint beside it.
 """
-import os
-import os.path as osp
 from typing import Any, Iterator
 
 import torch
 
-from mmae_plugin.checkpoint.discovery import (choose_resume_checkpoint,
-                                              newest_intact_sentence)
-from mmae_plugin.checkpoint.integrity import verify_checkpoint
-
-
-def is_local_checkpoint(filename: Any) -> bool:
-    """Whether mmengine would read ``filename`` from this filesystem."""
-    return isinstance(filename, (str, os.PathLike)) and \
-        '://' not in os.fspath(filename) and \
-        not os.fspath(filename).startswith('pavi:')
-
-
-def verify_before_loading(filename: Any) -> None:
-    """Refuse a damaged local checkpoint by name; leave others to mmengine.
-
-    Args:
-        filename: What ``resume`` / ``load_checkpoint`` was given.
-
-    Raises:
-        FileNotFoundError: The path is empty.
-        CorruptCheckpointError: The checkpoint is damaged.
-    """
-    if not is_local_checkpoint(filename):
-        return
-    path = osp.expanduser(os.fspath(filename))
-    if not path.strip():
-        raise FileNotFoundError(
-            'the checkpoint path is empty (load_from="" or --resume ""): '
-            'name a checkpoint file')
-    if osp.exists(path):
-        verify_checkpoint(path, newest_intact_sentence(path))
+from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
+from mmae_plugin.checkpoint.loading import verify_before_loading
 
 
 def pretrained_checkpoints(model: torch.nn.Module) -> Iterator[str]:
