@@ -3,11 +3,14 @@
 # M-MAE evaluation protocol fine-tunes for 100, so the schedule is restated.
 _base_ = 'mmpretrain::mae/benchmarks/vit-large-p16_8xb128-coslr-50e_in1k.py'
 
-custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmae_plugin.registration'],
+                      allow_failed_imports=False)
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
+# Stop at the first non-finite loss, naming the terms (docs/reliability.md).
+custom_hooks = [dict(type='DivergenceHook')]
 # mmpretrain's layer-decay constructor, with the tensors of a layer that
 # share a weight decay in one optimizer group (exact; ~2 groups per layer).
 optim_wrapper = dict(

@@ -2,11 +2,14 @@
 # linear_vit-base_90e.py).
 _base_ = 'mmpretrain::mae/benchmarks/vit-large-p16_8xb2048-linear-coslr-90e_in1k.py'
 
-custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmae_plugin.registration'],
+                      allow_failed_imports=False)
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
+# Stop at the first non-finite loss, naming the terms (docs/reliability.md).
+custom_hooks = [dict(type='DivergenceHook')]
 
 # Data loading sized to feed a GPU (docs/gpu_clusters.md): 8 workers, the
 # CPUS_PER_TASK=9 of tools/slurm_train.sh minus the main process; pinned
