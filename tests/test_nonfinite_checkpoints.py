@@ -76,15 +76,23 @@ def test_meaningless_interval_and_retention_are_refused(setting, value):
         SafeCheckpointHook(**kwargs)
 
 
+def run_two_ranks(work_dir, env, mode):
+    """``nonfinite_save_driver.py`` on 2 gloo processes.
+
+    Returns:
+        The finished ``torch.distributed.run`` process.
+    """
+    command = [sys.executable, '-m', 'torch.distributed.run',
+               '--nproc_per_node', '2', '--master_port', env['MASTER_PORT'],
+               osp.join(HERE, 'nonfinite_save_driver.py'), str(work_dir),
+               mode]
+    return subprocess.run(command, env=dict(env, OMP_NUM_THREADS='1'),
+                          capture_output=True, text=True, timeout=300)
+
+
 def test_two_ranks_stop_with_the_same_message_and_save_nothing(
         tmp_path, cpu_dist_env):
-    command = [sys.executable, '-m', 'torch.distributed.run',
-               '--nproc_per_node', '2', '--master_port',
-               cpu_dist_env['MASTER_PORT'],
-               osp.join(HERE, 'nonfinite_save_driver.py'), str(tmp_path)]
-    proc = subprocess.run(command, env=dict(cpu_dist_env,
-                                            OMP_NUM_THREADS='1'),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_two_ranks(tmp_path, cpu_dist_env, 'update')
     assert proc.returncode == 0, proc.stderr[-3000:]
     outcomes = [(tmp_path / f'rank{r}.txt').read_text() for r in (0, 1)]
     assert outcomes[0] == outcomes[1], outcomes
@@ -92,4 +100,20 @@ def test_two_ranks_stop_with_the_same_message_and_save_nothing(
                                   'epoch_2.pth'), outcomes[0]
     assert sorted(n for n in os.listdir(tmp_path) if n.endswith('.pth')) \
         == ['epoch_1.pth']
+    assert checkpoints_are_finite(tmp_path)
+
+
+def test_nan_batch_on_one_rank_leaves_no_nan_checkpoint(tmp_path,
+                                                         cpu_dist_env):
+    """Rank 1 stops at its NaN loss; rank 0 (finite loss, NaN parameters
+    after DDP's average) reaches the save, whose finiteness all-reduce its
+    peer never joins: it stops too, and writes nothing."""
+    run_two_ranks(tmp_path, cpu_dist_env, 'batch')
+    assert (tmp_path / 'rank1.txt').read_text().startswith(
+        'TrainingDivergedError: training diverged at iteration 4 (epoch 2)')
+    assert 'no error' not in (tmp_path / 'rank0.txt').read_text()
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith('.pth')) \
+        == ['epoch_1.pth']
+    assert (tmp_path / 'last_checkpoint').read_text() == \
+        str(tmp_path / 'epoch_1.pth')
     assert checkpoints_are_finite(tmp_path)
