@@ -8,8 +8,11 @@
 _base_ = 'mmae_vit-large_200e.py'
 
 runner_type = 'MMAEFlexibleRunner'
+# MMAEFSDPStrategy is mmengine's FSDPStrategy with the plugin's FSDP fixes
+# (resume's optimizer state load, per-rank seeds, full optimizer state on
+# CPU hosts), acting only inside this strategy's own calls.
 strategy = dict(
-    type='FSDPStrategy',
+    type='MMAEFSDPStrategy',
     model_wrapper=dict(
         auto_wrap_policy=dict(
             type='torch.distributed.fsdp.wrap.size_based_auto_wrap_policy',

@@ -1,17 +1,55 @@
 """mmae-plugin: matrix information theory for MMPretrain self-supervision.
 
-Importing the package applies the upstream workarounds and registers every
-component in mmpretrain's registries, so configs only need::
+Importing the package registers every component in mmengine's and
+mmpretrain's registries (through :mod:`mmae_plugin.registration`) when
+mmengine is already imported, which is always the case when a config names
+the plugin in ``custom_imports`` (mmengine reads the config first)::
 
-    custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+    custom_imports = dict(imports=['mmae_plugin.registration'],
+                          allow_failed_imports=False)
+
+``imports=['mmae_plugin']`` works too. Without mmengine loaded, importing the
+package imports nothing beyond it, so the framework-free subpackages
+(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`) import neither
+mmengine nor mmpretrain; the components are then registered by
+``import mmae_plugin.registration``, or on first use of a framework
+attribute such as ``mmae_plugin.models``. A script that imports the plugin
+before mmengine and needs the components should import
+``mmae_plugin.registration``: Python runs this file once per process, so a
+later ``import mmae_plugin`` (or a config's ``imports=['mmae_plugin']``)
+does not run it again.
 """
-from .compat import apply_all as _apply_upstream_fixes
-
-_apply_upstream_fixes()
-
-from . import datasets, engine, evaluation, models  # noqa: E402,F401
-from .model_zoo import register_model_zoo  # noqa: E402
-
-register_model_zoo()
+import importlib
+import sys
+from typing import Any
 
 __version__ = '0.2.0'
+
+#: Subpackages and modules that need mmengine / mmpretrain; the first access
+#: to one as an attribute of the package registers the plugin first.
+FRAMEWORK_MODULES = ('checkpoint', 'compat', 'datasets', 'download',
+                     'engine', 'evaluation', 'evidence', 'model_zoo',
+                     'models', 'registration')
+
+if 'mmengine' in sys.modules:
+    # mmengine is loaded (a config is being read, or the user imported it):
+    # register now, as ``custom_imports`` expects.
+    from . import registration  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    """Import a framework submodule on first access, registering first.
+
+    Args:
+        name: The attribute asked of the package.
+
+    Returns:
+        The submodule.
+
+    Raises:
+        AttributeError: For any other name.
+    """
+    if name in FRAMEWORK_MODULES:
+        importlib.import_module(f'{__name__}.registration')
+        return importlib.import_module(f'{__name__}.{name}')
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

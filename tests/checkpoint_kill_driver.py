@@ -35,7 +35,7 @@ import torch
 
 torch.set_num_threads(1)  # forked children: no OpenMP pool to inherit
 
-import mmae_plugin  # noqa: E402,F401
+import mmae_plugin.registration  # noqa: E402,F401
 from mmengine.hooks import Hook  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -8,8 +8,9 @@ JSON line: for each parameter, whether the gathered ``exp_avg`` and
 data), and whether each gathered moment matches the reference's.
 
 Without arguments it runs plain torch (no plugin code is imported), which
-is what the strict xfail pins; ``--plugin-fix`` imports ``mmae_plugin``
-first, whose ``compat.fsdp_full_optim_state_copy`` is the workaround.
+is what the strict xfail pins; ``--plugin-fix`` computes the state dict
+inside ``mmae_plugin.engine.strategies.gathered_states_copied()``, the
+workaround ``MMAEFSDPStrategy.optim_state_dict`` runs in.
 """
 import argparse
 import copy
@@ -25,12 +26,14 @@ from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 STEPS = 2
 
 
-def full_optimizer_state(model: FSDP, optimizer) -> Dict[str, dict]:
+def full_optimizer_state(model: FSDP, optimizer,
+                         plugin_fix: bool = False) -> Dict[str, dict]:
     """The optimizer state as mmengine's ``state_dict_cfg='full'`` saves it.
 
     Args:
         model: The FSDP-wrapped model.
         optimizer: Its optimizer.
+        plugin_fix: Compute it inside the plugin's workaround.
 
     Returns:
         ``{parameter name: {state name: tensor}}`` on rank 0; empty on the
@@ -40,14 +43,17 @@ def full_optimizer_state(model: FSDP, optimizer) -> Dict[str, dict]:
             model, StateDictType.FULL_STATE_DICT,
             FullStateDictConfig(rank0_only=True, offload_to_cpu=True),
             FullOptimStateDictConfig(rank0_only=True, offload_to_cpu=True)):
-        return FSDP.optim_state_dict(model, optimizer).get('state', {})
+        if not plugin_fix:
+            return FSDP.optim_state_dict(model, optimizer).get('state', {})
+        from mmae_plugin.engine.strategies import gathered_states_copied
+        with gathered_states_copied():
+            return FSDP.optim_state_dict(model, optimizer).get('state', {})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument('--plugin-fix', action='store_true')
-    if parser.parse_args().plugin_fix:
-        import mmae_plugin  # noqa: F401 (applies mmae_plugin.compat)
+    plugin_fix = parser.parse_args().plugin_fix
     dist.init_process_group('gloo')
     torch.manual_seed(0)
     plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
@@ -62,7 +68,7 @@ def main() -> None:
             net(batch).square().sum().backward()
             optim.step()
             optim.zero_grad()
-    state = full_optimizer_state(model, optimizer)
+    state = full_optimizer_state(model, optimizer, plugin_fix)
     expected = {name: reference_optimizer.state[param]
                 for name, param in reference.named_parameters()}
     if dist.get_rank() == 0:

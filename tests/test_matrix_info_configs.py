@@ -18,8 +18,8 @@ CONFIGS = [f'configs/fashion_mnist/{m}_fmnist.py' for m in METHODS] + \
 @pytest.mark.parametrize('path', CONFIGS)
 def test_config_loads_plugin_and_hook(path):
     cfg = Config.fromfile(os.path.join(REPO, path))
-    assert cfg.custom_imports == dict(imports=['mmae_plugin'],
-                                      allow_failed_imports=False)
+    assert cfg.custom_imports == dict(
+        imports=['mmae_plugin.registration'], allow_failed_imports=False)
     assert cfg.default_scope == 'mmpretrain'
     hooks = [h for h in cfg.custom_hooks if h['type'] == 'MatrixInfoHook']
     assert len(hooks) == 1

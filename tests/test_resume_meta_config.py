@@ -29,7 +29,8 @@ from mmengine.runner import FlexibleRunner, Runner
 
 import mmae_plugin  # noqa: F401
 from conftest import make_toy_runner
-from mmae_plugin.compat.safe_resume_config import (ConfigTextWarning,
+from mmae_plugin.compat.safe_resume_config import (MAX_CONFIG_TEXT_CHARS,
+                                                   ConfigTextWarning,
                                                    LiteralConfigText,
                                                    read_resume_keys)
 
@@ -323,6 +324,26 @@ def test_gpu_count_match_resumes(tmp_path, genuine):
 def test_unreadable_gpu_ids_skip_the_check_with_a_warning(text, reason):
     with pytest.warns(ConfigTextWarning, match=reason):
         assert read_resume_keys(text) == {}
+
+
+def test_oversized_meta_config_is_refused_unparsed_at_once():
+    """4 MB of ``a=1`` lines took 2.4 GB and 42 s to parse; refused by name,
+    unparsed, well within a second."""
+    import time
+    text = 'a=1\n' * 1_000_000 + 'gpu_ids = [0]\n'
+    start = time.perf_counter()
+    with pytest.warns(ConfigTextWarning,
+                      match=r"meta\['config'\] is 4,000,014 characters, over "
+                      r'the 262,144-character limit.*not parsed'):
+        assert read_resume_keys(text) == {}
+    assert time.perf_counter() - start < 1.0
+
+
+def test_text_at_the_limit_is_still_read():
+    text = mmcv_era_text(range(0, 2))
+    padded = text + '#' * (MAX_CONFIG_TEXT_CHARS - len(text))
+    assert len(padded) == MAX_CONFIG_TEXT_CHARS
+    assert len(read_resume_keys(padded)['gpu_ids']) == 2
 
 
 def test_payload_texts_really_run_under_upstream(tmp_path, marker):

@@ -46,7 +46,7 @@ def load_mmpretrain_tool(name: str) -> Dict[str, Any]:
     Returns:
         The script's globals (``parse_args``, ``merge_args``, ``main``).
     """
-    import mmae_plugin  # noqa: F401  (registers components, applies fixes)
+    import mmae_plugin.registration  # noqa: F401  (registers components)
     return runpy.run_path(mmpretrain_tool_path(name), run_name='mmpretrain_tool')
 
 
@@ -56,7 +56,19 @@ def run_mmpretrain_tool(name: str) -> None:
     Args:
         name: ``'train.py'`` or ``'test.py'``.
     """
-    import mmae_plugin  # noqa: F401  (registers components, applies fixes)
+    import mmae_plugin.registration  # noqa: F401  (registers components)
+    from mmae_plugin.compat.pkg_resources_check import (
+        pkg_resources_problem, quiet_pkg_resources_deprecation)
     path = mmpretrain_tool_path(name)
     sys.argv[0] = path
-    runpy.run_path(path, run_name='__main__')
+    try:
+        # mmengine imports pkg_resources to resolve the configs' mmpretrain::
+        # bases; its deprecation warning is harmless under setup.py's pin.
+        with quiet_pkg_resources_deprecation():
+            runpy.run_path(path, run_name='__main__')
+    except ModuleNotFoundError as error:
+        problem = pkg_resources_problem()
+        if error.name != 'pkg_resources' or problem is None:
+            raise
+        # One clear line instead of mmengine's traceback.
+        sys.exit(f'{name}: {problem}')

@@ -39,6 +39,12 @@ Determinism: torch keeps the user allow-list in a ``set``, so when a
 statistic's owner stand-in and a user-allow-listed class claim one path the
 winner depended on the hash seed; :func:`prefer_real_entries_to_stand_ins`
 gives such paths to the user's entry under every seed.
+
+Opt-out: ``MMAE_NO_CHECKPOINT_ALLOWLIST=1`` (read once, at import) leaves
+torch's allow-list, ``HistoryBuffer.register_statistics`` and torch's
+``_get_user_allowed_globals`` as they are. mmengine checkpoints then fail to
+load under torch >= 2.6 as without the plugin; answering that with
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would let a checkpoint run code.
 """
 import codecs
 import functools
@@ -48,6 +54,16 @@ from typing import Any, Callable, Dict, List
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from torch.torch_version import TorchVersion
+
+from ._opt_out import opted_out
+
+#: ``MMAE_NO_CHECKPOINT_ALLOWLIST=1``: this module changes nothing.
+OPT_OUT_VARIABLE = 'MMAE_NO_CHECKPOINT_ALLOWLIST'
+OPTED_OUT = opted_out(
+    OPT_OUT_VARIABLE, 'mmengine checkpoints fail to load under torch >= 2.6 '
+    "weights_only (\"Unsupported global: ...HistoryBuffer\"); do not answer "
+    'that with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, which lets a checkpoint '
+    'run code')
 
 #: torch >= 2.6 takes ``(object, 'module.name')`` in ``add_safe_globals``.
 NAMED_SAFE_GLOBALS = TorchVersion(torch.__version__) >= (2, 6)
@@ -343,6 +359,8 @@ def remember_registered_statistics() -> None:
     ``mmae_plugin`` was imported count as registered by code: before the
     plugin, no checkpoint holding a HistoryBuffer loads under weights_only.
     """
+    if OPTED_OUT:
+        return
     original = HistoryBuffer.register_statistics.__func__
     if getattr(original, '_mmae_fixed', False):
         return
@@ -439,4 +457,6 @@ def checkpoint_safe_globals() -> List[Any]:
 
 def allow_mmengine_checkpoints() -> None:
     """Allow-list mmengine's checkpoint contents for ``weights_only`` loads."""
+    if OPTED_OUT:
+        return
     torch.serialization.add_safe_globals(checkpoint_safe_globals())

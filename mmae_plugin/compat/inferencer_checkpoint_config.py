@@ -28,9 +28,23 @@ file, a ``Config``/dict or a metafile model name) the upstream method runs
 unchanged and loads the weights with ``weights_only=True``
 (``weights_only_load``); the runner's own resume path is
 ``safe_resume_config``.
+
+Opt-out: ``MMAE_UNSAFE_INFERENCER_CONFIG=1`` (read once, at import) leaves
+``BaseInferencer._init_model`` as it is: an inferencer built with
+``weights`` and no config executes the config text stored in the
+checkpoint, so the checkpoint can run code.
 """
 import functools
 from typing import Any, Optional
+
+from ._opt_out import opted_out
+
+#: ``MMAE_UNSAFE_INFERENCER_CONFIG=1``: this module changes nothing.
+OPT_OUT_VARIABLE = 'MMAE_UNSAFE_INFERENCER_CONFIG'
+OPTED_OUT = opted_out(
+    OPT_OUT_VARIABLE, "an mmengine inferencer built with weights= and no "
+    'config executes the config text stored in the checkpoint: the '
+    'checkpoint can run code')
 
 _MESSAGE = (
     'weights={weights!r} given without a config: mmengine 0.10.7 would '
@@ -40,7 +54,8 @@ _MESSAGE = (
     'checkpoint was trained with as model=, e.g. '
     "{cls}(model='path/to/config.py', weights={weights!r}); to recover that "
     "text for review, read it with torch.load(path, weights_only=True)"
-    "['meta']['cfg'] and save it to a .py file")
+    "['meta']['cfg'] and save it to a .py file (MMAE_UNSAFE_INFERENCER_CONFIG"
+    "=1 restores upstream's behaviour, executing it)")
 
 
 def refuse_config_from_checkpoint(original: Any) -> Any:
@@ -69,6 +84,8 @@ def refuse_config_from_checkpoint(original: Any) -> Any:
 
 def never_execute_checkpoint_config_in_inferencers() -> None:
     """Make mmengine's ``BaseInferencer`` refuse to run a checkpoint's cfg."""
+    if OPTED_OUT:
+        return
     from mmengine.infer import BaseInferencer
 
     if not getattr(BaseInferencer._init_model, '_mmae_fixed', False):

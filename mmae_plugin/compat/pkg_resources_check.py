@@ -1,64 +1,66 @@
 """``mmpretrain::`` config bases need ``pkg_resources``.
 
 Upstream: mmengine 0.10.7 resolves ``package::`` bases (``Config`` calls
-``is_installed`` and ``get_installed_path``) through ``pkg_resources``,
-removed in setuptools 82. Fixed on mmengine's main branch
-(importlib.metadata), not in a release as of 0.10.7. Our setup.py pins
-``setuptools<82``; for anyone who upgraded setuptools by hand, the obscure
-``ModuleNotFoundError`` becomes a message saying what to install.
+``is_installed`` and ``get_installed_path`` of ``mmengine.utils``) through
+``pkg_resources``, which it imports lazily, inside those functions.
+setuptools 82 removed ``pkg_resources``; setuptools 81 warns on its import
+("pkg_resources is deprecated as an API"). Fixed on mmengine's main branch
+(importlib.metadata), not in a release as of 0.10.7. Our ``setup.py`` pins
+``setuptools<82``.
 
-What changes: ``mmengine.config.config``'s two bindings of those functions
-first check that ``pkg_resources`` imports, and only then call mmengine's.
-Nothing is checked or imported when the plugin is imported, so a process
-that never resolves a ``package::`` base neither needs ``pkg_resources``
-nor sees setuptools' deprecation warning because of the plugin.
+Nothing here patches anything, and importing the plugin never imports
+``pkg_resources`` (so it never causes that warning):
+
+* :func:`pkg_resources_problem` looks for ``pkg_resources`` with
+  ``importlib.util.find_spec`` (which does not import it) and returns a
+  message saying what to install; the plugin's ``tools/train.py`` and
+  ``tools/test.py`` (``tools/_cli.py``) print it instead of mmengine's
+  ``ModuleNotFoundError`` traceback.
+* :func:`quiet_pkg_resources_deprecation` ignores exactly setuptools'
+  deprecation warning, only where the plugin itself has mmengine resolve its
+  configs' ``mmpretrain::`` bases (the plugin's tools). The warning is
+  harmless there (the pin keeps ``pkg_resources`` installed) and would
+  otherwise be the first line of every run. Everywhere else, including a
+  user's own ``Config.fromfile`` of the plugin's configs, the warning is
+  shown as upstream shows it.
 """
-import functools
-from typing import Callable
+import contextlib
+import importlib.util
+import re
+import warnings
+from typing import Iterator, Optional
 
-_MESSAGE = ('mmengine 0.10.7 needs pkg_resources to resolve "{package}::" '
-            "config bases; install it with: pip install 'setuptools<82'")
+#: The start of setuptools' warning text, as setuptools 81 words it.
+DEPRECATION_TEXT = 'pkg_resources is deprecated as an API'
 
-
-def ensure_pkg_resources(package: str) -> None:
-    """Raise a clear ImportError if ``pkg_resources`` cannot be imported.
-
-    Args:
-        package: The ``package::`` prefix being resolved (for the message).
-
-    Raises:
-        ImportError: ``pkg_resources`` is missing (setuptools >= 82).
-    """
-    try:
-        import pkg_resources  # noqa: F401
-    except ImportError as err:
-        raise ImportError(_MESSAGE.format(package=package)) from err
+MESSAGE = ('mmengine 0.10.7 needs pkg_resources to resolve "mmpretrain::" '
+           "config bases, and it is not installed (setuptools >= 82 removed "
+           "it); install it with: pip install 'setuptools<82'")
 
 
-def check_first(original: Callable) -> Callable:
-    """Wrap an mmengine package-lookup function with the check.
-
-    Args:
-        original: ``is_installed`` or ``get_installed_path``.
+def pkg_resources_problem() -> Optional[str]:
+    """Say what to install if ``pkg_resources`` is missing, without
+    importing it.
 
     Returns:
-        The function, preceded by :func:`ensure_pkg_resources`.
+        :data:`MESSAGE` when ``pkg_resources`` cannot be found, else None.
     """
-
-    @functools.wraps(original)
-    def lookup(package: str, *args, **kwargs):
-        ensure_pkg_resources(package)
-        return original(package, *args, **kwargs)
-
-    lookup._mmae_pkg_resources = True
-    return lookup
+    try:
+        found = importlib.util.find_spec('pkg_resources') is not None
+    except ValueError:  # in sys.modules as None: imports of it fail
+        found = False
+    return None if found else MESSAGE
 
 
-def require_pkg_resources() -> None:
-    """Check for ``pkg_resources`` when a ``package::`` base is resolved."""
-    import mmengine.config.config as config_module
+@contextlib.contextmanager
+def quiet_pkg_resources_deprecation() -> Iterator[None]:
+    """Within the block, ignore only setuptools' ``pkg_resources`` warning.
 
-    for name in ('is_installed', 'get_installed_path'):
-        original = getattr(config_module, name)
-        if not getattr(original, '_mmae_pkg_resources', False):
-            setattr(config_module, name, check_first(original))
+    Yields:
+        None.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            'ignore', message=re.escape(DEPRECATION_TEXT),
+            category=UserWarning)
+        yield

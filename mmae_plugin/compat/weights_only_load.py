@@ -10,12 +10,26 @@ torch's default, which ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns off.
 Not fixed in any mmengine release as of 0.10.7. The URL loader gets
 ``weights_only=True`` and the checkpoint module's ``torch.load`` passes it
 explicitly (an explicit argument is not overridden by that variable).
+
+Opt-out: ``MMAE_UNSAFE_PICKLE_LOAD=1`` (read once, at import) leaves
+mmengine's loaders as they are: checkpoints from URLs, and local ones under
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, are unpickled in full and can run
+code.
 """
 import functools
 import types
 from typing import Any
 
 import torch
+
+from ._opt_out import opted_out
+
+#: ``MMAE_UNSAFE_PICKLE_LOAD=1``: this module changes nothing.
+OPT_OUT_VARIABLE = 'MMAE_UNSAFE_PICKLE_LOAD'
+OPTED_OUT = opted_out(
+    OPT_OUT_VARIABLE, "checkpoints loaded through mmengine from URLs (and "
+    'local ones under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) are unpickled in '
+    'full and can run code')
 
 
 class TorchWithWeightsOnlyLoad(types.ModuleType):
@@ -40,6 +54,8 @@ class TorchWithWeightsOnlyLoad(types.ModuleType):
 
 def load_checkpoints_weights_only() -> None:
     """Make every mmengine checkpoint scheme load with weights_only=True."""
+    if OPTED_OUT:
+        return
     import mmengine.runner.checkpoint as checkpoint_module
     import mmengine.utils.dl_utils as dl_utils
     import mmengine.utils.dl_utils.hub as hub

@@ -1,2 +1,3 @@
-"""Runner-side components of mmae-plugin: hooks, runners, optimizers."""
-from . import hooks, optimizers, runners  # noqa: F401
+"""Runner-side components of mmae-plugin: hooks, runners, strategies,
+optimizers."""
+from . import hooks, optimizers, runners, strategies  # noqa: F401

@@ -85,7 +85,7 @@ def child_main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(args.threads)
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     study = load_study(args.out_dir)
     if args.step == 'train':
         step_train(args.out_dir, study, args.arm, args.seed, args.epoch)

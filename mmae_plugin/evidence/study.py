@@ -277,7 +277,7 @@ def freeze_configs(out_dir: str, study: Study) -> Dict[str, str]:
         Arm name (and ``'eval'``) -> frozen config path.
     """
     from mmengine.config import Config
-    import mmae_plugin  # noqa: F401  (registers the plugin's modules)
+    import mmae_plugin.registration  # noqa: F401  (the plugin's modules)
     wanted = {arm.name: arm.config for arm in map(arm_by_name, study.arms)
               if arm.config is not None}
     wanted['eval'] = EVAL_CONFIG

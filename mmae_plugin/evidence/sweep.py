@@ -241,7 +241,7 @@ def freeze_configs(out_dir: str) -> str:
     if all(osp.isfile(osp.join(config_dir, f'{m}.py'))
            for m in PRETRAIN_CONFIGS):
         return config_dir
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     from mmengine.config import Config
     os.makedirs(config_dir, exist_ok=True)
     for method, path in PRETRAIN_CONFIGS.items():
@@ -325,7 +325,7 @@ def budget_of(args) -> Budget:
 def main_child(args) -> None:
     import torch
     torch.set_num_threads(args.threads)
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     budget = budget_of(args)
     cell = cell_from_name(args.child[0])
     seed = int(args.child[1])
@@ -410,7 +410,7 @@ def export_zoo(out_dir: str, budget: Budget, quick: bool = False,
     import yaml
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.datasets import GzipFashionMNIST
     from mmae_plugin.evaluation import (evaluate_frozen_encoder,
                                         linear_probe_state_dict)

@@ -9,7 +9,8 @@
 # mmpretrain's CIFAR10 raises "Cannot find CIFAR10 dataset in <folder>".
 # Point it elsewhere with
 #   --cfg-options train_dataloader.dataset.data_root=/path/to/cifar10
-custom_imports = dict(imports=['mmae_plugin'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmae_plugin.registration'],
+                      allow_failed_imports=False)
 # default_scope='mmpretrain' comes from mmpretrain's default_runtime.
 
 cifar10_data_root = 'data/cifar10'

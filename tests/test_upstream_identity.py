@@ -1,0 +1,308 @@
+"""``import mmae_plugin`` leaves mmengine and torch as they are.
+
+Each test runs a fresh interpreter, records upstream objects, imports the
+plugin and compares: only the documented process-wide security changes
+(``docs/upstream_workarounds.md``) may differ, and with their opt-out
+variables set nothing does. Also: the framework-free subpackages import no
+mmengine, and the plugin's import causes no ``pkg_resources`` warning.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: The opt-out variable of each process-wide module.
+OPT_OUTS = {
+    'checkpoint_allowlist': 'MMAE_NO_CHECKPOINT_ALLOWLIST',
+    'weights_only_load': 'MMAE_UNSAFE_PICKLE_LOAD',
+    'safe_resume_config': 'MMAE_UNSAFE_RESUME_CONFIG',
+    'inferencer_checkpoint_config': 'MMAE_UNSAFE_INFERENCER_CONFIG',
+}
+
+#: Records every upstream object the plugin once replaced (and those the
+#: process-wide modules still replace), by a readable name.
+RECORD = '''
+import builtins, json, sys
+import torch
+import mmengine.dist
+import mmengine.dist.utils as dist_utils
+import mmengine.hooks.checkpoint_hook as checkpoint_hook_module
+import mmengine.runner
+import mmengine.runner._flexible_runner as flexible_runner_module
+import mmengine.runner.checkpoint as checkpoint_module
+import mmengine.runner.runner as runner_module
+import mmengine.config.config as config_module
+import mmengine.utils.dl_utils.hub as hub
+from mmengine._strategy import DDPStrategy, FSDPStrategy
+from mmengine.fileio.backends import LocalBackend
+from mmengine.hooks import CheckpointHook
+from mmengine.infer import BaseInferencer
+from mmengine.logging import HistoryBuffer
+from mmengine.runner import CheckpointLoader, FlexibleRunner, Runner
+from torch.distributed.fsdp import _optim_utils
+import torch._weights_only_unpickler as unpickler
+
+
+def methods(cls):
+    return {f'{cls.__name__}.{name}': value
+            for name, value in vars(cls).items()
+            if not name.startswith('__') or name == '__init__'}
+
+
+def record():
+    objects = {
+        'LocalBackend.put': vars(LocalBackend)['put'],
+        'LocalBackend.put_text': vars(LocalBackend)['put_text'],
+        'checkpoint_hook.open': vars(checkpoint_hook_module).get(
+            'open', builtins.open),
+        'builtins.open': builtins.open,
+        'Runner.build_dataloader': vars(Runner)['build_dataloader'],
+        'Runner.wrap_model': vars(Runner)['wrap_model'],
+        'Runner.setup_env': vars(Runner)['setup_env'],
+        'FlexibleRunner.build_dataloader':
+            vars(FlexibleRunner)['build_dataloader'],
+        'FlexibleRunner.build_strategy': vars(FlexibleRunner)['build_strategy'],
+        'dist.utils._init_dist_pytorch': dist_utils._init_dist_pytorch,
+        'dist.init_dist': mmengine.dist.init_dist,
+        'dist.utils.init_dist': dist_utils.init_dist,
+        'DDPStrategy._wrap_model': vars(DDPStrategy)['_wrap_model'],
+        'torch _unflatten_orig_param_states':
+            _optim_utils._unflatten_orig_param_states,
+        "CheckpointLoader._schemes['']": CheckpointLoader._schemes[''],
+        'config.is_installed': config_module.is_installed,
+        'config.get_installed_path': config_module.get_installed_path,
+        # Documented process-wide changes (docs/upstream_workarounds.md).
+        'checkpoint.torch [weights_only_load]': checkpoint_module.torch,
+        'hub.load_url [weights_only_load]': hub.load_url,
+        'checkpoint.load_url [weights_only_load]': checkpoint_module.load_url,
+        'runner.mmengine [safe_resume_config]': runner_module.mmengine,
+        'flexible_runner.mmengine [safe_resume_config]':
+            flexible_runner_module.mmengine,
+        'BaseInferencer._init_model [inferencer_checkpoint_config]':
+            vars(BaseInferencer)['_init_model'],
+        'HistoryBuffer.register_statistics [checkpoint_allowlist]':
+            vars(HistoryBuffer)['register_statistics'].__func__,
+        '_get_user_allowed_globals [checkpoint_allowlist]':
+            unpickler._get_user_allowed_globals,
+    }
+    for owner in (checkpoint_module, mmengine.runner, runner_module,
+                  flexible_runner_module):
+        if hasattr(owner, 'find_latest_checkpoint'):
+            objects[f'{owner.__name__}.find_latest_checkpoint'] = \\
+                owner.find_latest_checkpoint
+    for cls in (CheckpointHook, FSDPStrategy):
+        objects.update(methods(cls))
+    for prefix, loader in CheckpointLoader._schemes.items():
+        objects[f'CheckpointLoader._schemes[{prefix!r}]'] = loader
+    return objects
+
+
+def not_torchs_own(entries):
+    """Allow-list entries torch did not add itself (importing
+    torch.distributed.tensor registers DTensor's classes)."""
+    found = [entry[0] if isinstance(entry, tuple) else entry
+             for entry in entries]
+    return {repr(entry) for entry in found
+            if not getattr(entry, '__module__', '').startswith('torch')}
+
+
+before = record()
+safe_globals = not_torchs_own(torch.serialization.get_safe_globals())
+import mmae_plugin
+assert 'mmae_plugin.registration' in sys.modules  # mmengine was loaded
+after = record()
+print(json.dumps(dict(
+    changed=sorted(name for name in before if after[name] is not before[name]),
+    added=sorted(set(after) - set(before)),
+    count=len(before),
+    safe_globals_added=len(not_torchs_own(
+        torch.serialization.get_safe_globals()) - safe_globals))))
+'''
+
+#: What may change, each a documented process-wide security workaround.
+DOCUMENTED = {
+    'checkpoint.torch [weights_only_load]',
+    'hub.load_url [weights_only_load]',
+    'checkpoint.load_url [weights_only_load]',
+    'runner.mmengine [safe_resume_config]',
+    'flexible_runner.mmengine [safe_resume_config]',
+    'BaseInferencer._init_model [inferencer_checkpoint_config]',
+    'HistoryBuffer.register_statistics [checkpoint_allowlist]',
+    '_get_user_allowed_globals [checkpoint_allowlist]',
+}
+
+
+def run_python(code, **env):
+    """Run ``code`` in a fresh interpreter (no GPU); its last stdout line."""
+    environment = dict(os.environ, CUDA_VISIBLE_DEVICES='', **env)
+    for variable in OPT_OUTS.values():
+        environment.setdefault(variable, '')
+    environment.update(env)
+    proc = subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
+                          cwd=REPO, env=environment, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def recorded(**env):
+    proc = run_python(RECORD, **env)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_only_documented_security_changes_are_process_wide():
+    result, _ = recorded()
+    assert result['count'] > 60  # the hook's and FSDP's methods included
+    assert set(result['changed']) == DOCUMENTED, result['changed']
+    # The plugin adds a scheme of its own (mmae-zoo://), replaces none.
+    assert result['added'] == ["CheckpointLoader._schemes['mmae-zoo://']"]
+    assert result['safe_globals_added'] > 0
+
+
+def test_with_every_opt_out_nothing_upstream_changes():
+    result, stderr = recorded(**{v: '1' for v in OPT_OUTS.values()})
+    assert result['changed'] == [], result['changed']
+    assert result['safe_globals_added'] == 0
+    for variable in OPT_OUTS.values():
+        assert f'{variable}=1: mmae_plugin leaves upstream behaviour' \
+            in stderr
+
+
+@pytest.mark.parametrize('module', sorted(OPT_OUTS))
+def test_each_opt_out_keeps_only_its_own_module_upstream(module):
+    result, stderr = recorded(**{OPT_OUTS[module]: '1'})
+    kept = {name for name in DOCUMENTED if f'[{module}]' in name}
+    assert set(result['changed']) == DOCUMENTED - kept
+    assert f'{OPT_OUTS[module]}=1' in stderr
+    assert (result['safe_globals_added'] == 0) is \
+        (module == 'checkpoint_allowlist')
+
+
+def test_an_unclear_opt_out_value_is_refused_by_name():
+    environment = dict(os.environ, MMAE_UNSAFE_RESUME_CONFIG='yes')
+    proc = subprocess.run(
+        [sys.executable, '-c', 'import mmengine, mmae_plugin'], cwd=REPO,
+        env=environment, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "MMAE_UNSAFE_RESUME_CONFIG='yes': set it to 1" in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# framework-free subpackages; registration
+# --------------------------------------------------------------------------
+def test_matrix_info_imports_no_framework_and_configs_still_register():
+    proc = run_python(f'''
+        import sys
+        import mmae_plugin.matrix_info as mi
+        import mmae_plugin.theory.metrics  # noqa: F401
+        import torch
+        mi.effective_rank(torch.randn(16, 4))
+        print('framework-free:', 'mmengine' not in sys.modules,
+              'mmpretrain' not in sys.modules)
+        # A config loaded later still registers everything (the shipped
+        # configs import mmae_plugin.registration).
+        from mmengine.config import Config
+        from mmengine.registry import RUNNERS, STRATEGIES
+        from mmpretrain.registry import MODELS
+        cfg = Config.fromfile('{REPO}/configs/fashion_mnist/mmae_fmnist.py')
+        print('registered:', MODELS.get(cfg.model.type) is not None,
+              RUNNERS.get('MMAERunner') is not None,
+              STRATEGIES.get('MMAEFSDPStrategy') is not None)
+    ''')
+    assert 'framework-free: True True' in proc.stdout, proc.stdout
+    assert 'registered: True True True' in proc.stdout, proc.stdout
+
+
+def test_plugin_registers_on_import_once_mmengine_is_loaded():
+    proc = run_python('''
+        import mmpretrain
+        import mmae_plugin
+        from mmpretrain.registry import MODELS
+        print('registered:', MODELS.get('MMAE') is not None)
+    ''')
+    assert 'registered: True' in proc.stdout
+
+
+def test_framework_attribute_registers_a_plugin_imported_first():
+    proc = run_python('''
+        import sys
+        import mmae_plugin
+        print('nothing yet:', 'mmengine' not in sys.modules)
+        mmae_plugin.models  # first use of a framework attribute
+        from mmpretrain.registry import MODELS
+        print('registered:', MODELS.get('MMAE') is not None,
+              'mmae_plugin.registration' in sys.modules)
+    ''')
+    assert 'nothing yet: True' in proc.stdout
+    assert 'registered: True True' in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# pkg_resources: never imported by the plugin, warning quiet in its tools
+# --------------------------------------------------------------------------
+PLAIN_CONFIG = 'model = dict(type="MAE")\n'
+PACKAGE_CONFIG = "_base_ = ['mmpretrain::_base_/default_runtime.py']\n"
+
+
+def test_plugin_import_neither_imports_pkg_resources_nor_warns(tmp_path):
+    plain = tmp_path / 'plain.py'
+    plain.write_text(PLAIN_CONFIG)
+    proc = run_python(f'''
+        import sys, warnings
+        warnings.simplefilter('always')
+        with warnings.catch_warnings(record=True) as caught:
+            import mmengine
+            import mmae_plugin
+            from mmengine.config import Config
+            Config.fromfile({str(plain)!r})
+        print('pkg_resources:', 'pkg_resources' in sys.modules,
+              any('pkg_resources' in str(w.message) for w in caught))
+    ''', PYTHONWARNINGS='default')
+    assert 'pkg_resources: False False' in proc.stdout
+
+
+def test_only_the_plugin_tools_quiet_the_deprecation_warning():
+    proc = run_python('''
+        import importlib, warnings
+        import pkg_resources
+        from mmae_plugin.compat.pkg_resources_check import \\
+            quiet_pkg_resources_deprecation
+        warnings.simplefilter('always')
+        with warnings.catch_warnings(record=True) as outside:
+            importlib.reload(pkg_resources)  # what mmengine's lookup does
+        with warnings.catch_warnings(record=True) as inside:
+            with quiet_pkg_resources_deprecation():
+                importlib.reload(pkg_resources)
+        def count(caught):
+            return sum('pkg_resources is deprecated' in str(w.message)
+                       for w in caught)
+        print('warnings:', count(outside), count(inside))
+    ''')
+    setuptools_warns = 'warnings: 1 0' in proc.stdout
+    assert setuptools_warns or 'warnings: 0 0' in proc.stdout, proc.stdout
+
+
+def test_tools_say_what_to_install_without_pkg_resources(tmp_path):
+    package = tmp_path / 'package.py'
+    package.write_text(PACKAGE_CONFIG)
+    environment = dict(os.environ, CUDA_VISIBLE_DEVICES='')
+    proc = subprocess.run([sys.executable, '-c', textwrap.dedent(f'''
+        import sys
+        sys.modules['pkg_resources'] = None  # as after setuptools 82
+        sys.path.insert(0, 'tools')
+        sys.argv = ['train.py', {str(package)!r},
+                    '--work-dir', {str(tmp_path / 'work')!r}]
+        from _cli import run_mmpretrain_tool
+        run_mmpretrain_tool('train.py')
+    ''')], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        'train.py: mmengine 0.10.7 needs pkg_resources to resolve '
+        '"mmpretrain::" config bases, and it is not installed (setuptools '
+        ">= 82 removed it); install it with: pip install 'setuptools<82'")
