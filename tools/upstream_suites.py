@@ -1,10 +1,11 @@
 """Run mmengine's and mmpretrain's own test suites with and without the plugin.
 
-The plugin patches mmengine and mmpretrain on import (``mmae_plugin.compat``),
-so their own tests are the best check that each patch acts only in its stated
-case. Each suite runs twice in the same environment: once plain, once with
-``import mmae_plugin`` before collection (through the pytest plugin module
-``upstream_suites_plugin`` beside this file). The outcome of every test id is
+The plugin's only process-wide changes are the security workarounds of
+``mmae_plugin.compat``, applied when it registers its components; mmengine's
+and mmpretrain's own tests are the best check that nothing else changes for
+them. Each suite runs twice in the same environment: once plain, once with
+``import mmae_plugin.registration`` before collection (through the pytest
+plugin module ``upstream_suites_plugin`` beside this file). The outcome of every test id is
 compared and the differences are written out.
 
 Usage (see ``tools/upstream_suites.sh``)::

@@ -1,7 +1,11 @@
-"""pytest plugin: import mmae_plugin before the upstream suites collect.
+"""pytest plugin: import the plugin before the upstream suites collect.
 
 Loaded by ``tools/upstream_suites.py`` with ``-p upstream_suites_plugin`` so
-that every upstream test runs with the plugin's patches applied, as in a
-training process whose config has ``custom_imports=['mmae_plugin']``.
+that every upstream test runs in a process where everything
+``custom_imports=['mmae_plugin.registration']`` does in a training process
+has happened: every component registered, and the plugin's process-wide
+(security) workarounds applied. pytest loads this before mmengine is
+imported, so ``import mmae_plugin`` alone would register nothing (see
+``mmae_plugin/__init__.py``).
 """
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
