@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .gram_logdet import (cholesky_cannot_fail, ridge_gram_logdet,
-                          ridge_gram_logdet_flagged)
+                          signed_ridge_gram_logdet)
 from .validation import (check_bool, check_choice, check_features,
                          check_finite_result, check_real, resolve_dtype)
 
@@ -67,6 +67,11 @@ def unit_rows_unchecked(z: Tensor, magnitude: Tensor) -> Tensor:
     Reads nothing on the host (the training path checks the rows on the
     device instead).
 
+    One autograd node: the forward is the two divisions and the norm (bit
+    for bit those of autograd's chain), the backward the closed form
+    ``(g - u (u . g)) / (|z / m| m)`` per row (``u`` the unit row, ``m``
+    its magnitude, held constant): 5 aten ops instead of autograd's 14.
+
     Args:
         z: Features (B, d), rows are samples.
         magnitude: ``row_magnitudes(z)``.
@@ -74,8 +79,28 @@ def unit_rows_unchecked(z: Tensor, magnitude: Tensor) -> Tensor:
     Returns:
         Rows of unit norm, same dtype.
     """
-    scaled = z / magnitude.unsqueeze(1)
-    return scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    return _UnitRows.apply(z, magnitude)
+
+
+class _UnitRows(torch.autograd.Function):
+    """``(z / m) / |z / m|`` per row, ``m`` a constant (the row's largest
+    magnitude), with its closed-form gradient."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, magnitude: Tensor) -> Tensor:
+        rows = magnitude.unsqueeze(1)
+        scaled = z / rows
+        norm = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+        unit = scaled / norm
+        ctx.save_for_backward(unit, norm * rows)
+        return unit
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        unit, lengths = ctx.saved_tensors
+        radial = (unit * grad).sum(dim=1, keepdim=True)
+        return (grad - unit * radial) / lengths, None
 
 
 def logdet_identity_plus(a: Tensor, mu: float) -> Tensor:
@@ -142,23 +167,30 @@ def total_coding_rate(z: Tensor, mu: float = 1.0,
         value, f'total_coding_rate(mu={mu!r}, dtype={dtype})')
 
 
-def total_coding_rate_sync_free(z: Tensor, mu: float,
-                                frobenius_sq: float) -> Tensor:
-    """:func:`total_coding_rate` of finite ``z`` without any host read.
+def total_coding_rate_sync_free(z: Tensor, mu: float, frobenius_sq: float,
+                                scale: float = 1.0,
+                                sign: float = 1.0) -> Tensor:
+    """``sign *`` :func:`total_coding_rate` of finite ``scale * z`` without
+    any host read.
 
     For the training step: no input scan and no check of the factorisation
     on the host. Whether Cholesky can fail is decided from the shapes and
     ``frobenius_sq`` (:func:`~.gram_logdet.cholesky_cannot_fail`); where it
     provably cannot, the value is the Cholesky one, bit for bit that of
-    :func:`total_coding_rate`. Otherwise (paper form with a tiny ``mu``) the
-    clamped eigenvalues are used, whose kernel still checks its convergence
-    on the host (one sync in torch's ``eigvalsh``). Runs in ``z``'s dtype;
-    the caller disables autocast.
+    :func:`total_coding_rate`, computed with its scale and sign in one
+    autograd node (:func:`~.gram_logdet.signed_ridge_gram_logdet`: no
+    failure masks, 17 aten ops per forward + backward instead of 28).
+    Otherwise (paper form with a tiny ``mu``) the clamped eigenvalues are
+    used, whose kernel still checks its convergence on the host (one sync in
+    torch's ``eigvalsh``). Runs in ``z``'s dtype; the caller disables
+    autocast.
 
     Args:
         z: Finite features (B, d) in float32 or float64.
         mu: Positive ridge of the coding rate.
-        frobenius_sq: Bound on ``||z||_F^2`` (B for unit rows).
+        frobenius_sq: Bound on ``||scale z||_F^2`` (B scale^2 for unit rows).
+        scale: Factor applied to ``z`` first.
+        sign: ``1.0``, or ``-1.0`` for the negative rate (a loss).
 
     Returns:
         Scalar tensor; NaN if the factorisation failed after all.
@@ -167,11 +199,14 @@ def total_coding_rate_sync_free(z: Tensor, mu: float,
     samples_side = num_samples < dim
     offset = (dim - num_samples) * math.log(mu) if samples_side else 0.0
     if cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu, z.dtype):
-        value, _ = ridge_gram_logdet_flagged(z, mu, samples_side)
-    else:
-        gram = z @ z.T if samples_side else z.T @ z
-        value = torch.log(torch.linalg.eigvalsh(gram).clamp_min(0) + mu).sum()
-    return offset + value
+        return signed_ridge_gram_logdet(z, mu, samples_side, scale, offset,
+                                        sign)
+    if scale != 1.0:
+        z = z * scale
+    gram = z @ z.T if samples_side else z.T @ z
+    value = offset + torch.log(
+        torch.linalg.eigvalsh(gram).clamp_min(0) + mu).sum()
+    return value if sign == 1.0 else -value
 
 
 def check_coding_rate_args(form: str, mu: float, centering: bool) -> tuple:
@@ -209,7 +244,7 @@ def coding_rate_key(form: str, mu: float, centering: bool) -> str:
 
 
 def coding_rate_of_unit_rows(zn: Tensor, form: str, mu: float,
-                             centering: bool) -> Tensor:
+                             centering: bool, sign: float = 1.0) -> Tensor:
     """:func:`coding_rate` of rows already of unit norm, sync-free.
 
     For the training step (``TCRLoss``): nothing is read on the host (see
@@ -221,6 +256,8 @@ def coding_rate_of_unit_rows(zn: Tensor, form: str, mu: float,
         form: One of :data:`TCR_FORMS`.
         mu: Positive coding-rate parameter.
         centering: Centre the rows over the batch first.
+        sign: ``1.0``, or ``-1.0`` for the negative rate (``TCRLoss``),
+            folded into the log-determinant's node (bit for bit ``-rate``).
 
     Returns:
         Scalar tensor; NaN if the factorisation failed.
@@ -231,10 +268,10 @@ def coding_rate_of_unit_rows(zn: Tensor, form: str, mu: float,
         # projection. ||J zn||_F^2 <= ||zn||_F^2 = B.
         zn = zn - zn.mean(dim=0, keepdim=True)
     if form == 'paper':
-        return total_coding_rate_sync_free(zn, mu, num_samples)
+        return total_coding_rate_sync_free(zn, mu, num_samples, sign=sign)
     scale = math.sqrt(mu / dim)
-    return total_coding_rate_sync_free(zn * scale, 1.0,
-                                       num_samples * scale**2)
+    return total_coding_rate_sync_free(zn, 1.0, num_samples * scale**2,
+                                       scale=scale, sign=sign)
 
 
 def coding_rate(z: Tensor, form: str = 'reference', mu: float = 1.0,

@@ -43,6 +43,75 @@ class _RidgeGramLogdet(torch.autograd.Function):
         return grad_z * (2.0 * grad), None, None
 
 
+class _SignedRidgeGramLogdet(torch.autograd.Function):
+    """``sign (offset + logdet(ridge I + Gram(scale z)))``, for a
+    factorisation known to succeed (:func:`cholesky_cannot_fail`).
+
+    One autograd node for what is otherwise a chain of them (scaling, the
+    logdet, the offset, the sign): the forward is the same ops, bit for bit,
+    as scaling ``z``, :func:`ridge_gram_logdet_flagged` and negating; the
+    backward is the closed form ``2 sign scale grad (scale z) S^-1`` (or
+    ``S^-1 (scale z)`` on the samples' side) from two triangular solves.
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor, scale: float, ridge: float,
+                samples_side: bool, offset: float, sign: float) -> Tensor:
+        scaled = z * scale if scale != 1.0 else z
+        gram = scaled @ scaled.T if samples_side else scaled.T @ scaled
+        gram.diagonal().add_(ridge)
+        chol, _ = torch.linalg.cholesky_ex(gram)
+        # sign * (2 x): exact, as is sign * (offset + v) = sign v + sign
+        # offset in round-to-nearest.
+        value = (2.0 * sign) * torch.log(torch.diagonal(chol)).sum()
+        if offset != 0.0:
+            value = value + sign * offset
+        ctx.save_for_backward(scaled, chol)
+        ctx.samples_side = samples_side
+        ctx.factor = 2.0 * sign * scale
+        return value
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        scaled, chol = ctx.saved_tensors
+        rhs = scaled if ctx.samples_side else scaled.T
+        half = torch.linalg.solve_triangular(chol, rhs, upper=False)
+        solved = torch.linalg.solve_triangular(chol.T, half, upper=True)
+        direction = solved if ctx.samples_side else solved.T
+        return direction * (grad * ctx.factor), None, None, None, None, None
+
+
+def signed_ridge_gram_logdet(z: Tensor, ridge: float, samples_side: bool,
+                             scale: float = 1.0, offset: float = 0.0,
+                             sign: float = 1.0) -> Tensor:
+    """``sign * (offset + logdet(ridge I + Gram(scale z)))`` in one node.
+
+    For a factorisation that cannot fail (decide with
+    :func:`cholesky_cannot_fail`): nothing is checked, on the device or the
+    host. The value equals, bit for bit, ``sign * (offset +
+    ridge_gram_logdet_flagged(scale * z, ridge, samples_side)[0])``; the
+    forward and backward dispatch 10 and 7 aten ops (d-side), against 17
+    and 11 for that chain with its failure masks.
+
+    Args:
+        z: Features (B, d) in the compute dtype.
+        ridge: Positive ridge.
+        samples_side: Use the B x B Gram ``z z^T`` instead of ``z^T z``.
+        scale: Factor applied to ``z`` first.
+        offset: Added to the log-determinant (Sylvester's ``(d - B) log``).
+        sign: ``1.0`` or ``-1.0`` (a loss that maximises the rate).
+
+    Returns:
+        Scalar tensor in ``z``'s dtype.
+    """
+    if sign not in (1.0, -1.0):
+        raise ValueError(f'sign must be 1.0 or -1.0, got {sign!r}')
+    return _SignedRidgeGramLogdet.apply(z, float(scale), float(ridge),
+                                        bool(samples_side), float(offset),
+                                        float(sign))
+
+
 def _ridge_gram_cholesky(z: Tensor, mu: float,
                          samples_side: bool) -> Tuple[Tensor, Tensor]:
     """Cholesky factor of ``mu I + Gram(z)`` and LAPACK's ``info`` (0: ok)."""

@@ -730,7 +730,7 @@ def run_dtype(spec: dict) -> Dict:
     device, dtype = spec['device'], spec['dtype']
     rank, world, local_rank = init_distributed(device)
     sys.path.insert(0, REPO)
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     from mmengine.registry import init_default_scope
     init_default_scope('mmpretrain')
     result: Dict = dict(dtype=dtype, rank=rank, world_size=world, cases={})

@@ -135,7 +135,7 @@ def recipe_pipeline(decode_backend: Optional[str] = None) -> Callable:
     from mmengine.config import Config
     from mmengine.dataset import Compose
     from mmengine.registry import init_default_scope
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     init_default_scope('mmpretrain')
     steps = Config.fromfile(osp.join(REPO, RECIPE)).train_dataloader \
         .dataset.pipeline

@@ -68,10 +68,11 @@ class TCRLoss(FeatureRegularizer):
     def value(self, zn: Tensor, valid: Optional[Tensor] = None) -> Tensor:
         if valid is None or not self.centering:
             # Zero padding rows leave logdet(mu I + zn^T zn) unchanged.
-            return -coding_rate_of_unit_rows(zn, self.form, self.mu,
-                                             self.centering)
+            return coding_rate_of_unit_rows(zn, self.form, self.mu,
+                                            self.centering, sign=-1.0)
         # Centre over the valid rows only and keep the padding at zero.
         count = valid.sum().clamp_min(1).to(zn.dtype)
         mean = zn.sum(dim=0, keepdim=True) / count
         centred = torch.where(valid.unsqueeze(1), zn - mean, 0.0)
-        return -coding_rate_of_unit_rows(centred, self.form, self.mu, False)
+        return coding_rate_of_unit_rows(centred, self.form, self.mu, False,
+                                        sign=-1.0)
