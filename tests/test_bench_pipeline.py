@@ -52,18 +52,22 @@ def test_every_cpu_path_gives_a_224_crop(bench, jpegs):
         assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
 
 
-def test_gpu_path_keeps_the_encoded_bytes_and_a_box_inside(bench, jpegs):
+def test_gpu_path_is_the_options_worker_half(bench, jpegs):
+    """PackEncodedJpeg with the recipe's settings: the encoded bytes and a
+    box inside the image."""
     run = bench.build_paths(['gpu_decode_cpu_side'])['gpu_decode_cpu_side']
     for path in jpegs['paths']:
-        encoded, box, flip = run(path)
-        assert encoded.dtype == torch.uint8
-        assert bytes(encoded.numpy()) == open(path, 'rb').read()
-        top, left, height, width = box.tolist()
+        packed = run(path)
+        meta = packed['data_samples'].metainfo
+        assert meta['encoded'] is True and packed['inputs'].dtype == \
+            torch.uint8
+        assert bytes(packed['inputs'].numpy()) == open(path, 'rb').read()
+        top, left, height, width = meta['crop_box']
         with Image.open(path) as image:
             full_width, full_height = image.size
         assert 0 <= top and top + height <= full_height
         assert 0 <= left and left + width <= full_width
-        assert isinstance(flip, bool)
+        assert isinstance(meta['flip'], bool)
 
 
 def test_tiny_run_reports_the_paths_side_by_side(bench, tmp_path, capsys):

@@ -15,10 +15,12 @@ and ~110 KB):
   same crop box resized bicubic (antialiased) by torchvision, the flip, and
   a CHW uint8 tensor;
 * ``gpu_decode_cpu_side``: the faster path, decoding and cropping on the
-  GPU (``torchvision.io.decode_jpeg(device='cuda')`` on a list of encoded
-  images, then ``roi_align`` / ``resized_crop`` there): what stays on the
-  worker's core is reading the file's bytes, its size from the JPEG header,
-  the crop box and the flip draw. The GPU's share is not measured here.
+  GPU (the plugin's option: ``PackEncodedJpeg`` in the workers,
+  ``DeviceJpegDataPreprocessor`` running ``torchvision.io.decode_jpeg`` and
+  ``resized_crop`` on the GPU): what stays on the worker's core is reading
+  the file's bytes, its size from the JPEG header, the crop box and flip
+  draws and the packing. The GPU's share (and whatever part of nvJPEG's
+  decoding its backend runs on the main process's core) is not measured.
 
 The paths run in alternating rounds; per path the median images/s of the
 rounds and their spread are reported, by CPU time of this process (what one
@@ -31,7 +33,6 @@ into cores per GPU::
     python tools/benchmarks/bench_pipeline.py --images 64 --rounds 1  # smoke
 """
 import argparse
-import io
 import json
 import os
 import os.path as osp
@@ -187,27 +188,16 @@ def torchvision_cpu_path() -> Callable:
     return run
 
 
-def jpeg_size(data: bytes) -> tuple:
-    """(height, width) from a JPEG's header (PIL reads only the header)."""
-    from PIL import Image
-    width, height = Image.open(io.BytesIO(data)).size
-    return height, width
-
-
 def gpu_decode_cpu_side_path() -> Callable:
-    """What a worker does when the GPU decodes and crops: the encoded
-    bytes as a tensor, the size from the header, the crop box, the flip."""
-    import torch
-    crop = recipe_crop()
+    """The option's worker half, :class:`mmae_plugin.datasets.
+    PackEncodedJpeg` with the recipe's crop settings: the file's bytes, the
+    size from the header, the crop box and flip draws, the packing."""
+    from mmae_plugin.datasets import PackEncodedJpeg
+    pack = PackEncodedJpeg(scale=224, crop_ratio_range=(0.2, 1.0),
+                           flip_prob=0.5)
 
     def run(path: str):
-        with open(path, 'rb') as f:
-            data = f.read()
-        height, width = jpeg_size(data)
-        box = crop_box(crop, height, width)
-        flip = bool(torch.rand(()) < 0.5)
-        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        return encoded, torch.tensor(box), flip
+        return pack(dict(img_path=path))
 
     return run
 
