@@ -181,7 +181,7 @@ class CpuDistributedFlexibleRunnerMixin:
         """
         strategy_type = ddp_strategy_type(strategy, launcher)
         if strategy_type is not None and needs_cpu_process_group(launcher):
-            init_cpu_process_group(env_cfg.get('dist_cfg'))
+            init_cpu_process_group((env_cfg or {}).get('dist_cfg'))
             from mmengine._strategy import FSDPStrategy
             if not issubclass(strategy_type, FSDPStrategy):
                 strategy = dict(strategy or dict(type='DDPStrategy'))
