@@ -1,3 +1,4 @@
 from .mmae import FEATURES, MMAE, SKIP_KEY
+from .spectral_contrastive import SpectralContrastive
 
-__all__ = ['FEATURES', 'MMAE', 'SKIP_KEY']
+__all__ = ['FEATURES', 'MMAE', 'SKIP_KEY', 'SpectralContrastive']

@@ -1,0 +1,3 @@
+from .spectral_contrastive_head import SpectralContrastiveHead
+
+__all__ = ['SpectralContrastiveHead']
