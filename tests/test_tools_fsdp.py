@@ -14,6 +14,8 @@ from mmengine.registry import FUNCTIONS
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
+from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
+from mmae_plugin.checkpoint.integrity import checkpoint_problem
 
 FSDP_CONFIG = 'configs/mmae_vit-large_200e_fsdp.py'
 
@@ -28,8 +30,8 @@ def flatten(prefix, value):
 
 def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     cfg = Config.fromfile(os.path.join(repo_root, FSDP_CONFIG))
-    assert cfg.runner_type == 'FlexibleRunner'
-    assert cfg.strategy.type == 'FSDPStrategy'
+    assert cfg.runner_type == 'MMAEFlexibleRunner'
+    assert cfg.strategy.type == 'MMAEFSDPStrategy'
     assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
     assert cfg.optim_wrapper.use_fsdp  # the float16 fallback's scaler
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', 'l')
@@ -65,7 +67,8 @@ def fsdp_train(repo_root, work_dir, env, max_epochs, *extra,
     args = [
         'bash', 'tools/dist_train.sh', 'configs/fashion_mnist/mmae_fmnist.py',
         '2', '--work-dir', str(work_dir), *extra, '--cfg-options',
-        'runner_type=FlexibleRunner', *flatten('strategy', strategy.to_dict()),
+        'runner_type=MMAEFlexibleRunner',
+        *flatten('strategy', strategy.to_dict()),
         'train_dataloader.dataset.indices=64',
         'train_dataloader.batch_size=16', 'train_dataloader.num_workers=0',
         'train_dataloader.persistent_workers=False',
@@ -106,21 +109,28 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     log = fsdp_train(repo_root, straight, cpu_dist_env_factory(), 2)
     # 64 images / (2 ranks x 16) = 2 iterations per epoch, logged with loss.
     assert 'Epoch(train) [2][2/2]' in log and 'loss_tcr' in log
-    # FSDP's local state dict: one file of ShardedTensors per rank, each
-    # with its hidden sha256 sidecar.
+    # FSDP's local state dict: one file of ShardedTensors per rank; the
+    # folder's hidden sidecar lists both (sha256sum -c checks them).
     assert sorted(os.listdir(straight / 'epoch_1.pth')) == [
-        '.rank0.pth.sha256', '.rank1.pth.sha256', 'rank0.pth', 'rank1.pth']
+        'rank0.pth', 'rank1.pth']
+    check = subprocess.run(['sha256sum', '-c', '.epoch_1.pth.sha256'],
+                           cwd=straight, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.split() == ['epoch_1.pth/rank0.pth:', 'OK',
+                                    'epoch_1.pth/rank1.pth:', 'OK']
     for shard in ('rank0.pth', 'rank1.pth'):
         with zipfile.ZipFile(straight / 'epoch_1.pth' / shard) as archive:
             pickled = archive.read(next(
                 n for n in archive.namelist() if n.endswith('data.pkl')))
         assert b'ShardedTensor' in pickled
 
-    # Preempted after epoch 1: resume (weights_only; mmengine's optimizer
-    # state load needed compat.fsdp_optim_state_order) and finish epoch 2.
+    # Preempted after epoch 1: auto-resume (the folder verified as a
+    # folder; weights_only) and finish epoch 2.
     shutil.copytree(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
+    shutil.copy(straight / '.epoch_1.pth.sha256', resumed)
     log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2,
-                     '--resume', str(resumed / 'epoch_1.pth'))
+                     '--resume')
+    assert f'Auto-resuming from {resumed}/epoch_1.pth' in log
     assert 'resumed epoch: 1, iter: 2' in log
     expected = tensor_records(straight / 'epoch_2.pth')
     got = tensor_records(resumed / 'epoch_2.pth')
@@ -129,6 +139,14 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
         assert len(records) > 10 and records.keys() == got[rank].keys()
         differing = [key for key in records if records[key] != got[rank][key]]
         assert not differing, (rank, differing)
+
+    # A damaged rank file makes the whole folder unusable, by name.
+    with open(resumed / 'epoch_2.pth' / 'rank1.pth', 'r+b') as shard:
+        shard.truncate(1000)
+    assert 'epoch_2.pth/rank1.pth' in checkpoint_problem(
+        str(resumed / 'epoch_2.pth'))
+    assert choose_resume_checkpoint(str(resumed)).path == \
+        str(resumed / 'epoch_1.pth')
 
 
 def run_full_optim_state_probe(repo_root, env, *args):
@@ -161,9 +179,9 @@ def moments_are_right(report):
     'torch (2.14.1, CPU/gloo): FSDP(use_orig_params=True).optim_state_dict '
     'with offload_to_cpu all-gathers every state into one buffer and keeps '
     'views of it (.cpu() copies nothing on the CPU): exp_avg comes out as '
-    'a copy of exp_avg_sq. Worked around by '
-    'compat.fsdp_full_optim_state_copy (test below); when this passes, '
-    'torch is fixed and that module can go.'))
+    'a copy of exp_avg_sq. Worked around by MMAEFSDPStrategy '
+    '(engine/strategies/fsdp_optim_state_copy.py, test below); when this '
+    'passes, torch is fixed and that module can go.'))
 def test_torch_full_optimizer_state_dict_keeps_adam_moments(
         repo_root, cpu_dist_env):
     report = run_full_optim_state_probe(repo_root, cpu_dist_env)
@@ -200,15 +218,16 @@ def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
                state_dict_cfg='full')
     assert (straight / 'epoch_1.pth').is_file()
     pairs = adam_moments(straight / 'epoch_1.pth')
-    # Without compat.fsdp_full_optim_state_copy every pair is equal.
+    # Without MMAEFSDPStrategy's gathered_states_copied every pair is equal.
     assert len(pairs) > 10 and not any(
         torch.equal(avg, avg_sq) for avg, avg_sq in pairs)
 
     os.makedirs(resumed)
-    shutil.copy(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
+    for name in ('epoch_1.pth', '.epoch_1.pth.sha256'):
+        shutil.copy(straight / name, resumed / name)
     log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2,
-                     '--resume', str(resumed / 'epoch_1.pth'),
-                     state_dict_cfg='full')
+                     '--resume', state_dict_cfg='full')
+    assert f'Auto-resuming from {resumed}/epoch_1.pth' in log
     assert 'resumed epoch: 1, iter: 2' in log
     expected = file_tensor_records(straight / 'epoch_2.pth')
     got = file_tensor_records(resumed / 'epoch_2.pth')
