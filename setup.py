@@ -65,6 +65,10 @@ EXTRAS_REQUIRE = {
     'tests': ['pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
               'timm>=1.0.31,<2'],
     'analysis': ['matplotlib>=3.11,<4', 'tensorboard>=2.21,<3'],
+    # tools/compare.py (mmae_plugin.comparison): jobs through submitit
+    # (local processes or Slurm), paired t-intervals (scipy), figures.
+    'compare': ['submitit>=1.5.4,<2', 'scipy>=1.17,<2',
+                'matplotlib>=3.11,<4'],
 }
 # `all` leaves mmcv alone: `pip install 'mmae-plugin[all]'` into an
 # environment with full mmcv must not lay mmcv-lite over it.
