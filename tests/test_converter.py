@@ -5,6 +5,7 @@ converted file."""
 import argparse
 import functools
 import importlib.util
+import os
 import os.path as osp
 import subprocess
 import sys
@@ -321,3 +322,113 @@ def test_converter_refuses_crafted_checkpoint(fair_checkpoint, tmp_path,
     assert 'UnpicklingError' in proc.stderr
     assert not marker.exists(), 'the crafted checkpoint ran code'
     assert not dst.exists()
+
+
+# --------------------------------------------------------------------------
+# malformed input: a named error saying what was found and what is expected
+# --------------------------------------------------------------------------
+def error_lines(stderr):
+    """The command's own lines (mmcv's import warnings left out)."""
+    return [line for line in stderr.splitlines() if 'error: ' in line]
+
+
+#: (checkpoint, what the error says was found, run through the command too)
+MALFORMED = [
+    ([torch.ones(2)], 'the checkpoint is a list of 1 items', True),
+    (torch.ones(2), 'the checkpoint is a Tensor of 2 items', False),
+    (None, 'the checkpoint is a NoneType', False),
+    ({0: torch.ones(2), 1: torch.ones(2)},
+     'the checkpoint has the int key 0', True),
+    ({'model': {0: torch.ones(2)}}, "field 'model' has the int key 0", True),
+    ({'model': [torch.ones(2)]}, "field 'model' is a list of 1 items", False),
+    ({'state_dict': {}}, "field 'state_dict' is a dict of 0 items", False),
+    ({'state_dict': {'norm.weight': 'text'}},
+     "field 'state_dict' holds a str of 4 items under 'norm.weight'", False),
+    ({1: 'a', 'b': 2}, "checkpoint fields [1, 'b'] hold no state dict", False),
+]
+
+
+@pytest.mark.parametrize('checkpoint,found,command', MALFORMED)
+def test_malformed_checkpoints_get_a_named_error(tmp_path, checkpoint, found,
+                                                 command):
+    """Through the API, and (three of them) the command: one line, exit 1,
+    nothing written."""
+    converter = load_converter()
+    with pytest.raises(converter.MalformedCheckpointError) as error:
+        converter.extract_state_dict(checkpoint)
+    assert str(error.value).startswith(found)
+    assert "expected a dict of str keys to tensors" in str(error.value)
+    if not command:  # each run of the command imports mmpretrain (~10 s)
+        return
+    src, dst = tmp_path / 'bad.pth', tmp_path / 'out.pth'
+    torch.save(checkpoint, src)
+    proc = run_converter(src, dst)
+    assert proc.returncode == 1
+    assert f'error: MalformedCheckpointError: {found}' in proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert len(error_lines(proc.stderr)) == 1, proc.stderr
+    assert not dst.exists()
+
+
+@pytest.mark.parametrize('content', [b'', b'not a checkpoint', b'PK\x03\x04'])
+def test_files_that_are_not_checkpoints_are_named(tmp_path, content):
+    src, dst = tmp_path / 'junk.pth', tmp_path / 'out.pth'
+    src.write_bytes(content)
+    proc = run_converter(src, dst)
+    assert proc.returncode == 1
+    assert f'src={str(src)!r}' in proc.stderr, proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert not dst.exists()
+
+
+def test_keys_colliding_after_stripping_module_name_both(tmp_path):
+    converter = load_converter()
+    weights = {'norm.weight': torch.ones(2),
+               'module.norm.weight': torch.zeros(2)}
+    with pytest.raises(converter.KeyCollisionError) as error:
+        converter.convert_state_dict(weights)
+    message = str(error.value)
+    assert "'norm.weight' and 'module.norm.weight' both become " \
+        "'backbone.ln1.weight'" in message
+    # Two wrapper prefixes on one key and one on the other collide too.
+    with pytest.raises(converter.KeyCollisionError, match='_orig_mod.module'):
+        converter.convert_state_dict({'module.cls_token': torch.ones(1),
+                                      '_orig_mod.module.cls_token':
+                                      torch.ones(1)})
+    src, dst = tmp_path / 'ddp_and_raw.pth', tmp_path / 'out.pth'
+    torch.save({'model': weights}, src)
+    proc = run_converter(src, dst)
+    assert proc.returncode == 1
+    assert "KeyCollisionError: keys 'norm.weight' and 'module.norm.weight'" \
+        in proc.stderr
+    assert not dst.exists()
+    # Control: the prefix alone is stripped without complaint.
+    assert list(converter.convert_state_dict(
+        {'module.norm.weight': torch.ones(2)})) == ['backbone.ln1.weight']
+
+
+@pytest.mark.parametrize('how', ['same path', 'relative', 'symlink',
+                                 'hard link'])
+def test_dst_equal_to_src_is_refused_before_anything_is_written(
+        fair_checkpoint, tmp_path, how, monkeypatch):
+    *_, original = fair_checkpoint
+    src = tmp_path / 'checkpoint.pth'
+    src.write_bytes(original.read_bytes())
+    before = src.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    dst = {'same path': src, 'relative': './checkpoint.pth',
+           'symlink': tmp_path / 'link.pth',
+           'hard link': tmp_path / 'hard.pth'}[how]
+    if how == 'symlink':
+        (tmp_path / 'link.pth').symlink_to(src)
+    if how == 'hard link':
+        os.link(src, tmp_path / 'hard.pth')
+    proc = run_converter(src, dst)
+    assert proc.returncode == 2, proc.stderr
+    assert 'is the source checkpoint' in proc.stderr
+    assert 'converting would overwrite it' in proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert src.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {'checkpoint.pth', 'link.pth' if how == 'symlink' else
+         'hard.pth' if how == 'hard link' else 'checkpoint.pth'})

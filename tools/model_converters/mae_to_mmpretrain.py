@@ -17,6 +17,15 @@ Runner wrote (message hub with ``HistoryBuffer`` and numpy arrays, under
 numpy 1.x or 2.x) load, and a crafted checkpoint that would run code is
 refused without running it.
 
+Malformed input is refused with a named error saying what was found and
+what is expected (:class:`MalformedCheckpointError`): a checkpoint that is
+not a dict, a state dict with non-string keys or non-tensor values, and two
+source keys that become one after stripping a wrapper prefix (``module.x``
+beside ``x``) or renaming; nothing is dropped silently. ``DST`` naming the
+same file as ``SRC`` is refused before anything is read or written. The
+command answers each with one line on stderr (exit status 2 for
+``SRC == DST``, 1 otherwise).
+
 Usage:
     python tools/model_converters/mae_to_mmpretrain.py SRC.pth DST.pth
 """
@@ -25,14 +34,15 @@ import contextlib
 import os.path as osp
 import pickle
 import re
+import sys
 from collections import OrderedDict
-from typing import Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import torch
 
 # The exact classes mmengine checkpoints pickle, allow-listed for
 # weights_only (mmae_plugin.compat.checkpoint_allowlist).
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 # (pattern on a source key, replacement) in the order they are tried. Block
 # internals are shared by the encoder's `blocks` and the decoder's
@@ -67,6 +77,39 @@ TOP_LEVEL_RULES: List[Tuple[str, str]] = [
 BLOCK_PREFIXES = {'blocks': 'backbone.layers', 'decoder_blocks': 'neck.decoder_blocks'}
 # Wrapper prefixes that training scripts add (DDP, model EMA, torch.compile).
 STRIPPED_PREFIXES = ('module.', '_orig_mod.')
+# Fields that hold the weights: FAIR MAE's `model`, mmengine's
+# `state_dict`, DeepSpeed's `module`.
+WEIGHT_FIELDS = ('model', 'state_dict', 'module')
+EXPECTED = ("a dict of str keys to tensors, or a dict holding one under "
+            "'model' (FAIR MAE), 'state_dict' (mmengine) or 'module'")
+
+
+class MalformedCheckpointError(ValueError):
+    """The source is not a checkpoint this converter understands."""
+
+
+class KeyCollisionError(MalformedCheckpointError):
+    """Two source keys would become one converted key."""
+
+
+class SameFileError(ValueError):
+    """``dst`` is ``src``: converting would overwrite the source."""
+
+
+def describe(value: Any) -> str:
+    """A short description of a loaded object, for error messages.
+
+    Args:
+        value: Anything ``torch.load`` returned.
+
+    Returns:
+        Its type, and its length where it has one.
+    """
+    kind = type(value).__name__
+    try:
+        return f'a {kind} of {len(value)} items'
+    except TypeError:
+        return f'a {kind}'
 
 
 def rename_key(key: str) -> str:
@@ -99,38 +142,112 @@ def rename_key(key: str) -> str:
         'or q/k norm)')
 
 
-def convert_state_dict(state_dict: Dict[str, torch.Tensor]
+def strip_wrappers(key: str) -> str:
+    """``key`` without the prefixes DDP, EMA or ``torch.compile`` add.
+
+    Wrappers nest in either order (``_orig_mod.module.`` for a compiled DDP
+    model), so prefixes are stripped until none is left.
+    """
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in STRIPPED_PREFIXES:
+            if key.startswith(prefix):
+                key, stripped = key[len(prefix):], True
+    return key
+
+
+def convert_state_dict(state_dict: Mapping[str, torch.Tensor]
                        ) -> 'OrderedDict[str, torch.Tensor]':
     """Rename every key of a FAIR MAE / timm ViT state dict.
 
     Args:
-        state_dict: The source weights (encoder, and decoder if present).
+        state_dict: The source weights (encoder, and decoder if present),
+            as :func:`check_state_dict` accepts them.
 
     Returns:
         The same tensors under mmpretrain's keys.
+
+    Raises:
+        MalformedCheckpointError: A key is not a string or a value not a
+            tensor.
+        KeyCollisionError: Two source keys map to one converted key (for
+            instance ``module.norm.weight`` and ``norm.weight``), naming
+            both; keeping either would silently lose the other.
+        KeyError: A key has no mmpretrain counterpart (:func:`rename_key`).
     """
+    check_state_dict(state_dict, 'state dict')
     converted = OrderedDict()
+    source_of: Dict[str, str] = {}
     for key, value in state_dict.items():
-        for prefix in STRIPPED_PREFIXES:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-        converted[rename_key(key)] = value
+        new_key = rename_key(strip_wrappers(key))
+        if new_key in source_of:
+            raise KeyCollisionError(
+                f'keys {source_of[new_key]!r} and {key!r} both become '
+                f'{new_key!r} (after stripping {"/".join(STRIPPED_PREFIXES)} '
+                'and renaming); the checkpoint holds two copies of one '
+                'weight. Keep one of them (e.g. the EMA or the raw model) '
+                'and convert again')
+        source_of[new_key] = key
+        converted[new_key] = value
     return converted
 
 
-def extract_state_dict(checkpoint: dict) -> Dict[str, torch.Tensor]:
-    """The weights inside a checkpoint (FAIR's ``model``, or ``state_dict``)."""
-    for field in ('model', 'state_dict', 'module'):
-        if isinstance(checkpoint.get(field), dict):
+def check_state_dict(state_dict: Any, where: str) -> None:
+    """Refuse a state dict that is not str keys to tensors.
+
+    Args:
+        state_dict: The candidate.
+        where: What it is, for the message (``"field 'model'"``).
+
+    Raises:
+        MalformedCheckpointError: Naming the first bad key or value.
+    """
+    if not isinstance(state_dict, Mapping) or not state_dict:
+        raise MalformedCheckpointError(
+            f'{where} is {describe(state_dict)}; expected {EXPECTED}')
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise MalformedCheckpointError(
+                f'{where} has the {type(key).__name__} key {key!r}; expected '
+                f'{EXPECTED}')
+        if not torch.is_tensor(value):
+            raise MalformedCheckpointError(
+                f'{where} holds {describe(value)} under {key!r}; expected '
+                f'{EXPECTED}')
+
+
+def extract_state_dict(checkpoint: Any) -> Mapping[str, torch.Tensor]:
+    """The weights inside a checkpoint (FAIR's ``model``, or ``state_dict``).
+
+    Args:
+        checkpoint: What ``torch.load`` returned.
+
+    Returns:
+        The state dict, checked by :func:`check_state_dict`.
+
+    Raises:
+        MalformedCheckpointError: The checkpoint is not a dict, holds no
+            state dict, or its state dict is malformed (what was found and
+            what is expected).
+    """
+    if not isinstance(checkpoint, Mapping):
+        raise MalformedCheckpointError(
+            f'the checkpoint is {describe(checkpoint)}; expected {EXPECTED}')
+    for field in WEIGHT_FIELDS:
+        if field in checkpoint:
+            check_state_dict(checkpoint[field], f'field {field!r}')
             return checkpoint[field]
     if checkpoint and all(torch.is_tensor(v) for v in checkpoint.values()):
+        check_state_dict(checkpoint, 'the checkpoint')
         return checkpoint
-    raise ValueError(
-        f'checkpoint fields {sorted(checkpoint)}: expected a state dict, or a '
-        "dict holding one under 'model' (FAIR MAE) or 'state_dict'")
+    fields = [key for key in checkpoint][:20]
+    raise MalformedCheckpointError(
+        f'checkpoint fields {fields!r} hold no state dict; expected '
+        f'{EXPECTED}')
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str) -> Any:
     """Load safely: ``weights_only=True`` with the plugin's allow-list.
 
     FAIR's training script also stores its ``argparse.Namespace`` of
@@ -146,6 +263,8 @@ def load_checkpoint(path: str) -> dict:
     Raises:
         pickle.UnpicklingError: The checkpoint names a class or function
             outside the allow-list (the message names the file and it).
+        MalformedCheckpointError: The file is not a torch checkpoint
+            (truncated, or another format).
     """
     with namespace_allowed():
         try:
@@ -155,6 +274,12 @@ def load_checkpoint(path: str) -> dict:
                 f'src={path!r} was refused under weights_only (it holds '
                 f'something outside the allow-list; nothing in it ran): '
                 f'{error}') from error
+        except (RuntimeError, EOFError) as error:
+            # torch's zip reader raises RuntimeError on a truncated or
+            # foreign file; EOFError is an empty one.
+            raise MalformedCheckpointError(
+                f'src={path!r} is not a readable torch checkpoint '
+                f'({type(error).__name__}: {error})') from error
 
 
 @contextlib.contextmanager
@@ -172,31 +297,73 @@ def namespace_allowed() -> Iterator[None]:
         yield
 
 
+def same_file(src: str, dst: str) -> bool:
+    """Whether writing ``dst`` would overwrite ``src``.
+
+    Args:
+        src: The source path.
+        dst: The destination path.
+
+    Returns:
+        True for one real path (symlinks followed) or one inode (hard
+        links).
+    """
+    if osp.realpath(src) == osp.realpath(dst):
+        return True
+    try:
+        return osp.samefile(src, dst)
+    except OSError:  # dst (or src) does not exist yet
+        return False
+
+
 def convert_file(src: str, dst: str) -> List[str]:
     """Convert ``src`` and save ``{'state_dict': ...}`` to ``dst``.
 
     Returns:
         The converted keys.
+
+    Raises:
+        SameFileError: ``dst`` is ``src`` (checked before anything is read
+            or written).
+        MalformedCheckpointError: See :func:`extract_state_dict` and
+            :func:`convert_state_dict`.
     """
-    state_dict = convert_state_dict(extract_state_dict(load_checkpoint(src)))
+    if same_file(src, dst):
+        raise SameFileError(
+            f'dst={dst!r} is the source checkpoint src={src!r}; converting '
+            'would overwrite it. Give another output path')
     dst_dir = osp.dirname(osp.abspath(dst))
     if not osp.isdir(dst_dir):
         raise FileNotFoundError(f'dst={dst!r}: folder {dst_dir} does not exist')
+    state_dict = convert_state_dict(extract_state_dict(load_checkpoint(src)))
     torch.save({'state_dict': state_dict,
                 'meta': {'converted_from': osp.basename(src)}}, dst)
     return list(state_dict)
 
 
-def main() -> None:
+def main() -> int:
+    """Run the command; the exit status."""
     parser = argparse.ArgumentParser(
         description='Convert a FAIR MAE / timm ViT checkpoint to mmpretrain')
     parser.add_argument('src', help='FAIR MAE or timm checkpoint (.pth)')
     parser.add_argument('dst', help='output checkpoint in mmpretrain layout')
     args = parser.parse_args()
-    keys = convert_file(args.src, args.dst)
+    try:
+        keys = convert_file(args.src, args.dst)
+    except SameFileError as error:
+        print(f'{parser.prog}: error: {error}', file=sys.stderr)
+        return 2
+    except (MalformedCheckpointError, KeyError, pickle.UnpicklingError,
+            OSError) as error:
+        # One line naming the problem; the type says which kind it is.
+        message = error.args[0] if isinstance(error, KeyError) else error
+        print(f'{parser.prog}: error: {type(error).__name__}: {message}',
+              file=sys.stderr)
+        return 1
     parts = sorted({key.split('.')[0] for key in keys})
     print(f'converted {len(keys)} tensors ({", ".join(parts)}) to {args.dst}')
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    raise SystemExit(main())
