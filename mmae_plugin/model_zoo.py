@@ -13,6 +13,14 @@ measured by ``tools/benchmarks/run_evidence.py`` and weights addressed as
 ``mmae-zoo://<file>``, which this module resolves to the plugin's checkpoint
 folder and loads with ``weights_only=True`` like every other checkpoint.
 
+Each entry with weights records their SHA-256 in its metafile
+(``Metadata: Weights SHA256``). Every ``mmae-zoo://`` load, so every
+``get_model(name, pretrained=True)``, hashes the file first and refuses one
+whose digest differs, or whose name no metafile records, naming the file,
+the entry and what to do (:func:`verify_zoo_checkpoint`). The zoo files
+have no checksum sidecar, so without this check a file with flipped tensor
+bytes (its zip CRC-32s are not checked by ``torch.load``) would load.
+
 mmpretrain's ``get_model(name, pretrained=True)`` only warns and returns a
 randomly initialised model when an entry has no weights. So that a user who
 asked for pretrained weights never gets a random model by mistake, the
@@ -23,16 +31,22 @@ message naming the entry and what to pass instead. (The metafiles keep
 """
 import os
 import os.path as osp
-from typing import List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
+import yaml
 from mmengine.runner import CheckpointLoader
+
+from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
+                                              file_sha256)
 
 ZOO_SCHEME = 'mmae-zoo://'
 #: Weights of registered entries that publish none (see the module docstring).
 UNPUBLISHED = ZOO_SCHEME + 'unpublished/'
 #: Environment variable naming an extra folder of zoo checkpoints.
 ZOO_DIR_ENV = 'MMAE_PLUGIN_ZOO_DIR'
+#: Metadata field of a metafile entry holding its weights' SHA-256.
+DIGEST_FIELD = 'Weights SHA256'
 BUILD_COMMAND = ('python tools/benchmarks/run_evidence.py && '
                  'python tools/benchmarks/run_evidence.py --export-zoo')
 
@@ -116,8 +130,142 @@ def load_from_zoo(filename: str, map_location=None, logger=None) -> dict:
     if filename.startswith(UNPUBLISHED):
         raise ValueError(unpublished_weights_message(
             filename[len(UNPUBLISHED):]))
-    return torch.load(resolve_zoo_checkpoint(filename),
-                      map_location=map_location, weights_only=True)
+    path = verify_zoo_checkpoint(filename)
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+class RecordedDigest(NamedTuple):
+    """The SHA-256 a metafile records for one ``mmae-zoo://`` file."""
+
+    #: Hex SHA-256 of the file.
+    sha256: str
+    #: Entries whose ``Weights`` is this file.
+    entries: List[str]
+    #: The metafile recording it.
+    metafile: str
+
+
+def _zoo_file(weights: str) -> str:
+    return weights[len(ZOO_SCHEME):] if weights.startswith(ZOO_SCHEME) \
+        else weights
+
+
+def metafile_paths() -> List[str]:
+    """The metafiles ``model-index.yml`` imports, as existing paths.
+
+    Returns:
+        Absolute paths; empty when no index is shipped.
+    """
+    index = model_index_path()
+    if index is None:
+        return []
+    with open(index, encoding='utf-8') as file:
+        imports = (yaml.safe_load(file) or {}).get('Import') or []
+    root = osp.dirname(index)
+    return [osp.join(root, path) for path in imports
+            if osp.isfile(osp.join(root, path))]
+
+
+def _add_digest(digests: Dict[str, RecordedDigest], entry: dict,
+                metafile: str) -> None:
+    """Record one entry's weights digest, refusing a conflicting one."""
+    weights = entry.get('Weights') or ''
+    if not weights.startswith(ZOO_SCHEME):
+        return
+    name = entry.get('Name', '?')
+    digest = str((entry.get('Metadata') or {}).get(DIGEST_FIELD, '')).lower()
+    if len(digest) != 64 or not all(c in '0123456789abcdef' for c in digest):
+        raise ValueError(
+            f'{metafile}: entry {name!r} has weights {weights} but no '
+            f'valid `{DIGEST_FIELD}` in its Metadata (got {digest!r}); '
+            'record the file\'s SHA-256 (sha256sum) there')
+    file = _zoo_file(weights)
+    known = digests.get(file)
+    if known is None:
+        digests[file] = RecordedDigest(digest, [name], metafile)
+    elif known.sha256 != digest:
+        raise ValueError(
+            f'metafiles disagree on the SHA-256 of {weights}: '
+            f'{known.sha256} ({known.entries[0]}, {known.metafile}) and '
+            f'{digest} ({name}, {metafile})')
+    else:
+        known.entries.append(name)
+
+
+def recorded_digests() -> Dict[str, RecordedDigest]:
+    """The weights digests every shipped metafile records.
+
+    Returns:
+        ``{file below the checkpoint folder: RecordedDigest}``, e.g. key
+        ``'fmnist/mmae_vit-tiny-p4_fmnist_linear.pth'``.
+
+    Raises:
+        ValueError: An entry with ``mmae-zoo://`` weights records no valid
+            digest, or two entries of one file record different ones.
+    """
+    digests: Dict[str, RecordedDigest] = {}
+    for metafile in metafile_paths():
+        with open(metafile, encoding='utf-8') as file:
+            models = (yaml.safe_load(file) or {}).get('Models') or []
+        for entry in models:
+            _add_digest(digests, entry, metafile)
+    return digests
+
+
+def verify_zoo_checkpoint(filename: str) -> str:
+    """Resolve ``mmae-zoo://<filename>`` and check it against its metafile.
+
+    Args:
+        filename: ``mmae-zoo://<file>`` or ``<file>``.
+
+    Returns:
+        The local path of the intact file.
+
+    Raises:
+        ValueError: No metafile records the file (so nothing vouches for
+            its bytes), naming it and how to load it instead.
+        FileNotFoundError: The file is missing (see
+            :func:`resolve_zoo_checkpoint`).
+        CorruptCheckpointError: Its SHA-256 differs from the recorded one,
+            naming the file, the entries and what to do.
+    """
+    file = _zoo_file(filename)
+    path = resolve_zoo_checkpoint(file)
+    recorded = recorded_digests().get(file)
+    if recorded is None:
+        raise ValueError(
+            f'{ZOO_SCHEME}{file} ({path}) is not a file of the plugin\'s '
+            'model zoo: no metafile records its SHA-256, so its bytes '
+            'cannot be checked. Load a checkpoint of your own by its local '
+            'path instead.')
+    actual = file_sha256(path)
+    if actual != recorded.sha256:
+        raise CorruptCheckpointError(damaged_zoo_message(
+            file, path, actual, recorded))
+    return path
+
+
+def damaged_zoo_message(file: str, path: str, actual: str,
+                        recorded: RecordedDigest) -> str:
+    """What :func:`verify_zoo_checkpoint` says about a changed file.
+
+    Args:
+        file: The file below the checkpoint folder.
+        path: Its local path.
+        actual: Its SHA-256 now.
+        recorded: What the metafile records.
+
+    Returns:
+        The message, naming the file, the entries and the remedies.
+    """
+    return (
+        f'model-zoo checkpoint {ZOO_SCHEME}{file} ({path}) is damaged: its '
+        f'SHA-256 is {actual}, not {recorded.sha256} as {recorded.metafile} '
+        f'records for {", ".join(recorded.entries)}; refusing to load it. '
+        'Restore the file (reinstall mmae_plugin, or `git checkout` it in a '
+        f'repository checkout), or point {ZOO_DIR_ENV} at a folder with an '
+        f'intact copy. If you rebuilt the zoo on purpose, record the new '
+        f'SHA-256 as `{DIGEST_FIELD}` in the metafile.')
 
 
 def unpublished_weights_message(name: str) -> str:

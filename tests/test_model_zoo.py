@@ -13,9 +13,15 @@ from mmae_plugin.evaluation import extract_features, fit_linear_probe
 from mmae_plugin.evaluation.frozen import build_model, linear_probe_state_dict
 from mmae_plugin.download import download_entry
 from mmae_plugin.download import main as download_main
-from mmae_plugin.model_zoo import UNPUBLISHED, ZOO_DIR_ENV
+from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
+                                              checkpoint_problem, file_sha256,
+                                              sidecar_path)
+from mmae_plugin.model_zoo import (DIGEST_FIELD, UNPUBLISHED, ZOO_DIR_ENV,
+                                   ZOO_SCHEME, recorded_digests)
 from mmpretrain.apis import ModelHub
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINEAR = 'mmae_vit-tiny-p4_fmnist_linear'
 IMAGENET_ENTRIES = {
     'mmae_vit-base_200e_linear-90e': 62.4,
     'mmae_vit-base_200e_finetune-100e': 83.1,
@@ -70,21 +76,25 @@ def test_zoo_scheme_missing_checkpoint_names_the_build_command(
         load_checkpoint(model, 'mmae-zoo://../outside.pth')
 
 
-def test_zoo_scheme_loads_with_weights_only(tmp_path, monkeypatch):
+def test_zoo_scheme_refuses_unrecorded_and_crafted_files(tmp_path,
+                                                         monkeypatch):
+    """A file no metafile records, even a valid one, is refused; a payload
+    under a recorded name is refused by its digest; nothing runs."""
     monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
     marker = '/tmp/mmae_zoo_pwned'
     if os.path.exists(marker):
         os.remove(marker)
-    with open(tmp_path / 'evil.pth', 'wb') as f:
-        pickle.dump({'state_dict': Payload()}, f)
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(pickle.UnpicklingError):
-        load_checkpoint(model, 'mmae-zoo://evil.pth')
+    torch.save({'state_dict': model.state_dict()}, tmp_path / 'good.pth')
+    with pytest.raises(ValueError, match="mmae-zoo://good.pth .* is not a "
+                       "file of the plugin's model zoo: no metafile records"):
+        load_checkpoint(model, 'mmae-zoo://good.pth')
+    (tmp_path / 'fmnist').mkdir()
+    with open(tmp_path / 'fmnist' / f'{LINEAR}.pth', 'wb') as f:
+        pickle.dump({'state_dict': Payload()}, f)
+    with pytest.raises(CorruptCheckpointError, match='is damaged'):
+        load_checkpoint(model, f'mmae-zoo://fmnist/{LINEAR}.pth')
     assert not os.path.exists(marker)
-    good = torch.nn.Linear(2, 2)
-    torch.save({'state_dict': good.state_dict()}, tmp_path / 'good.pth')
-    load_checkpoint(model, 'mmae-zoo://good.pth')
-    torch.testing.assert_close(model.weight, good.weight)
 
 
 @pytest.mark.parametrize('knn_config,linear_config,pooling', [
@@ -286,3 +296,238 @@ def test_knn_entry_reproduces_its_number_through_tools_test(name, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics['accuracy/top1'] == pytest.approx(recorded, abs=0.005)
+
+
+# --------------------------------------------------------------------------
+# The zoo's SHA-256s: recorded in the metafiles, checked on every load
+# --------------------------------------------------------------------------
+def test_every_shipped_metafile_digest_matches_its_shipped_file():
+    """A checkpoint changed without its metafile's digest fails here."""
+    digests = recorded_digests()
+    entries = plugin_entries_with_weights()
+    assert entries, 'no entry with weights registered'
+    for name, info in entries.items():
+        assert DIGEST_FIELD in info.metadata.data, name
+        file = info.weights[len(ZOO_SCHEME):]
+        assert name in digests[file].entries
+    for file, recorded in digests.items():
+        shipped = os.path.join(REPO, 'checkpoints', file)
+        assert file_sha256(shipped) == recorded.sha256, (
+            f'{shipped} changed: record its new SHA-256 as {DIGEST_FIELD} in '
+            f'{recorded.metafile} ({", ".join(recorded.entries)})')
+    assert sorted(digests) == sorted(
+        f'fmnist/{name}' for name in os.listdir(
+            os.path.join(REPO, 'checkpoints', 'fmnist')))
+
+
+def flip_tensor_bytes(path, count=64):
+    """Invert ``count`` bytes in the middle of the largest tensor record.
+
+    The zip headers and the pickle stay intact, so ``torch.load`` reads
+    the file without complaint (it does not check the CRC-32s).
+    """
+    import zipfile
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if '/data/' in i.filename),
+                   key=lambda i: i.file_size)
+    with open(path, 'r+b') as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = (int.from_bytes(f.read(2), 'little')
+                                     for _ in range(2))
+        start = info.header_offset + 30 + name_length + extra_length + \
+            info.file_size // 2
+        f.seek(start)
+        flipped = bytes(b ^ 0xFF for b in f.read(count))
+        f.seek(start)
+        f.write(flipped)
+
+
+@pytest.fixture
+def flipped_zoo(tmp_path, monkeypatch):
+    """A zoo root holding a copy of the linear entry's file, bytes flipped."""
+    root = tmp_path / 'zoo'
+    (root / 'fmnist').mkdir(parents=True)
+    path = root / 'fmnist' / f'{LINEAR}.pth'
+    path.write_bytes(open(os.path.join(
+        REPO, 'checkpoints', 'fmnist', f'{LINEAR}.pth'), 'rb').read())
+    flip_tensor_bytes(path)
+    monkeypatch.setenv(ZOO_DIR_ENV, str(root))
+    return path
+
+
+def assert_refused_by_name(message, path):
+    assert f'model-zoo checkpoint mmae-zoo://fmnist/{LINEAR}.pth ({path}) ' \
+        'is damaged' in message
+    assert f'records for {LINEAR}' in message
+    assert 'Restore the file' in message and ZOO_DIR_ENV in message
+
+
+def test_flipped_zoo_file_is_refused_by_get_model_and_zoo_scheme(flipped_zoo):
+    # Control: the damage is one torch.load does not notice, and the same
+    # file by local path is refused by the checkpoint verification.
+    state = torch.load(flipped_zoo, map_location='cpu', weights_only=True)
+    assert 'state_dict' in state
+    assert 'CRC' in checkpoint_problem(str(flipped_zoo))
+    with pytest.raises(CorruptCheckpointError) as error:
+        mmpretrain.get_model(LINEAR, pretrained=True)
+    assert_refused_by_name(str(error.value), flipped_zoo)
+    with pytest.raises(CorruptCheckpointError) as error:
+        load_checkpoint(torch.nn.Linear(2, 2),
+                        f'mmae-zoo://fmnist/{LINEAR}.pth')
+    assert_refused_by_name(str(error.value), flipped_zoo)
+
+
+def test_flipped_zoo_file_is_refused_by_download(flipped_zoo, tmp_path,
+                                                capsys):
+    dest = tmp_path / 'dl'
+    assert download_main([LINEAR, '--dest', str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert_refused_by_name(err, flipped_zoo)
+    assert len(err.strip().splitlines()) == 1
+    assert not dest.exists(), 'nothing is written for a damaged source'
+
+
+# --------------------------------------------------------------------------
+# python -m mmae_plugin.download: what it refuses, and --force
+# --------------------------------------------------------------------------
+def shipped_bytes(name=LINEAR):
+    with open(os.path.join(REPO, 'checkpoints', 'fmnist', f'{name}.pth'),
+              'rb') as f:
+        return f.read()
+
+
+def download_refused(argv, capsys, *phrases):
+    """Run the command; it answers exit 2 and one line with ``phrases``."""
+    assert download_main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith('python -m mmae_plugin.download: error: ')
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+    return lines[0]
+
+
+def test_download_writes_a_sidecar_the_checkpoint_check_accepts(tmp_path):
+    config, checkpoint = download_entry(LINEAR, str(tmp_path))
+    sidecar = sidecar_path(checkpoint)
+    assert open(sidecar).read() == \
+        f'{file_sha256(checkpoint)}  {LINEAR}.pth\n'
+    assert checkpoint_problem(checkpoint) is None
+
+
+def test_download_refuses_to_overwrite_and_force_replaces_with_fresh_sidecar(
+        tmp_path, capsys):
+    dest = tmp_path / 'dl'
+    dest.mkdir()
+    # Another, intact checkpoint with its own sidecar (both names).
+    old = dest / f'{LINEAR}.pth'
+    torch.save({'state_dict': {'x': torch.ones(3)}}, old)
+    from mmae_plugin.checkpoint.integrity import write_sidecar
+    write_sidecar(str(old))
+    (dest / f'{LINEAR}.pth.sha256').write_text(
+        f'{file_sha256(str(old))}  {LINEAR}.pth\n')
+    before = old.read_bytes()
+    download_refused([LINEAR, '--dest', str(dest)], capsys,
+                     f'{old} exists; refusing to overwrite it (pass --force)')
+    assert old.read_bytes() == before
+    assert not (dest / f'{LINEAR}.py').exists(), 'all checked before writing'
+    assert download_main([LINEAR, '--dest', str(dest), '--force']) == 0
+    assert old.read_bytes() == shipped_bytes()
+    assert not (dest / f'{LINEAR}.pth.sha256').exists(), 'stale 0.2.0 sidecar'
+    assert open(sidecar_path(str(old))).read().split()[0] == \
+        file_sha256(str(old))
+    assert checkpoint_problem(str(old)) is None
+    loaded = mmpretrain.get_model(str(dest / f'{LINEAR}.py'),
+                                  pretrained=str(old))
+    assert type(loaded).__name__ == 'ImageClassifier'
+    # An existing config alone is refused too.
+    os.remove(old)
+    download_refused([LINEAR, '--dest', str(dest)], capsys,
+                     f'{LINEAR}.py exists')
+
+
+def test_download_replaces_a_stale_sidecar_of_a_missing_checkpoint(tmp_path):
+    """A sidecar left without its file would refuse the new copy."""
+    stale = tmp_path / f'.{LINEAR}.pth.sha256'
+    stale.write_text(f'{"0" * 64}  {LINEAR}.pth\n')
+    _, checkpoint = download_entry(LINEAR, str(tmp_path))
+    assert checkpoint_problem(checkpoint) is None
+
+
+def test_download_never_writes_through_symlinks_without_force(tmp_path,
+                                                              capsys):
+    victim = tmp_path / 'victim.pth'
+    victim.write_bytes(b'precious')
+    dest = tmp_path / 'dl'
+    dest.mkdir()
+    (dest / f'{LINEAR}.pth').symlink_to(victim)
+    download_refused([LINEAR, '--dest', str(dest)], capsys,
+                     f'{LINEAR}.pth is a symlink (to {victim}); refusing to '
+                     'write through it')
+    assert download_main([LINEAR, '--dest', str(dest), '--force']) == 0
+    assert victim.read_bytes() == b'precious', 'the link target is untouched'
+    assert not os.path.islink(dest / f'{LINEAR}.pth')
+    assert (dest / f'{LINEAR}.pth').read_bytes() == shipped_bytes()
+    # --dest itself a symlink to a folder.
+    real = tmp_path / 'real'
+    real.mkdir()
+    (tmp_path / 'link').symlink_to(real)
+    for spelled in (str(tmp_path / 'link'), str(tmp_path / 'link') + '/'):
+        download_refused([LINEAR, '--dest', spelled], capsys,
+                         f'--dest {spelled} is a symlink (to {real})')
+    assert os.listdir(real) == []
+    assert download_main([LINEAR, '--dest', str(tmp_path / 'link'),
+                          '--force']) == 0
+    assert (real / f'{LINEAR}.pth').read_bytes() == shipped_bytes()
+
+
+def test_download_bad_dest_gets_one_line_and_exit_2(tmp_path, capsys,
+                                                   monkeypatch):
+    a_file = tmp_path / 'file'
+    a_file.write_text('x')
+    download_refused([LINEAR, '--dest', str(a_file)], capsys,
+                     f'--dest {a_file} is a file, not a folder')
+    assert a_file.read_text() == 'x'
+    (tmp_path / 'dangling').symlink_to(tmp_path / 'nowhere')
+    download_refused([LINEAR, '--dest', str(tmp_path / 'dangling'),
+                      '--force'], capsys, 'is a dangling symlink')
+    # The folder the checkpoints come from, with or without --force, by
+    # any spelling.
+    zoo = tmp_path / 'zoo'
+    (zoo / 'fmnist').mkdir(parents=True)
+    source = zoo / 'fmnist' / f'{LINEAR}.pth'
+    source.write_bytes(shipped_bytes())
+    monkeypatch.setenv(ZOO_DIR_ENV, str(zoo))
+    (tmp_path / 'zoolink').symlink_to(zoo / 'fmnist')
+    for spelled in (str(zoo / 'fmnist'), str(zoo / 'fmnist' / '..' / 'fmnist'),
+                    str(tmp_path / 'zoolink')):
+        download_refused([LINEAR, '--dest', spelled, '--force'], capsys,
+                         'is the model-zoo folder the checkpoints are copied '
+                         'from')
+    assert sorted(os.listdir(zoo / 'fmnist')) == [f'{LINEAR}.pth']
+    assert source.read_bytes() == shipped_bytes()
+    # A folder where the checkpoint or its sidecar goes.
+    dest = tmp_path / 'dl'
+    (dest / f'.{LINEAR}.pth.sha256').mkdir(parents=True)
+    download_refused([LINEAR, '--dest', str(dest), '--force'], capsys,
+                     f'.{LINEAR}.pth.sha256 is a folder')
+    (dest / f'.{LINEAR}.pth.sha256').rmdir()
+    (dest / f'{LINEAR}.pth').mkdir()
+    download_refused([LINEAR, '--dest', str(dest), '--force'], capsys,
+                     f'{LINEAR}.pth is a folder')
+
+
+def test_download_command_line_answers_without_traceback(tmp_path):
+    """The real ``python -m`` process: one line, exit 2, as argparse."""
+    import subprocess
+    import sys
+    a_file = tmp_path / 'file'
+    a_file.write_text('x')
+    proc = subprocess.run(
+        [sys.executable, '-m', 'mmae_plugin.download', LINEAR, '--dest',
+         str(a_file)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert 'Traceback' not in proc.stderr
+    assert f'python -m mmae_plugin.download: error: --dest {a_file} is a ' \
+        'file, not a folder' in proc.stderr
