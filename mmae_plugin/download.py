@@ -263,7 +263,8 @@ def download_entries(names: Sequence[str], dest: str,
             :func:`destination_problem`, :func:`target_problem`).
         CorruptCheckpointError: A zoo file differs from its metafile.
     """
-    plans = [plan_download(name, dest) for name in names]
+    # A name given twice would overwrite its own fresh copy: once is enough.
+    plans = [plan_download(name, dest) for name in dict.fromkeys(names)]
     check_plans(plans, dest, force)
     for plan in plans:  # a damaged source: refused before any file is written
         if plan.weights:

@@ -11,7 +11,7 @@ import mmae_plugin  # noqa: F401  (registers the model index)
 import mmpretrain
 from mmae_plugin.evaluation import extract_features, fit_linear_probe
 from mmae_plugin.evaluation.frozen import build_model, linear_probe_state_dict
-from mmae_plugin.download import download_entry
+from mmae_plugin.download import download_entries, download_entry
 from mmae_plugin.download import main as download_main
 from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
                                               checkpoint_problem, file_sha256,
@@ -447,12 +447,28 @@ def test_download_refuses_to_overwrite_and_force_replaces_with_fresh_sidecar(
                      f'{LINEAR}.py exists')
 
 
-def test_download_replaces_a_stale_sidecar_of_a_missing_checkpoint(tmp_path):
-    """A sidecar left without its file would refuse the new copy."""
-    stale = tmp_path / f'.{LINEAR}.pth.sha256'
-    stale.write_text(f'{"0" * 64}  {LINEAR}.pth\n')
-    _, checkpoint = download_entry(LINEAR, str(tmp_path))
-    assert checkpoint_problem(checkpoint) is None
+@pytest.mark.parametrize('kind', ['stale', 'fifo', 'dev_zero'])
+def test_download_replaces_a_stale_sidecar_of_a_missing_checkpoint(tmp_path,
+                                                                  kind):
+    """A sidecar left without its file would refuse the new copy; a FIFO or
+    a link to /dev/zero in its place is replaced, never read."""
+    hidden = tmp_path / f'.{LINEAR}.pth.sha256'
+    legacy = tmp_path / f'{LINEAR}.pth.sha256'
+    if kind == 'stale':
+        hidden.write_text(f'{"0" * 64}  {LINEAR}.pth\n')
+        legacy.write_text(f'{"0" * 64}  {LINEAR}.pth\n')
+    elif kind == 'fifo':
+        os.mkfifo(hidden)
+        os.mkfifo(legacy)
+    else:
+        hidden.symlink_to('/dev/zero')
+        legacy.symlink_to('/dev/zero')
+    # Twice the same name: copied once, not over its own fresh copy.
+    written = download_entries([LINEAR, LINEAR], str(tmp_path))
+    assert len(written) == 2
+    assert checkpoint_problem(written[1]) is None
+    assert hidden.is_file() and not hidden.is_symlink()
+    assert not os.path.lexists(legacy)
 
 
 def test_download_never_writes_through_symlinks_without_force(tmp_path,
