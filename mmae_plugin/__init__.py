@@ -20,16 +20,16 @@ later ``import mmae_plugin`` (or a config's ``imports=['mmae_plugin']``)
 does not run it again.
 """
 import importlib
+import importlib.util
 import sys
 from typing import Any
 
 __version__ = '0.2.0'
 
-#: Subpackages and modules that need mmengine / mmpretrain; the first access
-#: to one as an attribute of the package registers the plugin first.
-FRAMEWORK_MODULES = ('checkpoint', 'compat', 'datasets', 'download',
-                     'engine', 'evaluation', 'evidence', 'model_zoo',
-                     'models', 'registration')
+#: Subpackages that need neither mmengine nor mmpretrain; every other
+#: submodule, first reached as an attribute of the package, registers the
+#: plugin before it is imported.
+FRAMEWORK_FREE = ('matrix_info', 'theory')
 
 if 'mmengine' in sys.modules:
     # mmengine is loaded (a config is being read, or the user imported it):
@@ -38,18 +38,20 @@ if 'mmengine' in sys.modules:
 
 
 def __getattr__(name: str) -> Any:
-    """Import a framework submodule on first access, registering first.
+    """Import a submodule on first access, registering the plugin first.
 
     Args:
         name: The attribute asked of the package.
 
     Returns:
-        The submodule.
+        The submodule (a framework-free one without registering).
 
     Raises:
-        AttributeError: For any other name.
+        AttributeError: If no submodule has that name.
     """
-    if name in FRAMEWORK_MODULES:
+    if name.startswith('_') or \
+            importlib.util.find_spec(f'{__name__}.{name}') is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    if name not in FRAMEWORK_FREE:
         importlib.import_module(f'{__name__}.registration')
-        return importlib.import_module(f'{__name__}.{name}')
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    return importlib.import_module(f'{__name__}.{name}')
