@@ -1,10 +1,10 @@
 """Paired differences over seeds with Student-t intervals (the one place).
 
-Every comparison in the evidence reports (the sweep, the quick start over
-seeds, the long study) is a paired difference: ``a[seed] - b[seed]`` over
-the seeds both sides have, its mean, and a two-sided Student-t interval of
-that mean. With a single common seed there is no interval, and the text says
-so instead of printing a zero-width ``[mean, mean]``.
+Every comparison the report makes is a paired difference: ``a[seed] -
+b[seed]`` over the seeds both arms have, its mean, and a two-sided
+Student-t interval of that mean. With a single common seed there is no
+interval, and the text says so instead of printing a zero-width
+``[mean, mean]``.
 """
 import dataclasses
 import math

@@ -1,17 +1,20 @@
-"""Every frozen-feature metric of one checkpoint, from one feature pass.
+"""The evaluation protocol of a comparison: metrics of one checkpoint.
 
-One pass of the encoder over the training images (the kNN neighbours and
-the probes' training set) and the test images gives the CLS + mean-patch
-features of the plugin's ``'cls+mean'`` pooling
-(:func:`~mmae_plugin.models.necks.pool_tokens`, the evaluation config's
-``KNNClassifier``); the CLS token is their first half, exactly the
-``'cls'`` pooling. On each pooling's cached features: the plugin's weighted
-kNN (:func:`~mmae_plugin.evaluation.knn.knn_class_scores`, float64
+The frozen evaluation: one pass of the encoder over the training images
+(the kNN neighbours and the probes' training set) and the test images of a
+``KNNClassifier`` config gives its features; a ``'cls+mean'`` config
+(:func:`~mmae_plugin.models.necks.pool_tokens`) gives every pooling at
+once (the CLS token is the first half, the mean patch token the second).
+On each pooling's cached features: the plugin's weighted kNN
+(:func:`~mmae_plugin.evaluation.knn.knn_class_scores`, float64
 similarities), the full-label linear probe, low-shot probes and the
 representation statistics of :mod:`mmae_plugin.evaluation.statistics`
-(whatever keys it defines, prefixed ``repr/``).
+(whatever keys it defines, prefixed ``repr/``). Besides, any
+``tools/test.py`` config can be run on the checkpoint
+(:func:`test_config_metrics`).
 """
 import os
+import os.path as osp
 from typing import Dict, Optional, Sequence
 
 import torch
@@ -22,7 +25,8 @@ from mmae_plugin.evaluation.knn import knn_class_scores
 from mmae_plugin.evaluation.linear_probe import fit_linear_probe
 from mmae_plugin.evaluation.statistics import representation_statistics
 
-from .lowshot import fit_lowshot_probe, lowshot_indices
+from mmae_plugin.evaluation.lowshot import (fit_lowshot_probe,
+                                            lowshot_indices)
 
 
 #: Test queries classified at once: bounds the float64 similarity matrix at
@@ -39,17 +43,35 @@ def knn_scores(test_x: Tensor, train_x: Tensor, train_y: Tensor,
         for start in range(0, test_x.shape[0], QUERY_CHUNK)])
 
 
-def split_poolings(cls_mean: Tensor) -> Dict[str, Tensor]:
-    """The ``'cls'`` and ``'cls+mean'`` features of ``'cls+mean'`` output.
+def split_poolings(features: Tensor, pooling: str,
+                   wanted: Sequence[str]) -> Dict[str, Tensor]:
+    """The ``wanted`` poolings of features pooled as ``pooling``.
 
-    ``pool_tokens(..., 'cls+mean')`` concatenates ``[cls, patch mean]``,
-    so the first half of each row is the ``'cls'`` pooling.
+    ``pool_tokens(..., 'cls+mean')`` concatenates ``[cls, patch mean]``, so
+    a ``'cls+mean'`` config gives all three poolings; any other gives only
+    its own.
+
+    Args:
+        features: (N, C) features of the evaluation config.
+        pooling: The config's pooling (``model.pooling``).
+        wanted: The poolings asked for.
+
+    Returns:
+        Pooling -> (N, d) features, in the order of ``wanted``.
     """
-    if cls_mean.dim() != 2 or cls_mean.shape[1] % 2:
+    if pooling != 'cls+mean':
+        if list(wanted) != [pooling]:
+            raise ValueError(f'the evaluation config pools {pooling!r}; it '
+                             f'cannot give {list(wanted)} (use a cls+mean '
+                             'config for several poolings)')
+        return {pooling: features}
+    if features.dim() != 2 or features.shape[1] % 2:
         raise ValueError('expected (N, 2C) cls+mean features, got shape '
-                         f'{tuple(cls_mean.shape)}')
-    return {'cls': cls_mean[:, :cls_mean.shape[1] // 2],
-            'cls+mean': cls_mean}
+                         f'{tuple(features.shape)}')
+    half = features.shape[1] // 2
+    parts = {'cls': features[:, :half], 'mean': features[:, half:],
+             'cls+mean': features}
+    return {name: parts[name] for name in wanted}
 
 
 def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
@@ -66,7 +88,7 @@ def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
         test_y: Test labels (M,).
         num_classes: Number of classes.
         seed: Fixes the low-shot label subsets (see
-            :func:`~mmae_plugin.evidence.lowshot.lowshot_indices`).
+            :func:`~mmae_plugin.evaluation.lowshot.lowshot_indices`).
         shots: Labels per class of the low-shot probes.
         k: kNN neighbours.
         temperature: kNN vote temperature.
@@ -96,44 +118,44 @@ def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
 
 
 def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
+                        poolings: Sequence[str] = ('cls', 'cls+mean'),
                         shots: Sequence[int] = (10, 100),
                         bank_images: Optional[int] = None,
                         test_images: Optional[int] = None,
                         weight_decay: float = 1e-4,
                         features_out: Optional[str] = None
                         ) -> Dict[str, float]:
-    """Metrics of a checkpoint's frozen encoder on both poolings.
+    """Frozen-feature metrics of a checkpoint's encoder on each pooling.
 
     Args:
-        eval_config: A ``KNNClassifier`` config with ``pooling='cls+mean'``
-            (``configs/fashion_mnist/knn_fmnist_clsmean.py``).
+        eval_config: A ``KNNClassifier`` config
+            (``configs/fashion_mnist/knn_fmnist_clsmean.py`` pools
+            ``cls+mean`` and so gives every pooling).
         checkpoint: Checkpoint with ``backbone.*`` weights (pretraining,
             supervised classifier or random init).
         seed: The run's seed (fixes the low-shot subsets).
+        poolings: The poolings reported (see :func:`split_poolings`).
         shots: Labels per class of the low-shot probes.
         bank_images: Use the first N training images (``None``: all).
         test_images: Classify the first M test images (``None``: all).
         weight_decay: L2 coefficient of every probe.
-        features_out: If given, save the test features (cls+mean, float32)
-            and labels there, so statistics can be recomputed later without
+        features_out: If given, save the test features (float32) and
+            labels there, so statistics can be recomputed later without
             the encoder.
 
     Returns:
-        ``<pooling>/<metric>`` for pooling ``cls`` and ``cls+mean`` (see
-        :func:`feature_metrics`), plus ``train_images`` and
-        ``test_images``.
+        ``<pooling>/<metric>`` per pooling (see :func:`feature_metrics`),
+        plus ``train_images`` and ``test_images``.
     """
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmengine.runner import load_checkpoint
 
+    from mmae_plugin.checkpoint.loading import verify_before_loading
     from mmae_plugin.evaluation.frozen import build_model
 
     init_default_scope('mmpretrain')
     cfg = Config.fromfile(eval_config)
-    if cfg.model.get('pooling') != 'cls+mean':
-        raise ValueError(f'eval_config must pool cls+mean, got pooling='
-                         f'{cfg.model.get("pooling")!r} in {eval_config}')
     options = {'model.prototype.num_workers': 0,
                'test_dataloader.num_workers': 0,
                'test_dataloader.persistent_workers': False}
@@ -143,27 +165,58 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
         options['test_dataloader.dataset.indices'] = test_images
     cfg.merge_from_dict(options)
     model = build_model(cfg)
+    verify_before_loading(checkpoint)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
-    # float32 features (no autocast): the study's numbers carry no AMP noise.
+    # float32 features (no autocast): the numbers carry no AMP noise.
     train_x, train_y = extract_features(model, cfg.model.prototype)
     test_x, test_y = extract_features(model, cfg.test_dataloader)
+    pooling = getattr(model, 'pooling', 'cls')
     if features_out is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(features_out)),
-                    exist_ok=True)
-        torch.save({'cls+mean': test_x.float().cpu(), 'labels': test_y.cpu()},
-                   features_out + '.tmp')
-        os.replace(features_out + '.tmp', features_out)
+        save_features(features_out, test_x, test_y, pooling)
     metrics = {'train_images': int(train_x.shape[0]),
                'test_images': int(test_x.shape[0])}
-    train, test = split_poolings(train_x), split_poolings(test_x)
-    for pooling in train:
+    train = split_poolings(train_x, pooling, poolings)
+    test = split_poolings(test_x, pooling, poolings)
+    for name in poolings:
         values = feature_metrics(
-            train[pooling], train_y, test[pooling], test_y,
-            model.num_classes, seed, shots, model.k, model.temperature,
-            weight_decay)
-        metrics.update({f'{pooling}/{key}': value
+            train[name], train_y, test[name], test_y, model.num_classes,
+            seed, shots, model.k, model.temperature, weight_decay)
+        metrics.update({f'{name}/{key}': value
                         for key, value in values.items()})
     return metrics
+
+
+def save_features(path: str, features: Tensor, labels: Tensor,
+                  pooling: str) -> None:
+    """Save test features (float32, CPU), their labels and pooling."""
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    torch.save({pooling: features.float().cpu(), 'labels': labels.cpu()},
+               path + '.tmp')
+    os.replace(path + '.tmp', path)
+
+
+def test_config_metrics(test_config: str, checkpoint: str,
+                        work_dir: str) -> Dict[str, float]:
+    """What ``tools/test.py TEST_CONFIG CHECKPOINT`` reports.
+
+    Args:
+        test_config: Any config with a test dataloader and evaluator.
+        checkpoint: Loaded as ``load_from`` (mmengine's non-strict load).
+        work_dir: The test run's work dir (its logs).
+
+    Returns:
+        The test loop's metrics (numbers only).
+    """
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    cfg = Config.fromfile(test_config)
+    cfg.work_dir = work_dir
+    cfg.load_from = checkpoint
+    cfg.resume = False
+    metrics = Runner.from_cfg(cfg).test()
+    return {key: float(value) for key, value in metrics.items()
+            if isinstance(value, (int, float))}
 
 
 def random_init_state(eval_config: str, seed: int) -> Dict[str, Tensor]:
@@ -171,7 +224,7 @@ def random_init_state(eval_config: str, seed: int) -> Dict[str, Tensor]:
 
     The architecture's own initialisation (mmpretrain's
     ``VisionTransformer.init_weights``) after seeding every generator with
-    ``seed``: the random-init control of the study.
+    ``seed``: a comparison's random-init control.
     """
     from mmengine.config import Config
     from mmengine.registry import init_default_scope

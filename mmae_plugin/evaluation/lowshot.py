@@ -3,7 +3,7 @@
 The subset of a seed is drawn once from the training labels with numpy's
 ``RandomState(seed)``, per class in class order, so every arm of one seed
 is probed on the same labelled images (the comparison stays paired) and a
-resumed study draws the same subset. The probe standardises with the
+resumed comparison draws the same subset. The probe standardises with the
 moments of all training features (unlabelled data is free in this
 protocol) and fits the same l2-regularised logistic regression as the
 full-label probe on the k labelled rows per class.
