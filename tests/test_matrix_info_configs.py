@@ -11,7 +11,8 @@ import mmae_plugin  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ['simclr', 'byol', 'barlowtwins']
-CONFIGS = [f'configs/fashion_mnist/{m}_fmnist.py' for m in METHODS] + \
+CONFIGS = [f'configs/fashion_mnist/{m}_fmnist.py'
+           for m in METHODS + ['spectral']] + \
     [f'configs/cifar10/{m}_cifar10.py' for m in METHODS]
 
 

@@ -412,7 +412,9 @@ def test_two_processes_log_the_same_values_as_one(tmp_path, cpu_dist_env):
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    double = read_scalars(dist_dir)
+    # The config's held-out rows (epoch-level, absent from `single`, whose
+    # hooks shrink_for_test replaced) are not compared here.
+    double = [r for r in read_scalars(dist_dir) if 'loss' in r]
     assert [r['step'] for r in double] == [r['step'] for r in single]
     for one, two in zip(single, double):
         for key in TWO_BRANCH_KEYS:

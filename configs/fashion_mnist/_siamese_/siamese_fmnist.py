@@ -1,4 +1,5 @@
-# Shared by the Siamese Fashion-MNIST configs (SimCLR, BYOL, Barlow Twins):
+# Shared by the Siamese Fashion-MNIST configs (SimCLR, BYOL, Barlow Twins,
+# spectral contrastive):
 # two augmented views, a quarter-width ResNet-18, the MatrixInfoHook, and
 # a short cosine schedule that runs on CPU cores in minutes. Figures 1-3 of
 # the information-flow paper are drawn from the hook's logs with
@@ -72,5 +73,18 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=10))
 # Every 10 iterations, for enough points in these short runs (the default 50
 # suits long ones): a sample costs ~20 ms, 10 iterations ~3 s on 2 CPU
 # cores, so under 1 % (measured by tools/benchmarks/bench_matrix_info.py).
-custom_hooks = [dict(type='MatrixInfoHook', interval=10, kernel='covariance'),
+# Per epoch (and before training) the same quantities on a fixed held-out
+# set as well: 4 batches of 256 test images, each with the same two views at
+# every epoch (seed 0), logged as minfo_heldout/<name>; on 2 CPU cores this
+# adds about as much as 2 % of an epoch.
+minfo_heldout = dict(
+    dataset=dict(
+        type={{_base_.dataset_type}},
+        data_root={{_base_.data_root}},
+        split='test',
+        pipeline=train_pipeline),
+    num_batches=4,
+    seed=0)
+custom_hooks = [dict(type='MatrixInfoHook', interval=10, kernel='covariance',
+                     heldout=minfo_heldout),
                 dict(type='DivergenceHook')]

@@ -11,15 +11,27 @@ update BatchNorm running statistics, a side effect on training), and on the
 other iterations the forward hooks return after one attribute check. The
 features are then gathered over ranks and the quantities computed in float64
 under ``torch.no_grad()`` with autocast disabled.
-"""
-import logging
-from typing import Any, Dict, List, Optional, Sequence, Union
 
+Optionally (``heldout=``) the hook also measures, once per epoch, a fixed
+held-out set: images the model never trains on, each turned into its
+augmented views once, with a fixed seed, so that every epoch sees exactly
+the same inputs and the curves over epochs show the network changing, not
+the batch (see :class:`MatrixInfoHook`).
+"""
+import contextlib
+import copy
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
 import torch
+from mmengine.dist import get_world_size
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmpretrain.registry import HOOKS
+from mmpretrain.registry import DATASETS, HOOKS
 from torch import Tensor, nn
 
 # coding_rate stays importable from here (its former home).
@@ -30,7 +42,8 @@ from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
 from mmae_plugin.matrix_info.representation import (KERNELS,
                                                     one_branch_statistics,
                                                     two_branch_statistics)
-from mmae_plugin.matrix_info.validation import (check_choice, check_int,
+from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
+                                                check_config, check_int,
                                                 check_real)
 # One definition of the padded all-gather, shared with the regularisers.
 from mmae_plugin.models.utils.gather import gather_rows
@@ -47,6 +60,129 @@ MAX_ALPHA = 50.0
 #: What ``tcr='objective'`` logs for a model without a ``TCRLoss``: the
 #: published M-MAE objective (reference form, ViT-B's mu).
 FALLBACK_TCR = dict(form='reference', mu=1.0, centering=False)
+#: Modes of the network during the held-out pass: ``'eval'`` (BatchNorm
+#: running statistics, the network as a linear probe sees it) or ``'train'``
+#: (batch statistics, as on the training batches).
+HELDOUT_MODES = ('eval', 'train')
+HELDOUT_KEYS = ('dataset', 'num_batches', 'batch_size', 'seed', 'mode',
+                'interval', 'at_start')
+
+
+@dataclass(frozen=True)
+class HeldoutSpec:
+    """Validated ``heldout=`` settings of :class:`MatrixInfoHook`.
+
+    Attributes:
+        dataset: mmpretrain dataset config (its pipeline makes the views).
+        num_batches: Number of held-out batches.
+        batch_size: Images per batch (None: the global training batch).
+        seed: Seed of the image choice and of the augmentations.
+        mode: ``'eval'`` or ``'train'`` (see :data:`HELDOUT_MODES`).
+        interval: Measure every ``interval`` epochs (and after the last).
+        at_start: Also measure the initial network (epoch 0).
+    """
+
+    dataset: dict
+    num_batches: int = 4
+    batch_size: Optional[int] = None
+    seed: int = 0
+    mode: str = 'eval'
+    interval: int = 1
+    at_start: bool = True
+
+
+def checked_heldout(heldout: Optional[dict]) -> Optional[HeldoutSpec]:
+    """Validate the ``heldout=`` argument of :class:`MatrixInfoHook`.
+
+    Args:
+        heldout: ``None`` or a dict with the keys of :class:`HeldoutSpec`
+            (``dataset`` required).
+
+    Returns:
+        The settings, or None when the option is off.
+    """
+    if heldout is None:
+        return None
+    if not isinstance(heldout, dict) or 'dataset' not in heldout:
+        raise ValueError(f'heldout must be None or a dict with a "dataset" '
+                         f'config, got {heldout!r}')
+    unknown = set(heldout) - set(HELDOUT_KEYS)
+    if unknown:
+        raise ValueError(f'unknown heldout key(s) {sorted(unknown)}; allowed: '
+                         f'{", ".join(HELDOUT_KEYS)}')
+    spec = HeldoutSpec(**heldout)
+    check_config(spec.dataset, 'heldout dataset')
+    check_int(spec.num_batches, 'heldout num_batches', minimum=1)
+    if spec.batch_size is not None:
+        # Two rows at least: the covariance kernel standardises over them.
+        check_int(spec.batch_size, 'heldout batch_size', minimum=2)
+    check_int(spec.seed, 'heldout seed', minimum=0)
+    if spec.seed >= 2**32:  # numpy seeds are 32-bit unsigned
+        raise ValueError(f'heldout seed must be < 2**32, got {spec.seed!r}')
+    check_choice(spec.mode, 'heldout mode', HELDOUT_MODES)
+    check_int(spec.interval, 'heldout interval', minimum=1)
+    check_bool(spec.at_start, 'heldout at_start')
+    return spec
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed python, numpy and torch inside; restore their states after.
+
+    The held-out views and masks are drawn here, so they are the same at
+    every measurement, and training draws exactly what it would without the
+    held-out option.
+
+    Args:
+        seed: Seed of all three generators.
+        device: The model's device; a CUDA device's generator is also
+            forked (the other devices are not touched by the forward).
+    """
+    states = (random.getstate(), np.random.get_state())
+    devices = [device] if device.type == 'cuda' else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+
+
+def _no_update(*args: Any, **kwargs: Any) -> None:
+    """Stand-in for ``BaseAveragedModel.update_parameters`` in a copy."""
+
+
+def freeze_averaged_models(model: nn.Module) -> None:
+    """Stop the momentum (EMA) networks inside ``model`` from updating.
+
+    BYOL's loss forward steps its target network before running it; the
+    held-out pass should measure the target network as training left it,
+    not one momentum step further.
+
+    Args:
+        model: A copy of the algorithm (changed in place).
+    """
+    from mmengine.model import BaseAveragedModel
+    for module in model.modules():
+        if isinstance(module, BaseAveragedModel):
+            module.update_parameters = _no_update
+
+
+def average_values(per_batch: List[Dict[str, Tensor]]) -> Dict[str, float]:
+    """Mean over batches of each quantity (NaN if any batch had NaN).
+
+    Args:
+        per_batch: The quantities of each batch, same keys.
+
+    Returns:
+        ``{name: mean}`` as Python floats.
+    """
+    return {name: float(sum(float(values[name]) for values in per_batch) /
+                        len(per_batch))
+            for name in per_batch[0]}
 
 
 def default_branches(model: nn.Module, pool: str) -> List[dict]:
@@ -57,7 +193,8 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
 
     * ``SimCLR`` runs its projector (``neck``) once on both views interleaved
       row by row: even rows are view 1, odd rows view 2.
-    * ``BarlowTwins`` runs ``neck`` on view 1, then on view 2.
+    * ``BarlowTwins`` and the plugin's ``SpectralContrastive`` run ``neck``
+      on view 1, then on view 2.
     * ``BYOL``: the paper's two branches are the online network and its
       momentum copy, the target network (same architecture). Branch 1 is the
       online projection of view 1 (first ``neck`` call), branch 2 the target
@@ -82,10 +219,12 @@ def default_branches(model: nn.Module, pool: str) -> List[dict]:
         List of one or two branch specifications.
     """
     from mmpretrain.models import MAE, BYOL, BarlowTwins, SimCLR
+
+    from mmae_plugin.models.algorithms import SpectralContrastive
     if isinstance(model, SimCLR):
         return [dict(module='neck', call=0, rows='even'),
                 dict(module='neck', call=0, rows='odd')]
-    if isinstance(model, BarlowTwins):
+    if isinstance(model, (BarlowTwins, SpectralContrastive)):
         return [dict(module='neck', call=0), dict(module='neck', call=1)]
     if isinstance(model, BYOL):
         return [dict(module='neck', call=0),
@@ -234,6 +373,42 @@ class MatrixInfoHook(Hook):
     The values are written by the ``LoggerHook`` at its own interval, which
     should divide ``interval`` (a warning says otherwise).
 
+    **Held-out set** (``heldout=dict(dataset=..., ...)``, off by default).
+    Training-batch values mix two changes, the network's and the batch's.
+    With ``heldout`` the hook also measures, before training
+    (``at_start``) and after every ``interval``-th epoch (always after the
+    last), the same quantities, under the same keys with the prefix
+    ``<prefix>_heldout`` (``minfo_heldout/mutual_info_cov``), on a fixed
+    held-out set:
+
+    * ``num_batches`` batches of ``batch_size`` images (default: the global
+      training batch, ranks x per-rank batch, the batch the training values
+      are computed on, so both estimators see the same number of rows) are
+      drawn without replacement from ``dataset``, an mmpretrain dataset
+      config, e.g. the test split with the training pipeline;
+    * each image goes through the dataset's pipeline once, with python,
+      numpy and torch seeded by ``seed`` (the training random streams are
+      restored after), and the collated batches are kept on the host: every
+      measurement sees the same images and the same two views;
+    * each batch is run through the model's own training forward
+      (``mode='loss'``) under ``torch.no_grad()``, with the forward hooks
+      tapping the same branches as on the training batches, in a copy of
+      the model (``copy.deepcopy``: the loss forward has side effects, such
+      as BatchNorm statistics, that must not reach training; the copy
+      doubles the model's memory for the duration) whose momentum networks
+      are frozen (BYOL's target branch is the target network as training
+      left it, not one momentum step further), in ``mode`` ``'eval'``
+      (BatchNorm running statistics) or ``'train'`` (batch statistics), and
+      with torch's generator seeded by ``seed`` (the same MAE masks every
+      epoch);
+    * the quantities of each batch are averaged over the batches. Every rank
+      measures the same batches (no gather), so all ranks log the same.
+
+    The values go to the message hub (``<prefix>_heldout/<name>``), to
+    ``vis_data/scalars.json`` and the run's ``<timestamp>.json`` (one row
+    per measurement, with an ``epoch`` field, step = iterations done) and
+    to the text log.
+
     Args:
         interval: Sample every ``interval`` iterations (of the epoch, as the
             ``LoggerHook`` counts them); an integer >= 1.
@@ -263,6 +438,11 @@ class MatrixInfoHook(Hook):
             little from threads, and multi-threaded LAPACK eigensolvers can
             stall for about a second at OpenMP barriers when the cores are
             shared with dataloader workers.
+        heldout: ``None`` (default: training batches only) or a dict with
+            ``dataset`` (required: an mmpretrain dataset config),
+            ``num_batches`` (4), ``batch_size`` (None: the global training
+            batch), ``seed`` (0), ``mode`` (``'eval'``), ``interval`` (1
+            epoch) and ``at_start`` (True); see above.
     """
 
     priority = 'NORMAL'  # before LoggerHook (BELOW_NORMAL) writes the logs
@@ -277,7 +457,8 @@ class MatrixInfoHook(Hook):
                  mu: Optional[float] = None,
                  centering: Optional[bool] = None,
                  prefix: str = 'minfo',
-                 cpu_threads: Optional[int] = 1) -> None:
+                 cpu_threads: Optional[int] = 1,
+                 heldout: Optional[dict] = None) -> None:
         self.interval = check_int(interval, 'interval', minimum=1)
         self.kernel = check_choice(kernel, 'kernel', tuple(KERNELS))
         self.alpha = check_real(alpha, 'alpha', minimum=0, strict=True,
@@ -293,6 +474,10 @@ class MatrixInfoHook(Hook):
         self.cpu_threads = None if cpu_threads is None else check_int(
             cpu_threads, 'cpu_threads', minimum=1)
         self.branches = self._checked_branches(branches)
+        self.heldout = checked_heldout(heldout)
+        # Collated held-out batches (host memory), built in before_train.
+        self._heldout_batches: List[Any] = []
+        self.heldout_history: List[Dict[str, float]] = []
         self._armed = False
         self._records: Dict[tuple, List[Tensor]] = {}
         self._handles: list = []
@@ -360,6 +545,18 @@ class MatrixInfoHook(Hook):
             self.branches = [self._checked_branch(b)
                              for b in default_branches(model, self.pool)]
         self._tcr = self.tcr or objective_tcr(model) or FALLBACK_TCR
+        self._handles = self._tap(model)
+
+    def _tap(self, model: nn.Module) -> list:
+        """Register the recording forward hooks on ``model``'s branches.
+
+        Args:
+            model: The unwrapped algorithm (or a copy of it).
+
+        Returns:
+            The hook handles.
+        """
+        handles = []
         for name in {b['module'] for b in self.branches}:
             try:
                 module = model.get_submodule(name)
@@ -367,10 +564,31 @@ class MatrixInfoHook(Hook):
                 raise ValueError(
                     f'MatrixInfoHook: {type(model).__name__} has no '
                     f'submodule {name!r} (branches={self.branches})') from None
-            self._handles.append(
+            handles.append(
                 module.register_forward_hook(self._recorder(name)))
+        return handles
 
     def before_train(self, runner) -> None:
+        """Warn about the logger interval; build and measure the held-out set.
+        """
+        self._warn_on_logger_interval(runner)
+        if self.heldout is None:
+            return
+        self._heldout_batches = self._build_heldout(runner)
+        # A resumed run (iter > 0) measured its start epoch before it stopped.
+        if self.heldout.at_start and runner.iter == 0:
+            self._log_heldout(runner, epoch=0)
+
+    def after_train_epoch(self, runner) -> None:
+        """Measure the held-out set every ``interval`` epochs and at the end.
+        """
+        if self.heldout is None:
+            return
+        if (self.every_n_epochs(runner, self.heldout.interval)
+                or self.is_last_train_epoch(runner)):
+            self._log_heldout(runner, epoch=runner.epoch + 1)
+
+    def _warn_on_logger_interval(self, runner) -> None:
         """Warn when the logger would not write every sampled value."""
         for hook in runner.hooks:
             if isinstance(hook, LoggerHook) and \
@@ -451,11 +669,14 @@ class MatrixInfoHook(Hook):
             embeddings.append(z)
         return embeddings
 
-    def compute(self, embeddings: List[Tensor]) -> Dict[str, Tensor]:
+    def compute(self, embeddings: List[Tensor],
+                gather: bool = True) -> Dict[str, Tensor]:
         """Gather the embeddings over ranks and compute the quantities.
 
         Args:
             embeddings: Local (N, C) embeddings of one or two branches.
+            gather: Gather the rows of every rank first (training batches);
+                False for the held-out set, which every rank has whole.
 
         Returns:
             Scalars by name (float64 tensors).
@@ -463,7 +684,8 @@ class MatrixInfoHook(Hook):
         device_type = embeddings[0].device.type
         with torch.no_grad(), torch.autocast(device_type=device_type,
                                              enabled=False):
-            gathered = [gather_rows(z.contiguous()) for z in embeddings]
+            gathered = [gather_rows(z.contiguous()) if gather else z
+                        for z in embeddings]
             saved_threads = torch.get_num_threads()
             if device_type == 'cpu' and self.cpu_threads is not None:
                 torch.set_num_threads(self.cpu_threads)
@@ -475,3 +697,112 @@ class MatrixInfoHook(Hook):
                                              self.kernel, self.alpha)
             finally:
                 torch.set_num_threads(saved_threads)
+
+    # ------------------------------------------------------------------
+    # the held-out set
+    # ------------------------------------------------------------------
+    def heldout_batch_size(self, runner) -> int:
+        """Images per held-out batch: the setting, or the global batch."""
+        if self.heldout.batch_size is not None:
+            return self.heldout.batch_size
+        return runner.train_dataloader.batch_size * get_world_size()
+
+    def _build_heldout(self, runner) -> List[Any]:
+        """Draw, augment and collate the held-out batches once.
+
+        Args:
+            runner: The runner (its training dataloader gives the collate
+                function and the default batch size).
+
+        Returns:
+            The collated batches, in host memory.
+        """
+        spec = self.heldout
+        batch_size = self.heldout_batch_size(runner)
+        dataset = DATASETS.build(copy.deepcopy(spec.dataset))
+        needed = spec.num_batches * batch_size
+        if len(dataset) < needed:
+            raise ValueError(
+                f'MatrixInfoHook heldout: {spec.num_batches} batches of '
+                f'{batch_size} need {needed} images; the dataset has '
+                f'{len(dataset)}')
+        # The images are a seeded random subset, so a test split sorted by
+        # class still gives every class.
+        chosen = np.random.default_rng(spec.seed).permutation(
+            len(dataset))[:needed]
+        with seeded_rng(spec.seed, torch.device('cpu')):
+            items = [dataset[int(index)] for index in chosen]
+        collate = runner.train_dataloader.collate_fn
+        return [collate(items[start:start + batch_size])
+                for start in range(0, needed, batch_size)]
+
+    def measure_heldout(self, model: nn.Module) -> Dict[str, float]:
+        """The quantities of the held-out set, averaged over its batches.
+
+        Args:
+            model: The unwrapped algorithm (left unchanged: the forward
+                runs on a copy).
+
+        Returns:
+            ``{name: value}`` with the keys of the training-batch values.
+        """
+        if not self._heldout_batches:
+            raise RuntimeError('MatrixInfoHook: the held-out set is built in '
+                               'before_train; call it first')
+        device = next(model.parameters()).device
+        shadow = self._untapped_copy(model)
+        shadow_handles = self._tap(shadow)
+        shadow.train(self.heldout.mode == 'train')
+        per_batch = []
+        try:
+            with torch.no_grad(), seeded_rng(self.heldout.seed, device):
+                for batch in self._heldout_batches:
+                    data = shadow.data_preprocessor(batch, False)
+                    self._records, self._armed = {}, True
+                    try:
+                        shadow(**data, mode='loss')
+                    finally:
+                        self._armed = False
+                    per_batch.append(
+                        self.compute(self._branch_embeddings(), gather=False))
+        finally:
+            self._records = {}
+            for handle in shadow_handles:
+                handle.remove()
+            del shadow
+        return average_values(per_batch)
+
+    def _untapped_copy(self, model: nn.Module) -> nn.Module:
+        """A deep copy of ``model`` without this hook's forward hooks.
+
+        deepcopy would copy the recording hooks along (it shares functions),
+        so they are removed for the copy and put back on ``model``.
+        """
+        tapped = bool(self._handles)
+        for handle in self._handles:
+            handle.remove()
+        try:
+            shadow = copy.deepcopy(model)
+        finally:
+            if tapped:
+                self._handles = self._tap(model)
+        freeze_averaged_models(shadow)
+        return shadow
+
+    def _log_heldout(self, runner, epoch: int) -> None:
+        """Measure the held-out set and write the values everywhere."""
+        model = runner.model.module if is_model_wrapper(runner.model) \
+            else runner.model
+        values = self.measure_heldout(model)
+        scalars = {f'{self.prefix}_heldout/{name}': value
+                   for name, value in values.items()}
+        runner.message_hub.update_scalars(scalars)
+        self.heldout_history.append(dict(epoch=epoch, step=runner.iter,
+                                         **scalars))
+        runner.visualizer.add_scalars(dict(scalars, epoch=epoch),
+                                      step=runner.iter,
+                                      file_path=f'{runner.timestamp}.json')
+        listing = ', '.join(f'{name}: {value:.4f}'
+                            for name, value in values.items())
+        print_log(f'MatrixInfoHook held-out set, epoch {epoch}: {listing}',
+                  logger='current', level=logging.INFO)
