@@ -9,7 +9,7 @@ mmpretrain's :class:`~mmpretrain.apis.ModelHub`, so::
 
 work like they do for mmpretrain's own models. The ImageNet entries carry the
 paper's results and no weights; the Fashion-MNIST entries carry the results
-measured by ``tools/benchmarks/run_evidence.py`` and weights addressed as
+measured by ``dev/export_zoo.py`` and weights addressed as
 ``mmae-zoo://<file>``, which this module resolves to the plugin's checkpoint
 folder and loads with ``weights_only=True`` like every other checkpoint.
 
@@ -47,8 +47,8 @@ UNPUBLISHED = ZOO_SCHEME + 'unpublished/'
 ZOO_DIR_ENV = 'MMAE_PLUGIN_ZOO_DIR'
 #: Metadata field of a metafile entry holding its weights' SHA-256.
 DIGEST_FIELD = 'Weights SHA256'
-BUILD_COMMAND = ('python tools/benchmarks/run_evidence.py && '
-                 'python tools/benchmarks/run_evidence.py --export-zoo')
+BUILD_COMMAND = ('the sweep of docs/results/notes.md (python tools/compare.py '
+                 'run ...), then python dev/export_zoo.py --out-dir ...')
 
 _PACKAGE_DIR = osp.dirname(osp.abspath(__file__))
 

@@ -70,7 +70,7 @@ def test_zoo_scheme_missing_checkpoint_names_the_build_command(
         tmp_path, monkeypatch):
     monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(FileNotFoundError, match='run_evidence.py --export-zoo'):
+    with pytest.raises(FileNotFoundError, match='dev/export_zoo.py'):
         load_checkpoint(model, 'mmae-zoo://fmnist/not_built_yet.pth')
     with pytest.raises(ValueError, match='relative path'):
         load_checkpoint(model, 'mmae-zoo://../outside.pth')

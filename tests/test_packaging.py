@@ -6,6 +6,7 @@ site-packages come after the new environment's own, so the wheel's
 ``mmae_plugin`` shadows the editable one), and a Fashion-MNIST config is
 trained from the installed copy in a folder outside the repository.
 """
+import json
 import os
 import os.path as osp
 import shutil
@@ -72,7 +73,7 @@ def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
     assert not missing, missing
     repo_only = [p for p in tracked if is_repo_only(p)]
     assert 'tools/quickstart.sh' in repo_only
-    assert 'tools/benchmarks/run_evidence.py' in repo_only
+    assert 'tools/benchmarks/quickstart_seeds.py' in repo_only
     leaked = [p for p in repo_only if f'mmae_plugin/.mim/{p}' in names]
     assert not leaked, leaked
     metadata_name = next(n for n in names if n.endswith('.dist-info/METADATA'))
@@ -131,3 +132,42 @@ def test_installed_wheel_trains_a_config_outside_the_repo(
               'rb') as f:
         assert (outside / 'zoo' / f'{name}.pth').read_bytes() == f.read()
     assert (outside / 'zoo' / f'{name}.py').is_file()
+
+
+def install_wheel(wheel, tmp_path):
+    """The wheel in a fresh venv layered on this one; its python and env."""
+    venv = tmp_path / 'venv'
+    run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
+    python = str(venv / 'bin' / 'python')
+    site = run([python, '-c', 'import sysconfig; '
+                'print(sysconfig.get_paths()["purelib"])']).stdout.strip()
+    with open(osp.join(site, 'project_env.pth'), 'w') as f:
+        f.write(sysconfig.get_paths()['purelib'] + '\n')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    run([python, '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)],
+        cwd=tmp_path, env=env)
+    return python, osp.join(site, 'mmae_plugin', '.mim'), env
+
+
+def test_installed_wheel_runs_a_comparison_writing_only_its_out_dir(
+        wheel, tmp_path):
+    """tools/compare.py from the wheel, configs named as in the repository
+    (found in the package's .mim), everything under --out-dir."""
+    python, mim, env = install_wheel(wheel, tmp_path)
+    outside = tmp_path / 'elsewhere'
+    outside.mkdir()
+    proc = run([
+        python, osp.join(mim, 'tools', 'compare.py'), 'run', '--out-dir',
+        'cmp', '--arm', 'mae=configs/fashion_mnist/mae_fmnist.py', '--arm',
+        'init=random', '--reference', 'mae', '--seeds', '0', '--epochs', '1',
+        '--images', '256', '--eval-config',
+        'configs/fashion_mnist/knn_fmnist_clsmean.py', '--bank-images',
+        '100', '--test-images', '100', '--shots', '2', '--cfg-options',
+        'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False'], cwd=outside, env=env)
+    assert 'report written to' in proc.stdout
+    assert os.listdir(outside) == ['cmp']
+    report = (outside / 'cmp' / 'report.md').read_text()
+    assert '| init | ' in report and '(n=1, no interval)' in report
+    data = json.loads((outside / 'cmp' / 'runs.json').read_text())
+    assert sorted(r['arm'] for r in data['runs']) == ['init', 'mae']

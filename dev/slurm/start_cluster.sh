@@ -48,7 +48,10 @@ mkdir -p "$STATE/ctld" "$STATE/d" "$STATE/log" /etc/slurm
 memory=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
 # Containers have no usable cgroups: processes are tracked by parent
 # (linuxproc), tasks are not bound (task/none). cons_tres with CR_CPU lets
-# two 1-CPU jobs share the node. Requeued jobs keep their id and rerun.
+# two 1-CPU jobs share the node. Requeued jobs keep their id and rerun;
+# a requeued job's processes get SIGKILL 2 s after SIGTERM (submitit lets a
+# job run on through SIGTERM), so a requeue stops training at once, and the
+# job may start again 10 s later (cred_expire; Slurm's default is 120 s).
 cat > "$CONF" <<CONF
 $MARK
 ClusterName=mmae
@@ -56,6 +59,7 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$STATE/slurmctld.pid
@@ -73,7 +77,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
-KillWait=10
+KillWait=2
 MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=30

@@ -240,11 +240,13 @@ def slurm_job_gone(job_id: str) -> bool:
 
 
 def job_finished(job: submitit.Job) -> bool:
-    """Whether a job has a result, or (Slurm) is gone without one."""
-    if job.done():
+    """Whether a job has a result, or is gone without one (Slurm: from
+    squeue, not submitit's sacct check)."""
+    if job.paths.result_pickle.exists():
         return True
-    return isinstance(job, submitit.SlurmJob) and \
-        not job.paths.result_pickle.exists() and slurm_job_gone(job.job_id)
+    if isinstance(job, submitit.SlurmJob):
+        return slurm_job_gone(job.job_id)
+    return job.done()
 
 
 def job_failure(job: submitit.Job, name: str) -> Optional[str]:

@@ -418,37 +418,42 @@ def correlation(rows: List[dict], spec: Comparison, epoch: int, x_key: str,
     return float(np.corrcoef(x, y)[0, 1]), len(pairs)
 
 
-def option_sweeps(spec: Comparison) -> List[Tuple[str, List[Arm]]]:
-    """Groups of >= 3 arms with one config that differ in one numeric
-    option only: ``(option, arms sorted by it)``."""
+def option_sweeps(spec: Comparison) -> Dict[str, List[List[Arm]]]:
+    """Option -> groups of >= 3 arms with one config that differ in that
+    numeric option only (each group sorted by it)."""
     groups = {}
     for arm in spec.arms:
-        numeric = {k: v for k, v in arm.options
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numeric = [k for k, v in arm.options
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)]
         for key in numeric:
             rest = tuple(sorted((k, repr(v)) for k, v in arm.options
                                 if k != key))
-            groups.setdefault((arm.config, key, rest), []).append(arm)
-    sweeps = []
-    for (_, key, _), arms in groups.items():
+            groups.setdefault((key, arm.config, rest), []).append(arm)
+    sweeps = {}
+    for (key, _, _), arms in groups.items():
         if len(arms) >= 3:
-            sweeps.append((key, sorted(arms, key=lambda a: dict(a.options)[
-                key])))
+            sweeps.setdefault(key, []).append(
+                sorted(arms, key=lambda a: dict(a.options)[key]))
     return sweeps
 
 
 def plot_sweep(rows: List[dict], spec: Comparison, epoch: int, pooling: str,
-               option: str, arms: List[Arm], path: str) -> str:
-    """Paired difference against one option's value (log axis)."""
+               option: str, groups: List[List[Arm]], path: str) -> str:
+    """Paired difference against one option's value (log axis); each
+    group's arms joined by a thin line."""
     plt = _pyplot()
     keys = accuracy_keys(rows, pooling)
     fig, axes = plt.subplots(1, len(keys), squeeze=False,
                              figsize=(4.2 * len(keys), 3.8))
     for ax, key in zip(axes[0], keys):
-        for arm in arms:
-            diff = difference(rows, spec, arm, epoch, f'{pooling}/{key}')
-            if diff is not None:
-                ax.errorbar([dict(arm.options)[option]], [diff.mean],
+        for arms in groups:
+            points = [(dict(arm.options)[option], arm, d) for arm in arms
+                      if (d := difference(rows, spec, arm, epoch,
+                                          f'{pooling}/{key}')) is not None]
+            ax.plot([x for x, _, _ in points], [d.mean for _, _, d in points],
+                    color='0.6', lw=1, zorder=1)
+            for x, arm, diff in points:
+                ax.errorbar([x], [diff.mean],
                             yerr=np.array(error_bar(diff))[:, None],
                             capsize=4, **arm_style(spec, arm),
                             label=f'{arm.label} (n={diff.n})')
@@ -514,13 +519,14 @@ def figure_sections(rows: List[dict], spec: Comparison, epoch: int,
                                  osp.join(fig_dir, 'accuracy_vs_rank.png'))
         lines += ['', f'![accuracy against effective rank]({link(path)})',
                   '']
-    for option, arms in option_sweeps(spec) if poolings else ():
+    sweeps = option_sweeps(spec) if poolings else {}
+    for option, groups in sweeps.items():
         name = re.sub(r'[^A-Za-z0-9]+', '_', option).strip('_')
-        path = plot_sweep(rows, spec, epoch, poolings[0], option, arms,
+        path = plot_sweep(rows, spec, epoch, poolings[0], option, groups,
                           osp.join(fig_dir, f'sweep_{name}.png'))
         lines += [f'## Sweep of `{option}`', '',
-                  f'{", ".join(a.label for a in arms)}: the same config, '
-                  f'only `{option}` differs.', '',
+                  *[f'* {", ".join(a.label for a in arms)}: one config, '
+                    f'only `{option}` differs.' for arms in groups], '',
                   f'![sweep of {option}]({link(path)})', '']
     return lines
 
