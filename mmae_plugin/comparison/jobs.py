@@ -220,7 +220,9 @@ def make_executor(out_dir: str, resources: Resources
     ``<out-dir>/jobs/``."""
     executor = submitit.AutoExecutor(folder=osp.join(out_dir, 'jobs', '%j'),
                                      cluster=resources.cluster)
-    tasks = max(1, resources.gpus)
+    # One task per GPU only where MMEngine's slurm launcher joins them;
+    # a local job is one process (on the first of its GPUs).
+    tasks = resources.gpus if resources.launcher == 'slurm' else 1
     executor.update_parameters(
         name='mmae-compare', timeout_min=resources.time_min, nodes=1,
         tasks_per_node=tasks, cpus_per_task=resources.cpus_per_task,
