@@ -19,7 +19,9 @@ from typing import Dict
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from mmae_plugin.checkpoint.integrity import file_sha256  # noqa: E402
 from mmae_plugin.comparison import spec as layout  # noqa: E402
+from mmae_plugin.model_zoo import DIGEST_FIELD  # noqa: E402
 
 PRETRAIN_CONFIGS = {
     'mae': 'configs/fashion_mnist/mae_fmnist.py',
@@ -126,24 +128,26 @@ def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
                           epochs=spec.epochs)
         state = torch.load(checkpoint, map_location='cpu',
                            weights_only=True)['state_dict']
+        encoder_file = osp.join(zoo_dir, f'{name}.pth')
         torch.save({'state_dict': state,
-                    'meta': dict(mmae_zoo=provenance)},
-                   osp.join(zoo_dir, f'{name}.pth'))
+                    'meta': dict(mmae_zoo=provenance)}, encoder_file)
 
-        def metadata(config: str) -> Dict:
+        def metadata(config: str, weights_file: str) -> Dict:
             return {'Epochs': spec.epochs, 'Batch Size': 256,
                     **model_complexity(config),
                     'Training Resources': training_resources(),
                     'Training Data': f'Fashion-MNIST (first {spec.images} '
                     'training images)', 'Seed': seed,
-                    'Results Source': f'measured by {COMMAND}'}
+                    'Results Source': f'measured by {COMMAND}',
+                    DIGEST_FIELD: file_sha256(weights_file)}
         weights = f'mmae-zoo://fmnist/{name}.pth'
         models += [
             {'Name': name, 'In Collection': COLLECTIONS[method],
-             'Metadata': metadata(PRETRAIN_CONFIGS[method]), 'Results': None,
+             'Metadata': metadata(PRETRAIN_CONFIGS[method], encoder_file),
+             'Results': None,
              'Weights': weights, 'Config': PRETRAIN_CONFIGS[method]},
             {'Name': f'{name}_knn', 'In Collection': COLLECTIONS[method],
-             'Metadata': dict(metadata(KNN_CONFIG),
+             'Metadata': dict(metadata(KNN_CONFIG, encoder_file),
                               **{'kNN': 'k=20, T=0.07, 60,000 neighbours'}),
              'Results': [result(metrics['knn/top1'])],
              'Weights': weights, 'Config': KNN_CONFIG}]
@@ -155,7 +159,8 @@ def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
                        osp.join(zoo_dir, f'{linear}.pth'))
             models.append(
                 {'Name': linear, 'In Collection': COLLECTIONS[method],
-                 'Metadata': dict(metadata(PROBE_CONFIG), **{
+                 'Metadata': dict(metadata(
+                     PROBE_CONFIG, osp.join(zoo_dir, f'{linear}.pth')), **{
                      'Probe': 'BatchNorm + linear fitted on cached features '
                      'of all 60,000 training images'}),
                  'Results': [result(metrics['linear/top1'])],
@@ -166,7 +171,10 @@ def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
               "# from the sweep's seed-0 runs; results measured on the "
               '10,000 test images. FLOPs and Parameters as mmpretrain\'s\n'
               '# get_flops.py counts them (extract_feat on one 1 x 28 x 28 '
-              'image, attention included).\n')
+              'image, attention included).\n'
+              '# Weights SHA256: sha256sum of the weights file; every '
+              'mmae-zoo:// load and\n# python -m mmae_plugin.download refuse '
+              'a file that differs.\n')
     with open(metafile, 'w') as f:
         f.write(header)
         yaml.safe_dump({'Models': models}, f, sort_keys=False,

@@ -169,6 +169,10 @@ def test_schedule_is_stretched_to_the_comparison_epochs():
     assert fitted[0] == schedule[0]
     assert fitted[1] == dict(schedule[1], T_max=19, end=20)
     assert schedule[1]['end'] == 5  # the input is not changed
+    # One epoch: the warm-up alone (the cosine would begin after the end).
+    assert fit_schedule(schedule, 5, 1) == [schedule[0]]
+    assert fit_schedule([dict(type='LinearLR', begin=0, end=3)], 5, 2) == \
+        [dict(type='LinearLR', begin=0, end=2)]
 
 
 # ----------------------------------------------------------------------------
@@ -404,3 +408,23 @@ def test_the_requeued_job_resumed_instead_of_restarting(local_and_slurm):
     # Every epoch before the resume point was trained exactly once.
     for epoch in range(1, resumed + 1):
         assert logs.count(f'Epoch(train) [{epoch}][4/4]') == 1, epoch
+
+
+def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
+        repo_root, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, 'run', '--out-dir', str(tmp_path),
+         '--arm', 'broken=configs/fashion_mnist/mae_fmnist.py '
+         'model.type=NoSuchAlgorithm', '--arm', 'init=random',
+         '--reference', 'init', '--seeds', '0', '--epochs', '1',
+         '--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
+         '--bank-images', '100', '--test-images', '100', '--shots', '2'],
+        cwd=repo_root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = proc.stdout.split('[compare] failed:')[1]
+    assert 'broken seed 0 (job ' in failed and 'NoSuchAlgorithm' in failed
+    assert 'KeyError' in failed and '_log.err' in failed
+    report = (tmp_path / 'report.md').read_text()
+    assert ('**Not finished**: 1 of 2 evaluations. Missing: broken seed 0 '
+            '(0 of 1 evaluations).') in report
+    assert '| init | ' in report

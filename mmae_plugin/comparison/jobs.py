@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import os.path as osp
+import re
 import subprocess
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -258,8 +259,9 @@ def job_failure(job: submitit.Job, name: str) -> Optional[str]:
             job.result()
             return None
         except Exception as error:  # the job's own exception, re-raised
-            message = str(error).strip().splitlines()
-            detail = message[-1] if message else type(error).__name__
+            raised = [line.strip() for line in str(error).splitlines()
+                      if re.match(r'\s*[\w.]+(Error|Exception)\b', line)]
+            detail = raised[-1] if raised else type(error).__name__
     else:
         detail = 'ended without a result (killed or cancelled)'
     return f'{name} (job {job.job_id}): {detail}; see {job.paths.stderr}'

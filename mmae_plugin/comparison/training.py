@@ -67,7 +67,8 @@ def fit_schedule(schedulers: List[dict], old_epochs: int,
 
     Every scheduler that ran to the config's last epoch now ends at
     ``epochs`` (a cosine's ``T_max`` is its new length); warm-ups and
-    other early schedulers are kept as they are.
+    other early schedulers are kept as they are, cut at ``epochs``; one
+    that would begin at or after ``epochs`` is dropped (it never runs).
 
     Args:
         schedulers: The config's ``param_scheduler`` list.
@@ -77,14 +78,21 @@ def fit_schedule(schedulers: List[dict], old_epochs: int,
     Returns:
         The new list (the input is not changed).
     """
-    fitted = copy.deepcopy(schedulers)
-    for scheduler in fitted:
+    fitted = []
+    for scheduler in copy.deepcopy(schedulers):
         if not scheduler.get('by_epoch', True):
+            fitted.append(scheduler)
+            continue
+        begin = scheduler.get('begin', 0)
+        if begin >= epochs:
             continue
         if scheduler.get('end', old_epochs) >= old_epochs:
             scheduler['end'] = epochs
             if 'T_max' in scheduler:
-                scheduler['T_max'] = epochs - scheduler.get('begin', 0)
+                scheduler['T_max'] = epochs - begin
+        elif scheduler.get('end', old_epochs) > epochs:
+            scheduler['end'] = epochs
+        fitted.append(scheduler)
     return fitted
 
 
