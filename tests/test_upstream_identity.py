@@ -306,3 +306,23 @@ def test_tools_say_what_to_install_without_pkg_resources(tmp_path):
         'train.py: mmengine 0.10.7 needs pkg_resources to resolve '
         '"mmpretrain::" config bases, and it is not installed (setuptools '
         ">= 82 removed it); install it with: pip install 'setuptools<82'")
+
+
+def test_plugin_import_leaves_random_states_alone():
+    """Upstream tests that draw from the global generators without seeding
+    see the same draws with the plugin imported."""
+    proc = run_python('''
+        import random
+        import numpy as np
+        import torch
+        import mmengine, mmpretrain  # noqa: F401
+        np.random.seed(0), random.seed(0), torch.manual_seed(0)
+        before = (np.random.get_state()[1].copy(), random.getstate(),
+                  torch.get_rng_state().clone())
+        import mmae_plugin
+        assert 'mmae_plugin.registration' in __import__('sys').modules
+        print('same:', (np.random.get_state()[1] == before[0]).all(),
+              random.getstate() == before[1],
+              torch.equal(torch.get_rng_state(), before[2]))
+    ''')
+    assert 'same: True True True' in proc.stdout
