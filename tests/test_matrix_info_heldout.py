@@ -145,11 +145,14 @@ def test_every_measurement_sees_the_same_views(byol_runs):
     assert not torch.equal(rebuilt[0]['inputs'][0], rebuilt[0]['inputs'][1])
 
 
-def expected_heldout(runner: Runner, method: str) -> dict:
-    """The branches computed by hand in eval mode, averaged over batches."""
+def expected_heldout(runner: Runner, method: str,
+                     mode: str = 'eval') -> dict:
+    """The branches computed by hand, averaged over batches (in train mode
+    BatchNorm normalises by the batch: the running statistics the forward
+    updates do not enter the output)."""
     model = runner.model
     hook = the_hook(runner)
-    model.eval()
+    model.train(mode == 'train')
     per_batch = []
     with torch.no_grad():
         for batch in hook._heldout_batches:
@@ -166,14 +169,17 @@ def expected_heldout(runner: Runner, method: str) -> dict:
             for key in per_batch[0]}
 
 
-@pytest.mark.parametrize('method', ['spectral', 'simclr'])
-def test_heldout_values_are_the_branches_in_eval_mode(method, tmp_path):
-    runner = run(method, str(tmp_path), heldout=dict(num_batches=2),
-                 epochs=1)
+@pytest.mark.parametrize('method,mode', [('spectral', 'eval'),
+                                         ('simclr', 'eval'),
+                                         ('barlowtwins', 'train')])
+def test_heldout_values_are_the_branches_in_their_mode(method, mode,
+                                                      tmp_path):
+    runner = run(method, str(tmp_path),
+                 heldout=dict(num_batches=2, mode=mode), epochs=1)
     logged = {k.split('/', 1)[1]: v
               for k, v in the_hook(runner).heldout_history[-1].items()
               if k.startswith('minfo_heldout/')}
-    expected = expected_heldout(runner, method)
+    expected = expected_heldout(runner, method, mode)
     assert logged.keys() == expected.keys()
     for key in expected:
         assert logged[key] == pytest.approx(expected[key], rel=1e-5,
@@ -189,6 +195,18 @@ def test_byol_branches_in_eval_mode(byol_runs):
     for key in expected:
         assert logged[key] == pytest.approx(expected[key], rel=1e-5,
                                             abs=1e-7), key
+
+
+@pytest.mark.parametrize('method',
+                         ['simclr', 'byol', 'barlowtwins', 'spectral'])
+def test_siamese_configs_measure_test_images_in_train_mode(method):
+    cfg = Config.fromfile(os.path.join(FMNIST, f'{method}_fmnist.py'))
+    hook = next(h for h in cfg.custom_hooks if h.type == 'MatrixInfoHook')
+    heldout = MatrixInfoHook(**{k: v for k, v in hook.items()
+                                if k != 'type'}).heldout
+    assert heldout.dataset['split'] == 'test'
+    assert heldout.dataset['pipeline'] == cfg.train_pipeline  # two views
+    assert (heldout.num_batches, heldout.mode) == (4, 'train')
 
 
 @pytest.mark.parametrize('heldout,words', [
