@@ -272,13 +272,13 @@ def test_documented_run_command_gives_the_recorded_comparison(repo_root,
 # ----------------------------------------------------------------------------
 # A quick grid, local and on a real Slurm cluster
 # ----------------------------------------------------------------------------
-#: 2 arms x 2 seeds, 4 iterations per epoch, evaluated at the last epoch.
+#: 2 arms x 2 seeds, 6 iterations per epoch, evaluated at the last epoch.
 QUICK_GRID = [
     '--arm', 'mae=configs/fashion_mnist/mae_fmnist.py',
     '--arm', 'mmae=configs/fashion_mnist/mmae_fmnist.py '
     'model.regularizer.loss_weight=0.01',
     '--reference', 'mae', '--seeds', '0', '1', '--epochs', '3',
-    '--images', '1024', '--eval-config',
+    '--images', '1536', '--eval-config',
     'configs/fashion_mnist/knn_fmnist_clsmean.py', '--bank-images', '300',
     '--test-images', '200', '--shots', '2', '--cfg-options',
     'train_dataloader.num_workers=0',
@@ -307,7 +307,9 @@ def run_dir(out_dir, arm, seed):
 
 
 def requeue_mid_training(out_dir, log_path, timeout=1200):
-    """Once the watched job has saved epoch 1, requeue it with scontrol."""
+    """Once the watched job has saved epoch 1 (of 3), requeue it with
+    scontrol: its processes are killed 2 s later (KillWait), long before
+    the 12 iterations of epochs 2 and 3 end."""
     directory = run_dir(out_dir, *REQUEUED)
     deadline = time.time() + timeout
     job = None
@@ -400,14 +402,14 @@ def test_the_requeued_job_resumed_instead_of_restarting(local_and_slurm):
     assert [s['restarts'] for s in starts] == [0, 1]
     assert starts[0]['trained_epoch'] is None
     # Requeued mid-training: resumed from a checkpoint before the last epoch.
-    assert 1 <= starts[1]['trained_epoch'] < 3, starts
+    assert starts[1]['trained_epoch'] in (1, 2), starts
     logs = '\n'.join(p.read_text() for p in directory.glob('*/*.log'))
     resumed = starts[1]['trained_epoch']
     assert ('Auto resumed from the latest checkpoint '
             f'{directory / f"epoch_{resumed}.pth"}') in logs, logs[-2000:]
     # Every epoch before the resume point was trained exactly once.
     for epoch in range(1, resumed + 1):
-        assert logs.count(f'Epoch(train) [{epoch}][4/4]') == 1, epoch
+        assert logs.count(f'Epoch(train) [{epoch}][6/6]') == 1, epoch
 
 
 def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
