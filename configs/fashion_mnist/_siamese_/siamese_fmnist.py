@@ -7,6 +7,7 @@
 _base_ = [
     '../_base_/default_runtime.py',  # plugin import, logger, env, seed
     '../_base_/fmnist_pretrain.py',  # GzipFashionMNIST, 1-channel stats
+    'resnet18_quarter_arch.py',  # the encoder (`backbone`)
 ]
 
 # Two views of every image. Fashion-MNIST is grey, so SimCLR's colour
@@ -33,19 +34,6 @@ train_dataloader = dict(
 # Each view is flipped in its pipeline: no second, batched flip.
 data_preprocessor = dict(flip_prob=0.0)
 
-# ResNet-18 at 1/4 width (stem 16, stages 16-32-64-128 channels): the
-# stride-2 stem and max-pool bring 28 x 28 to 7 x 7, which keeps a step at
-# about 0.5 s on 2 CPU cores (a CIFAR-style stem at full resolution costs
-# 10x more). BN instead of the SyncBN of mmpretrain's ImageNet recipes:
-# SyncBN has no CPU kernel; on GPUs switch back to SyncBN.
-backbone = dict(
-    type='ResNet',
-    depth=18,
-    in_channels=1,
-    stem_channels=16,
-    base_channels=16,
-    norm_cfg=dict(type='BN'),
-    zero_init_residual=True)
 feat_dim = 128  # embedding size d of every method, so curves are comparable
 proj_hidden = 512
 
