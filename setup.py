@@ -25,10 +25,11 @@ MIM_DIR = osp.join('mmae_plugin', '.mim')
 # (checkpoints/: the Fashion-MNIST model-zoo weights, mmae-zoo://).
 MIM_ITEMS = ('configs', 'tools', 'model-index.yml', 'checkpoints')
 # Repository-only tools, left out of a wheel: they set up or test the
-# checkout's own .venv (setup.py, constraints.txt, tests/ are not shipped),
-# or write reports and zoo checkpoints into the repository (benchmarks/).
+# checkout's own .venv (setup.py, constraints.txt, tests/ are not shipped).
+# The development harness (GPU check, benchmarks, compatibility and upstream
+# suite runs, zoo export) is in dev/, which is not in MIM_ITEMS.
 MIM_REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh',
-                 'tools/run_tests.sh', 'tools/benchmarks')
+                 'tools/run_tests.sh')
 _IGNORE_BUILD_LEFTOVERS = shutil.ignore_patterns('__pycache__', '*.pyc',
                                                  'work_dirs')
 

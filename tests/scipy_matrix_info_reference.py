@@ -4,7 +4,7 @@ Written from the formulas of REFERENCE.md section 2 with matrix functions
 (``scipy.linalg.logm``, matrix powers, ``slogdet``) rather than the
 eigenvalue shortcuts of ``mmae_plugin.matrix_info``, so that tests and the
 benchmark compare two different computations. Shared by
-``tests/test_matrix_info.py`` and ``tools/benchmarks/bench_matrix_info.py``.
+``tests/test_matrix_info.py`` and ``dev/benchmarks/bench_matrix_info.py``.
 """
 import numpy as np
 import scipy.linalg

@@ -1,4 +1,4 @@
-"""tools/benchmarks/bench_pipeline.py: the paths it times do what they
+"""dev/benchmarks/bench_pipeline.py: the paths it times do what they
 claim (shapes, crop boxes, the bytes the GPU would decode) and a tiny run
 reports every path side by side."""
 import importlib.util
@@ -16,7 +16,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 def bench():
     spec = importlib.util.spec_from_file_location(
         'bench_pipeline',
-        osp.join(REPO, 'tools', 'benchmarks', 'bench_pipeline.py'))
+        osp.join(REPO, 'dev', 'benchmarks', 'bench_pipeline.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -53,8 +53,7 @@ def wheel(repo_root, tmp_path_factory):
 
 # Tools that only work in a repository checkout (they set up or test its
 # .venv from setup.py / constraints.txt / tests/, or write reports into it).
-REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh', 'tools/run_tests.sh',
-             'tools/benchmarks/')
+REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh', 'tools/run_tests.sh')
 
 
 def is_repo_only(path):
@@ -73,7 +72,6 @@ def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
     assert not missing, missing
     repo_only = [p for p in tracked if is_repo_only(p)]
     assert 'tools/quickstart.sh' in repo_only
-    assert 'tools/benchmarks/quickstart_seeds.py' in repo_only
     leaked = [p for p in repo_only if f'mmae_plugin/.mim/{p}' in names]
     assert not leaked, leaked
     metadata_name = next(n for n in names if n.endswith('.dist-info/METADATA'))

@@ -1,7 +1,7 @@
 """The TCR regulariser's fewer dispatches: the fused autograd nodes give the
 values of the chains they replace bit for bit, gradients equal to
 autograd's, the float64 reference's value, and the op counts that
-tools/benchmarks/regulariser_ops.py reports."""
+dev/benchmarks/regulariser_ops.py reports."""
 import importlib.util
 import math
 import os.path as osp
@@ -23,7 +23,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 def ops_tool():
     spec = importlib.util.spec_from_file_location(
         'regulariser_ops',
-        osp.join(REPO, 'tools', 'benchmarks', 'regulariser_ops.py'))
+        osp.join(REPO, 'dev', 'benchmarks', 'regulariser_ops.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

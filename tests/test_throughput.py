@@ -105,7 +105,7 @@ def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
         'model.neck.decoder_num_heads=2'
     ]
     proc = subprocess.run([
-        sys.executable, f'{repo_root}/tools/benchmarks/bench_gpu.py',
+        sys.executable, f'{repo_root}/dev/benchmarks/bench_gpu.py',
         '--device', 'cpu', '--iters', '2', '--image-size', '32',
         '--out', str(out), '--markdown', str(summary),
         '--cfg-options', *shrink

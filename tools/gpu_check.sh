@@ -55,7 +55,7 @@
 #                the second run resumed at iteration 25 and that every loss
 #                is finite with the regulariser applied; before the
 #                benchmark, so that it always has its full limit
-#   bench_gpu    170: tools/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16
+#   bench_gpu    170: dev/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16
 #                in bfloat16 and float16, alternating rounds in one process
 #                per dtype; last, as it saves its JSON after every case
 # Results in $OUT (8 files): gpu_check.json (every stage and its figures,
@@ -163,7 +163,7 @@ EOF
 }
 
 stage_images() {
-  "$PYTHON" "$ROOT/tools/benchmarks/bench_gpu.py" --write-folder "$GC_IMAGES" \
+  "$PYTHON" "$ROOT/dev/benchmarks/bench_gpu.py" --write-folder "$GC_IMAGES" \
     --folder-images "$GC_IMAGE_COUNT"
 }
 
@@ -200,7 +200,7 @@ stage_bench_gpu() {
     args+=(--dtypes bfloat16 float16 --rounds 3 --iters 100 --warmup 10
            --loader-iters 15 --reg-reps 100 --case-timeout 80)
   fi
-  (cd "$ROOT" && "$PYTHON" tools/benchmarks/bench_gpu.py "${args[@]}")
+  (cd "$ROOT" && "$PYTHON" dev/benchmarks/bench_gpu.py "${args[@]}")
 }
 
 stage_dist_train() {

@@ -60,7 +60,7 @@ auto_scale_lr = dict(base_batch_size=256)
 default_hooks = dict(logger=dict(type='LoggerHook', interval=10))
 # Every 10 iterations, for enough points in these short runs (the default 50
 # suits long ones): a sample costs ~20 ms, 10 iterations ~3 s on 2 CPU
-# cores, so under 1 % (measured by tools/benchmarks/bench_matrix_info.py).
+# cores, so under 1 % (measured by dev/benchmarks/bench_matrix_info.py).
 # Per epoch (and before training) the same quantities on a fixed held-out
 # set as well: 4 batches of 256 test images, each with the same two views at
 # every epoch (seed 0), logged as minfo_heldout/<name>. BatchNorm in train

@@ -36,8 +36,8 @@ per-iteration framework cost measured on the small configs).
 
 Example::
 
-    python tools/benchmarks/bench_throughput.py --rounds 3 --iters 30
-    python tools/benchmarks/bench_throughput.py --cases M-MAE --profile
+    python dev/benchmarks/bench_throughput.py --rounds 3 --iters 30
+    python dev/benchmarks/bench_throughput.py --cases M-MAE --profile
 """
 import argparse
 import copy

@@ -29,8 +29,8 @@ time, next to the ratio to ``recipe``. ``--gpu-images-per-s`` (default
 5,000, an estimate for MAE ViT-B/16 on one H200) turns images/s per core
 into cores per GPU::
 
-    taskset -c 1 python tools/benchmarks/bench_pipeline.py
-    python tools/benchmarks/bench_pipeline.py --images 64 --rounds 1  # smoke
+    taskset -c 1 python dev/benchmarks/bench_pipeline.py
+    python dev/benchmarks/bench_pipeline.py --images 64 --rounds 1  # smoke
 """
 import argparse
 import json

@@ -17,7 +17,7 @@ share is not).
 
 Example::
 
-    python tools/benchmarks/bench_matrix_info.py --size 1024 --iters 100
+    python dev/benchmarks/bench_matrix_info.py --size 1024 --iters 100
 """
 import argparse
 import importlib.util

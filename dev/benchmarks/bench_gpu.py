@@ -47,11 +47,11 @@ the MFU are compared with the goals of the GPU work (``goals`` in the JSON).
 On a CPU-only machine ``--device cpu`` runs the same code in float32 with a
 model shrunk through ``--cfg-options`` (the test suite's smoke run)::
 
-    python tools/benchmarks/bench_gpu.py --out work_dirs/bench_gpu.json
-    python tools/benchmarks/bench_gpu.py --dtypes bfloat16 --iters 50
-    python tools/benchmarks/bench_gpu.py --device cpu --iters 2 \\
+    python dev/benchmarks/bench_gpu.py --out work_dirs/bench_gpu.json
+    python dev/benchmarks/bench_gpu.py --dtypes bfloat16 --iters 50
+    python dev/benchmarks/bench_gpu.py --device cpu --iters 2 \\
         --image-size 32 --cfg-options model.backbone.arch=deit-tiny ...
-    python tools/benchmarks/bench_gpu.py --write-folder /tmp/images \\
+    python dev/benchmarks/bench_gpu.py --write-folder /tmp/images \\
         --folder-images 3200   # only write a synthetic image folder
 """
 import argparse

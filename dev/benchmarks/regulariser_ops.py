@@ -10,8 +10,8 @@ microseconds of host time on a GPU whatever its size, which is what the
 count measures. The CPU time of the same call (median of ``--reps``, one
 thread) is the float64 arithmetic itself, about 2.6 GFLOP at 1024 x 768::
 
-    python tools/benchmarks/regulariser_ops.py
-    python tools/benchmarks/regulariser_ops.py --rows 1024 --dim 768 --json out.json
+    python dev/benchmarks/regulariser_ops.py
+    python dev/benchmarks/regulariser_ops.py --rows 1024 --dim 768 --json out.json
 """
 import argparse
 import collections

@@ -1,6 +1,6 @@
 """The quick start over seeds: M-MAE against MAE at its budget.
 
-A repository script (it runs ``tools/quickstart.sh``): runs ``tools/quickstart.sh`` (4 epochs on the 60,000 Fashion-MNIST images,
+Runs ``tools/quickstart.sh`` (4 epochs on the 60,000 Fashion-MNIST images,
 cached probe and kNN on CLS + mean patch tokens) for each config and seed,
 one after another, each in its own work dir; a run whose ``metrics.json``
 exists is skipped, so an interrupted sweep resumes where it stopped. Then
@@ -9,7 +9,7 @@ M-MAE - MAE by seed with a 95 % t-interval.
 
 Example::
 
-    python tools/benchmarks/quickstart_seeds.py --seeds 0 1 2 \\
+    python dev/benchmarks/quickstart_seeds.py --seeds 0 1 2 \\
         --out work_dirs/quickstart_seeds/summary.json
 """
 import argparse

@@ -7,7 +7,7 @@ so drift of the machine affects both alike. Prints the median ratios.
 
 Example::
 
-    python tools/benchmarks/bench_step_time.py --rounds 20
+    python dev/benchmarks/bench_step_time.py --rounds 20
 """
 import argparse
 import copy
