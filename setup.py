@@ -47,7 +47,7 @@ INSTALL_REQUIRES = [
     # torch 2.4 is the first with torch.serialization.add_safe_globals, which
     # the weights_only allow-list (mmae_plugin.compat) needs; torchvision
     # 0.19 is its match. Tested on 2.4, 2.11 and the constraints.txt pin
-    # (tools/compat_check.sh builds and tests such a stack).
+    # (dev/compat_check.sh builds and tests such a stack).
     'torch>=2.4,<3',
     'torchvision>=0.19,<1',
     'numpy>=1.26,<3',  # 1.x and 2.x both tested

@@ -1,7 +1,7 @@
 """Write ``numpy1_runner_epoch_2.pth``: a genuine mmengine checkpoint, numpy 1.x.
 
 Run it in an environment with numpy 1.x (the repository's
-``.venv-compat-2.4-numpy__1.26._``, made by ``tools/compat_check.sh``)::
+``.venv-compat-2.4-numpy__1.26._``, made by ``dev/compat_check.sh``)::
 
     .venv-compat-2.4-numpy__1.26._/bin/python tests/data/make_numpy1_checkpoint.py
 

@@ -2,7 +2,7 @@
 # Build a virtual environment with another torch (and numpy) than the pinned
 # one, install the plugin into it and run the test suite there.
 #
-# Usage: bash tools/compat_check.sh TORCH_VERSION [NUMPY_SPEC] [-- PYTEST_ARGS...]
+# Usage: bash dev/compat_check.sh TORCH_VERSION [NUMPY_SPEC] [-- PYTEST_ARGS...]
 #   TORCH_VERSION  2.4 (newest 2.4.x), 2.4.1, 2.11, ...
 #   NUMPY_SPEC     a pip specifier for numpy, e.g. '==1.26.*' or '<2'
 #                  (default: whatever pip picks for that torch)
@@ -25,7 +25,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: bash tools/compat_check.sh TORCH_VERSION [NUMPY_SPEC] [-- PYTEST_ARGS...]" >&2
+  echo "usage: bash dev/compat_check.sh TORCH_VERSION [NUMPY_SPEC] [-- PYTEST_ARGS...]" >&2
   exit 2
 }
 
