@@ -5,12 +5,13 @@ The plugin's only process-wide changes are the security workarounds of
 and mmpretrain's own tests are the best check that nothing else changes for
 them. Each suite runs twice in the same environment: once plain, once with
 ``import mmae_plugin.registration`` before collection (through the pytest
-plugin module ``upstream_suites_plugin`` beside this file). The outcome of every test id is
-compared and the differences are written out.
+plugin module ``mmae_import_plugin`` beside this file). The outcome of every
+test id is compared and the differences are written out.
 
-Usage (see ``tools/upstream_suites.sh``)::
+Usage (see ``dev/upstream_suites/run.sh``)::
 
-    python tools/upstream_suites.py SUITE=SOURCE[:PATHS] ... --out OUT
+    python dev/upstream_suites/upstream_suites.py SUITE=SOURCE[:PATHS] ... \
+        --out OUT
 
 ``SOURCE`` is a source tree holding ``tests/`` at the release tag or a git
 repository (bare or not), from which the release tag is exported.
@@ -31,8 +32,9 @@ EXPORTED_PATHS = {'mmengine': ['tests', 'pytest.ini'],
 # Test-only requirements of the upstream suites that the plugin's own
 # environment does not need; installed into an overlay venv, never into it.
 TEST_REQUIREMENTS = ['parameterized', 'pytest-timeout', 'scikit-learn']
-TOOLS_DIR = osp.dirname(osp.abspath(__file__))
-REPO_ROOT = osp.dirname(TOOLS_DIR)
+# This folder (its pytest plugin module) and the repository (mmae_plugin).
+HERE = osp.dirname(osp.abspath(__file__))
+REPO_ROOT = osp.dirname(osp.dirname(HERE))
 
 
 def source_tree(suite: str, source: str, out: str) -> str:
@@ -105,8 +107,8 @@ def run_suite(python: str, tree: str, paths: List[str], junit: str,
     """
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(
-        [TOOLS_DIR, REPO_ROOT] + ([env['PYTHONPATH']]
-                                  if env.get('PYTHONPATH') else []))
+        [HERE, REPO_ROOT] + ([env['PYTHONPATH']]
+                             if env.get('PYTHONPATH') else []))
     # A module that fails to import (a missing optional dependency) fails the
     # same way in both runs; the rest of the suite still runs.
     # --tb=native: pytest's own traceback formatting re-parses sources and
@@ -117,7 +119,7 @@ def run_suite(python: str, tree: str, paths: List[str], junit: str,
                f'--junitxml={junit}', f'--timeout={timeout}', '-o',
                'junit_family=xunit1'] + paths
     if with_plugin:
-        command[3:3] = ['-p', 'upstream_suites_plugin']
+        command[3:3] = ['-p', 'mmae_import_plugin']
     log = junit[:-len('.xml')] + '.log'
     with open(log, 'w') as log_file:
         return subprocess.run(command, cwd=tree, env=env, stdout=log_file,
