@@ -9,8 +9,7 @@ import numpy as np
 from mmpretrain.datasets import FashionMNIST
 from mmpretrain.registry import DATASETS
 
-from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
-                                                check_int)
+from mmae_plugin.utils.validation import check_bool, check_choice, check_int
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the files.
 DEFAULT_FASHION_MNIST_ROOT = '/usr/share/datasets/fashion-mnist'

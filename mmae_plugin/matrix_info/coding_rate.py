@@ -15,10 +15,10 @@ import math
 import torch
 from torch import Tensor
 
+from ..utils.validation import check_bool, check_choice, check_real
 from .gram_logdet import (cholesky_cannot_fail, ridge_gram_logdet,
                           signed_ridge_gram_logdet)
-from .validation import (check_bool, check_choice, check_features,
-                         check_finite_result, check_real, resolve_dtype)
+from .validation import check_features, check_finite_result, resolve_dtype
 
 #: ``'reference'``: ``logdet(I_d + (mu / d) zn^T zn)``, what the published
 #: M-MAE code computes; ``'paper'``: ``logdet(mu I_d + zn^T zn)`` (eq. 8, 13).

@@ -21,13 +21,13 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..utils.validation import check_non_negative
 from .kernels import FactoredPSD, PSDInput
 from .spectrum import (check_nonzero_trace, dense_symmetric, eigenvalues,
                        normalize_spectrum,
                        prepare_input, prepared_size, prepared_spectrum,
                        shannon_entropy)
-from .validation import (check_eigenvalues_psd, check_non_negative,
-                         check_same_size, resolve_dtype)
+from .validation import check_eigenvalues_psd, check_same_size, resolve_dtype
 
 #: Relative gap below which two eigenvalues are treated as equal in the
 #: divided difference of the logarithm (its cancellation error is about

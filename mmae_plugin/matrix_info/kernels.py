@@ -21,8 +21,9 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from ..utils.validation import check_bool
 from .coding_rate import check_features
-from .validation import check_bool, to_compute_dtype
+from .validation import to_compute_dtype
 
 #: A feature whose batch standard deviation is below this fraction of its
 #: largest magnitude is constant up to rounding ("dead"); standardising it

@@ -19,8 +19,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..utils.validation import check_non_negative
 from .spectrum import shannon_entropy
-from .validation import check_non_negative, check_tensor, to_compute_dtype
+from .validation import check_tensor, to_compute_dtype
 
 
 def _singular_values(x: Tensor, name: str,

@@ -37,6 +37,7 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..utils.validation import check_choice
 from .coding_rate import check_coding_rate_args, coding_rate, coding_rate_key
 from .divergence import matrix_js_divergence, spectrum_js_divergence
 from .entropy import (matrix_entropy, matrix_joint_entropy,
@@ -44,7 +45,7 @@ from .entropy import (matrix_entropy, matrix_joint_entropy,
 from .kernels import PSDInput, normalized_covariance, normalized_gram
 from .rank import rankme
 from .spectrum import ZeroMatrixError
-from .validation import check_alpha, check_choice
+from .validation import check_alpha
 
 #: Kernel names (as ``MatrixInfoHook(kernel=...)`` takes them) -> builders.
 KERNELS = {'covariance': normalized_covariance, 'gram': normalized_gram}

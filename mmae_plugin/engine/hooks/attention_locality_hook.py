@@ -32,11 +32,10 @@ from mmpretrain.models.selfsup import MAEViT
 from mmpretrain.models.utils import MultiheadAttention
 from mmpretrain.registry import HOOKS, TRANSFORMS
 
-from mmae_plugin.matrix_info.validation import (check_bool, check_config,
-                                                check_int)
 from mmae_plugin.theory.attention_stats import (
     attention_entropy, mean_attention_distance, patch_grid_distances,
     query_key_normalized_mutual_information)
+from mmae_plugin.utils.validation import check_bool, check_config, check_int
 
 STATISTICS = ('distance', 'nmi', 'entropy')
 KEY_PREFIX = 'attn_locality'

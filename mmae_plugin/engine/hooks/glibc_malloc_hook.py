@@ -24,7 +24,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmpretrain.registry import HOOKS
 
-from mmae_plugin.matrix_info.validation import check_int
+from mmae_plugin.utils.validation import check_int
 
 # mallopt parameter numbers, from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1

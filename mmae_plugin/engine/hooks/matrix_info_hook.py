@@ -42,11 +42,10 @@ from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
 from mmae_plugin.matrix_info.representation import (KERNELS,
                                                     one_branch_statistics,
                                                     two_branch_statistics)
-from mmae_plugin.matrix_info.validation import (check_bool, check_choice,
-                                                check_config, check_int,
-                                                check_real)
 # One definition of the padded all-gather, shared with the regularisers.
 from mmae_plugin.models.utils.gather import gather_rows
+from mmae_plugin.utils.validation import (check_bool, check_choice,
+                                          check_config, check_int, check_real)
 
 ROWS = ('all', 'even', 'odd')
 #: Poolings of token outputs: the plugin's one vocabulary.

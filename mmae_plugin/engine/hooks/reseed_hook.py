@@ -16,7 +16,7 @@ from mmpretrain.datasets.transforms import (Collect, PackInputs, ResizeEdge,
 from mmpretrain.registry import HOOKS
 from torch.utils.data import get_worker_info
 
-from mmae_plugin.matrix_info.validation import check_bool
+from mmae_plugin.utils.validation import check_bool
 
 #: Value of the shared epoch while the training loop is not running: the
 #: pipeline then draws from the caller's streams (e.g. a hook's fixed seed).

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
                                              pool_token_sequence)
-from mmae_plugin.matrix_info.validation import (check_bool, check_config,
-                                                check_init_cfg, check_real)
+from mmae_plugin.utils.validation import (check_bool, check_config,
+                                          check_init_cfg, check_real)
 from ..losses import FeatureRegularizer
 from ..losses.feature_regularizer import SKIP_GATHER_REFUSED
 

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from mmae_plugin.matrix_info.coding_rate import (row_magnitudes,
                                                  unit_rows_unchecked)
-from mmae_plugin.matrix_info.validation import (check_init_cfg, check_real,
-                                                check_tensor)
+from mmae_plugin.matrix_info.validation import check_tensor
+from mmae_plugin.utils.validation import check_init_cfg, check_real
 from ..utils.gather import (GatheredRows, RowGatherer, check_capacity,
                             check_gather_mode, is_distributed)
 

@@ -37,7 +37,8 @@ import torch
 from mmpretrain.registry import MODELS
 from torch import Tensor, nn
 
-from mmae_plugin.matrix_info.validation import check_real, check_tensor
+from mmae_plugin.matrix_info.validation import check_tensor
+from mmae_plugin.utils.validation import check_real
 
 
 def project_to_ball(z: Tensor, mu: float) -> Tensor:

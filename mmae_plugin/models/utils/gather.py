@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mmae_plugin.matrix_info.validation import check_choice, check_int
+from mmae_plugin.utils.validation import check_choice, check_int
 
 GATHER_MODES = ('global', 'reference', 'local')
 
