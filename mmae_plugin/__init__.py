@@ -10,14 +10,14 @@ the plugin in ``custom_imports`` (mmengine reads the config first)::
 
 ``imports=['mmae_plugin']`` works too. Without mmengine loaded, importing the
 package imports nothing beyond it, so the framework-free subpackages
-(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`) import neither
-mmengine nor mmpretrain; the components are then registered by
-``import mmae_plugin.registration``, or on first use of a framework
-attribute such as ``mmae_plugin.models``. A script that imports the plugin
-before mmengine and needs the components should import
-``mmae_plugin.registration``: Python runs this file once per process, so a
-later ``import mmae_plugin`` (or a config's ``imports=['mmae_plugin']``)
-does not run it again.
+(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`,
+:mod:`mmae_plugin.utils`) import neither mmengine nor mmpretrain; the
+components are then registered by ``import mmae_plugin.registration``, or on
+first use of a framework attribute such as ``mmae_plugin.models``. A script
+that imports the plugin before mmengine and needs the components should
+import ``mmae_plugin.registration``: Python runs this file once per process,
+so a later ``import mmae_plugin`` (or a config's
+``imports=['mmae_plugin']``) does not run it again.
 """
 import importlib
 import importlib.util
@@ -29,7 +29,7 @@ __version__ = '0.2.0'
 #: Subpackages that need neither mmengine nor mmpretrain; every other
 #: submodule, first reached as an attribute of the package, registers the
 #: plugin before it is imported.
-FRAMEWORK_FREE = ('matrix_info', 'theory')
+FRAMEWORK_FREE = ('matrix_info', 'theory', 'utils')
 
 if 'mmengine' in sys.modules:
     # mmengine is loaded (a config is being read, or the user imported it):
