@@ -7,7 +7,7 @@ TF32 convolutions, non-deterministic kernels), so the GPUs are hidden from
 this process and every process it starts (``CUDA_VISIBLE_DEVICES=''``,
 set before anything initialises CUDA). Tests marked ``cuda`` need a GPU:
 they run only with ``MMAE_TEST_CUDA=1`` (``MMAE_TEST_CUDA=1 pytest -m
-cuda``, as tools/gpu_check.sh does), which keeps the GPUs visible and
+cuda``, as dev/gpu_check.sh does), which keeps the GPUs visible and
 skips the CPU tests instead.
 """
 import os

@@ -1,7 +1,7 @@
 """CUDA checks: the regularisers, the training step and evaluation on a GPU.
 
 Marked ``cuda``: skipped in the CPU suite, run with ``MMAE_TEST_CUDA=1
-pytest -m cuda`` (as tools/gpu_check.sh does on the GPU machine). What the
+pytest -m cuda`` (as dev/gpu_check.sh does on the GPU machine). What the
 CPU suite cannot see: the float64 regulariser on CUDA kernels (cuBLAS,
 cuSOLVER's Cholesky) against a float64 numpy closed form, host-device
 syncs in the training step as CUDA itself reports them

@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh --dry-run: every stage of the prepared GPU check, for
+"""dev/gpu_check.sh --dry-run: every stage of the prepared GPU check, for
 real, on the CPU (ViT-tiny at 32 x 32, a few synthetic images), and the
 results it leaves in $OUT as the device tool would bring them back."""
 import glob
@@ -16,7 +16,7 @@ STAGES = ['environment', 'install', 'images', 'cuda_tests', 'dist_train',
 OUT_FILES = {'gpu_check.json', 'gpu_check.md', 'bench_gpu.json',
              'dist_train.json', 'install.log', 'cuda_tests.log',
              'bench_gpu.log', 'dist_train.log'}
-#: Seconds of one `run` call (tools/gpu_check.sh's head: 15 min of device
+#: Seconds of one `run` call (dev/gpu_check.sh's head: 15 min of device
 #: time less the start, transfers and a rerun; at most 600 s a command).
 DEVICE_BUDGET_S = 560
 REPORT_RESERVE_S = 15
@@ -24,7 +24,7 @@ REPORT_RESERVE_S = 15
 
 def stage_limits(repo_root: str) -> List[Tuple[str, int]]:
     """``run_stage NAME SECONDS`` of the script, in order."""
-    text = open(osp.join(repo_root, 'tools', 'gpu_check.sh')).read()
+    text = open(osp.join(repo_root, 'dev', 'gpu_check.sh')).read()
     return [(name, int(limit)) for name, limit in
             re.findall(r'^run_stage (\w+) (\d+)$', text, flags=re.M)]
 
@@ -41,7 +41,7 @@ def dry_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
     out = tmp_path_factory.mktemp('gpu_check_out')
     env = cpu_dist_env_factory(OUT=str(out))
     env.pop('GPU_CHECK_DRY_RUN', None)
-    proc = subprocess.run(['bash', 'tools/gpu_check.sh', '--dry-run'],
+    proc = subprocess.run(['bash', 'dev/gpu_check.sh', '--dry-run'],
                           cwd=repo_root, env=env, capture_output=True,
                           text=True, timeout=1800)
     return proc, str(out)
@@ -57,7 +57,7 @@ def test_dry_run_passes_every_stage(dry_run, repo_root):
     for stage in report['stages']:
         expected = 'passed'
         if stage['name'] == 'install' and not wheels:
-            expected = 'skipped'  # a checkout without tools/gpu_wheels.sh's
+            expected = 'skipped'  # a checkout without dev/gpu_wheels.sh's
         assert stage['status'] == expected, stage
         assert 0 < stage['seconds'] <= stage['timeout_s']
     assert report['total_s'] < report['budget_s']
@@ -134,7 +134,7 @@ def test_stage_order_and_limits_fit_the_device_budget(repo_root):
     limits = stage_limits(repo_root)
     assert [name for name, _ in limits] == STAGES
     assert dict(limits)['environment'] == 60
-    text = open(osp.join(repo_root, 'tools', 'gpu_check.sh')).read()
+    text = open(osp.join(repo_root, 'dev', 'gpu_check.sh')).read()
     assert f'DEVICE_BUDGET={DEVICE_BUDGET_S}' in text
     assert f'REPORT_RESERVE={REPORT_RESERVE_S}' in text
     assert sum(limit for _, limit in limits) + REPORT_RESERVE_S == \
@@ -145,7 +145,7 @@ def test_stage_order_and_limits_fit_the_device_budget(repo_root):
 
 
 def test_cuda_tests_have_a_per_test_timeout(repo_root):
-    text = open(osp.join(repo_root, 'tools', 'gpu_check.sh')).read()
+    text = open(osp.join(repo_root, 'dev', 'gpu_check.sh')).read()
     assert 'limits=(--timeout "$GC_TEST_TIMEOUT" -o timeout_method=thread)' \
         in text
     assert 'GC_TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT_S:-45}"' in text
@@ -164,8 +164,8 @@ def test_dry_run_checks_distutils_first_and_keeps_the_environment(dry_run):
 
 
 def test_unknown_argument_is_refused(repo_root):
-    proc = subprocess.run(['bash', 'tools/gpu_check.sh', '--fast'],
+    proc = subprocess.run(['bash', 'dev/gpu_check.sh', '--fast'],
                           cwd=repo_root, capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "usage: bash tools/gpu_check.sh [--dry-run] (got '--fast')" in \
+    assert "usage: bash dev/gpu_check.sh [--dry-run] (got '--fast')" in \
         proc.stderr

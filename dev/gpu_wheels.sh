@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Download, on a machine with network access, the wheels that
-# tools/gpu_check.sh installs on the GPU machine (Python 3.12, x86-64
+# dev/gpu_check.sh installs on the GPU machine (Python 3.12, x86-64
 # manylinux, torch preinstalled, no network there).
 #
-# Usage: bash tools/gpu_wheels.sh [DEST]
+# Usage: bash dev/gpu_wheels.sh [DEST]
 #   DEST     folder for the wheels (default: <repo>/.whl, ignored by git)
 # Environment:
 #   PYTHON   interpreter whose pip downloads (default: <repo>/.venv/bin/python

@@ -10,7 +10,7 @@
 # stages' limits, 545 s, plus 15 s for the report), which leaves ~180 s for
 # an immediate rerun of one stage (GPU_CHECK_STAGES, same warm machine).
 #
-# Usage: bash tools/gpu_check.sh [--dry-run]
+# Usage: bash dev/gpu_check.sh [--dry-run]
 #   --dry-run (or GPU_CHECK_DRY_RUN=1): the same stages on the CPU with tiny
 #            settings (ViT-tiny at 32 x 32, a few images), in about a minute;
 #            the test suite runs it (tests/test_gpu_check.py)
@@ -21,7 +21,7 @@
 #                     is in gpu_check.json, not a file of its own)
 #   PYTHON            interpreter (default python3, the one holding torch)
 #   GPU_CHECK_WHEELS  wheel folder (default <repo>/.whl, filled on a machine
-#                     with network by tools/gpu_wheels.sh)
+#                     with network by dev/gpu_wheels.sh)
 #   GPU_CHECK_SITE    where the wheels are installed (default /tmp/site;
 #                     a temporary folder in a dry run)
 #   GPU_CHECK_STAGES  only these stages, e.g. 'install bench_gpu' for a rerun
@@ -65,7 +65,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-SELF="$ROOT/tools/gpu_check.sh"
+SELF="$ROOT/dev/gpu_check.sh"
 
 if [ "${1:-}" = --stage ]; then
   STAGE_MODE=1
@@ -75,7 +75,7 @@ else
   case "${1:-}" in
     --dry-run) GPU_CHECK_DRY_RUN=1 ;;
     '') ;;
-    *) echo "usage: bash tools/gpu_check.sh [--dry-run] (got '$1')" >&2; exit 2 ;;
+    *) echo "usage: bash dev/gpu_check.sh [--dry-run] (got '$1')" >&2; exit 2 ;;
   esac
 fi
 
@@ -128,7 +128,7 @@ stage_install() {
   shopt -s nullglob
   local wheels=("$GC_WHEELS"/*.whl)
   if [ ${#wheels[@]} -eq 0 ]; then
-    echo "no wheels in $GC_WHEELS (run tools/gpu_wheels.sh on a machine with network)"
+    echo "no wheels in $GC_WHEELS (run dev/gpu_wheels.sh on a machine with network)"
     if [ "$GC_DRY" = 1 ]; then exit 3; fi  # 3: skipped (the suite's checkout has none)
     exit 1
   fi
