@@ -2,8 +2,10 @@
 
 ``<out-dir>/runs.json`` holds the recorded comparison and every finished
 evaluation record (``<arm>``, ``<seed>``, ``<epoch>``, the metrics,
-``time/*`` timings and the checkpoint path relative to the out dir), so a
-comparison can be re-reported, or moved, without its checkpoints. It is
+``time/*`` timings and the checkpoint path relative to the out dir) and,
+under ``curves``, each trained run's per-epoch hook quantities (see
+:mod:`.curves`), so a comparison can be re-reported, or moved, without its
+checkpoints and logs. It is
 rebuilt from the run folders whenever they are there; a folder holding
 only ``runs.json`` is reported from it.
 """
@@ -11,6 +13,8 @@ import os.path as osp
 from typing import Dict, List, Tuple
 
 from . import spec as layout
+from .curves import (Curves, curves_from_json, curves_to_json,
+                     read_epoch_curves)
 from .spec import Comparison
 
 RUNS_FILE = 'runs.json'
@@ -30,6 +34,17 @@ def gather_records(out_dir: str, spec: Comparison) -> List[dict]:
     return rows
 
 
+def gather_curves(out_dir: str, spec: Comparison) -> List[dict]:
+    """``{arm, seed, curves}`` of every trained run that logged any."""
+    found = []
+    for arm, seed in spec.runs():
+        curves = read_epoch_curves(layout.run_dir(out_dir, arm, seed))
+        if curves:
+            found.append({'arm': arm, 'seed': seed,
+                          'curves': curves_to_json(curves)})
+    return found
+
+
 def write_runs(out_dir: str) -> str:
     """Rebuild ``runs.json`` from the run folders.
 
@@ -40,7 +55,8 @@ def write_runs(out_dir: str) -> str:
     path = osp.join(out_dir, RUNS_FILE)
     layout.write_json_atomic(path, {
         'format': FORMAT, 'comparison': spec.as_dict(),
-        'runs': gather_records(out_dir, spec)})
+        'runs': gather_records(out_dir, spec),
+        'curves': gather_curves(out_dir, spec)})
     return path
 
 
@@ -59,6 +75,16 @@ def read_runs(out_dir: str) -> Tuple[Comparison, List[dict]]:
         raise ValueError(f'{path}: runs.json format {data.get("format")!r}, '
                          f'this version reads format {FORMAT}')
     return Comparison.from_dict(data['comparison']), data['runs']
+
+
+def read_curves(out_dir: str) -> Dict[Tuple[str, int], Curves]:
+    """The per-epoch hook quantities of every run, ``(arm, seed) ->
+    curves``, from the run folders or ``runs.json`` as :func:`read_runs`
+    (empty for a ``runs.json`` written before curves were recorded)."""
+    read_runs(out_dir)
+    data = layout.read_json(osp.join(out_dir, RUNS_FILE))
+    return {(item['arm'], item['seed']): curves_from_json(item['curves'])
+            for item in data.get('curves', [])}
 
 
 def progress(spec: Comparison, rows: List[dict]) -> Dict[str, object]:

@@ -1,0 +1,332 @@
+"""The information-flow paper's statements on Siamese methods, tested.
+
+*Information Flow in Self-Supervised Learning* (section 3, figures 1-3)
+states, for SimCLR, BYOL and Barlow Twins trained on CIFAR-10, of the
+matrix information (alpha = 1) of the batch-normalised covariance of the
+two branches' embeddings:
+
+1. the matrix mutual information rises during training;
+2. SimCLR's and Barlow Twins' mutual information meet at the end;
+3. the matrix joint entropy rises, and SimCLR's and Barlow Twins' meet at
+   the end;
+4. the matrix JS divergence between the branches is small and rises
+   ("symmetry breaking");
+5. the JS divergence of the two eigenvalue distributions is much smaller
+   than the matrix JS divergence;
+
+and its theory says Barlow Twins and spectral contrastive learning
+maximise the joint entropy, so they should end higher than SimCLR and
+BYOL. This module decides each from the per-epoch curves
+``MatrixInfoHook`` logged in a comparison (:mod:`.curves`), with the
+comparison's one kind of interval (:func:`.intervals.t_interval`, 95 %
+Student-t over seeds). A statement *holds* when every interval it needs
+excludes the contrary, *does not hold* when an interval excludes the
+statement, and *cannot tell* otherwise; the thresholds that turn "small"
+and "much smaller" into numbers are module constants, stated on the page.
+"""
+import dataclasses
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .curves import Curves
+from .intervals import PairedInterval, t_interval
+
+#: (arm, seed) -> that run's curves.
+RunCurves = Mapping[Tuple[str, int], Curves]
+
+HOLDS = 'holds'
+FAILS = 'does not hold'
+UNDECIDED = 'cannot tell at this scale'
+
+#: "Small" JS divergence: below this fraction of the branch entropy.
+SMALL_JS_FRACTION = 0.05
+#: "Much smaller": the spectrum JS below this fraction of the matrix JS.
+MUCH_SMALLER_RATIO = 0.1
+
+
+def quantity_key(prefix: str, name: str, kernel: str = 'cov') -> str:
+    """``minfo_heldout/mutual_info_cov`` from its parts."""
+    return f'{prefix}/{name}_{kernel}'
+
+
+def values_at(curves: RunCurves, arm: str, key: str,
+              epoch: int) -> Dict[int, float]:
+    """Seed -> the arm's value of ``key`` at ``epoch`` (runs that have it)."""
+    return {seed: run[key][epoch] for (name, seed), run in curves.items()
+            if name == arm and epoch in run.get(key, {})}
+
+
+def paired(first: Mapping[int, float], second: Mapping[int, float],
+           combine) -> List[float]:
+    """``combine(first[s], second[s])`` over the seeds both have."""
+    return [combine(first[s], second[s])
+            for s in sorted(set(first) & set(second))]
+
+
+def interval_of(values: Sequence[float]) -> Optional[PairedInterval]:
+    return t_interval(values) if values else None
+
+
+def sign_verdict(interval: Optional[PairedInterval],
+                 positive_is_true: bool = True) -> str:
+    """Holds if the interval is above 0 (below, for ``False``), fails if
+    on the other side, cannot tell if it contains 0 or is missing."""
+    if interval is None or not interval.has_interval:
+        return UNDECIDED
+    above, below = interval.low > 0, interval.high < 0
+    if not (above or below):
+        return UNDECIDED
+    return HOLDS if above == positive_is_true else FAILS
+
+
+def all_of(verdicts: Sequence[str]) -> str:
+    """A statement about several methods holds if it holds for each."""
+    if verdicts and all(v == HOLDS for v in verdicts):
+        return HOLDS
+    if any(v == FAILS for v in verdicts):
+        return FAILS
+    return UNDECIDED
+
+
+@dataclasses.dataclass
+class Finding:
+    """One measured part of a statement.
+
+    Attributes:
+        subject: What was measured (method, quantity, epochs).
+        interval: The measured mean and its interval.
+        verdict: :data:`HOLDS`, :data:`FAILS`, :data:`UNDECIDED`, or
+            what the part shows (``'apart'``, ``'shrinks'``...).
+        ratio: The interval is of a ratio (printed unsigned).
+    """
+    subject: str
+    interval: Optional[PairedInterval]
+    verdict: str
+    ratio: bool = False
+
+
+@dataclasses.dataclass
+class Statement:
+    """One of the paper's statements with its findings and verdict."""
+    number: str
+    text: str
+    findings: List[Finding]
+    verdict: str
+
+
+def rise(curves: RunCurves, arm: str, key: str, first: int,
+         last: int) -> Optional[PairedInterval]:
+    """``key`` at ``last`` minus at ``first``, paired by seed."""
+    return interval_of(paired(values_at(curves, arm, key, last),
+                              values_at(curves, arm, key, first),
+                              lambda a, b: a - b))
+
+
+def rise_finding(curves: RunCurves, arm: str, label: str, key: str,
+                 first: int, last: int) -> Finding:
+    interval = rise(curves, arm, key, first, last)
+    return Finding(f'{label}: epoch {last} - epoch {first}', interval,
+                   sign_verdict(interval))
+
+
+def gap(curves: RunCurves, arm_a: str, arm_b: str, key: str,
+        epoch: int) -> Dict[int, float]:
+    """Seed -> ``key`` of ``arm_a`` minus ``arm_b`` at ``epoch``."""
+    a = values_at(curves, arm_a, key, epoch)
+    b = values_at(curves, arm_b, key, epoch)
+    return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+
+def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
+                     labels: Tuple[str, str], key: str, mid: int,
+                     last: int) -> Tuple[List[Finding], str]:
+    """Whether two methods' values meet at the end.
+
+    They meet when their gap at ``last`` is indistinguishable from 0 while
+    at ``mid`` it was not, or when the gap's size shrank (paired by
+    seed) and is indistinguishable from 0 at the end. A gap that excludes
+    0 at the end fails; one that never excluded 0 cannot tell (the two
+    were never apart).
+    """
+    at_mid, at_last = (gap(curves, arm_a, arm_b, key, e) for e in (mid, last))
+    name = f'{labels[0]} - {labels[1]}'
+    mid_iv, last_iv = interval_of(list(at_mid.values())), \
+        interval_of(list(at_last.values()))
+    shrink_iv = interval_of(paired(at_mid, at_last,
+                                   lambda m, l: abs(m) - abs(l)))
+    apart_at_end = sign_verdict(last_iv) != UNDECIDED
+    apart_mid = sign_verdict(mid_iv) != UNDECIDED
+    if last_iv is None or not last_iv.has_interval:
+        verdict = UNDECIDED
+    elif apart_at_end:
+        verdict = FAILS
+    elif apart_mid or sign_verdict(shrink_iv) == HOLDS:
+        verdict = HOLDS
+    else:
+        verdict = UNDECIDED
+    findings = [
+        Finding(f'{name} at epoch {mid}', mid_iv,
+                'apart' if apart_mid else 'not apart'),
+        Finding(f'{name} at epoch {last}', last_iv,
+                'apart' if apart_at_end else 'not apart'),
+        Finding(f'abs(gap) at epoch {mid} - abs(gap) at epoch {last}',
+                shrink_iv,
+                'shrinks' if sign_verdict(shrink_iv) == HOLDS else
+                'grows' if sign_verdict(shrink_iv) == FAILS else
+                'no clear change'),
+    ]
+    return findings, verdict
+
+
+def fraction(curves: RunCurves, arm: str, num_key: str, den_key: str,
+             epoch: int) -> Optional[PairedInterval]:
+    """``num / den`` at ``epoch`` over seeds, its interval on the log
+    scale (a ratio's spread is multiplicative), returned as ratios."""
+    logs = paired(values_at(curves, arm, num_key, epoch),
+                  values_at(curves, arm, den_key, epoch),
+                  lambda n, d: math.log(n / d) if n > 0 and d > 0
+                  else float('nan'))
+    logs = [x for x in logs if math.isfinite(x)]
+    if not logs:
+        return None
+    iv = t_interval(logs)
+    if not iv.has_interval:
+        return PairedInterval(math.exp(iv.mean), None, None, 1, iv.level)
+    return PairedInterval(math.exp(iv.mean), math.exp(iv.low),
+                          math.exp(iv.high), iv.n, iv.level)
+
+
+def below_verdict(interval: Optional[PairedInterval],
+                  threshold: float) -> str:
+    """Holds if the interval lies below ``threshold``, fails if above."""
+    if interval is None or not interval.has_interval:
+        return UNDECIDED
+    if interval.high < threshold:
+        return HOLDS
+    if interval.low > threshold:
+        return FAILS
+    return UNDECIDED
+
+
+def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
+                        labels: Mapping[str, str], first: int, mid: int,
+                        last: int, prefix: str = 'minfo_heldout',
+                        kernel: str = 'cov') -> List[Statement]:
+    """Statements 1-5 and the joint-entropy objective, decided.
+
+    Args:
+        curves: The comparison's per-run curves.
+        arms: Role -> arm name, for the roles ``simclr``, ``byol``,
+            ``barlowtwins`` and (optional) ``spectral``.
+        labels: Arm name -> its label on the page.
+        first: The epoch a rise is measured from (1: after the first
+            epoch; 0: from the initialisation).
+        mid: The mid-training epoch of "meet at the end".
+        last: The last epoch.
+        prefix: The hook's key prefix (``minfo_heldout``: the fixed
+            held-out batches; ``minfo``: the training batches).
+        kernel: The logged kernel (``cov``: batch-normalised covariance).
+
+    Returns:
+        The statements in order, each with its findings and verdict.
+    """
+    key = {name: quantity_key(prefix, name, kernel) for name in (
+        'mutual_info', 'joint_entropy', 'matrix_js', 'spectrum_js',
+        'entropy_1')}
+    paper = [arms[r] for r in ('simclr', 'byol', 'barlowtwins')]
+    simclr, barlow = arms['simclr'], arms['barlowtwins']
+    pair = (labels[simclr], labels[barlow])
+
+    def rises(quantity: str) -> List[Finding]:
+        return [rise_finding(curves, arm, labels[arm], key[quantity],
+                             first, last) for arm in paper]
+
+    statements = []
+    findings = rises('mutual_info')
+    statements.append(Statement(
+        '1', 'The matrix mutual information rises during training '
+        '(SimCLR, BYOL, Barlow Twins).', findings,
+        all_of([f.verdict for f in findings])))
+    findings, verdict = meeting_findings(curves, simclr, barlow, pair,
+                                         key['mutual_info'], mid, last)
+    statements.append(Statement(
+        '2', "SimCLR's and Barlow Twins' mutual information meet at the "
+        'end of training.', findings, verdict))
+    rising = rises('joint_entropy')
+    meet, meet_verdict = meeting_findings(curves, simclr, barlow, pair,
+                                          key['joint_entropy'], mid, last)
+    statements.append(Statement(
+        '3', "The matrix joint entropy rises during training, and SimCLR's "
+        "and Barlow Twins' meet at the end.", rising + meet,
+        all_of([f.verdict for f in rising] + [meet_verdict])))
+    small = []
+    for arm in paper:
+        iv = fraction(curves, arm, key['matrix_js'], key['entropy_1'], last)
+        small.append(Finding(
+            f'{labels[arm]}: matrix JS / branch entropy at epoch {last}',
+            iv, below_verdict(iv, SMALL_JS_FRACTION), ratio=True))
+    rising = rises('matrix_js')
+    statements.append(Statement(
+        '4', 'The matrix JS divergence between the branches is small and '
+        'rises during training.', small + rising,
+        all_of([f.verdict for f in small + rising])))
+    findings = []
+    for arm in paper:
+        iv = fraction(curves, arm, key['spectrum_js'], key['matrix_js'],
+                      last)
+        findings.append(Finding(
+            f'{labels[arm]}: spectrum JS / matrix JS at epoch {last}', iv,
+            below_verdict(iv, MUCH_SMALLER_RATIO), ratio=True))
+    statements.append(Statement(
+        '5', 'The JS divergence of the eigenvalue distributions is much '
+        'smaller than the matrix JS divergence.', findings,
+        all_of([f.verdict for f in findings])))
+    statements.append(joint_entropy_objective(curves, arms, labels, last,
+                                              key['joint_entropy']))
+    return statements
+
+
+def joint_entropy_objective(curves: RunCurves, arms: Mapping[str, str],
+                            labels: Mapping[str, str], last: int,
+                            key: str) -> Statement:
+    """Barlow Twins and spectral contrastive end with a higher joint
+    entropy than SimCLR and BYOL (every such pair, by seed)."""
+    maximisers = [arms[r] for r in ('barlowtwins', 'spectral') if r in arms]
+    others = [arms['simclr'], arms['byol']]
+    findings = []
+    for high in maximisers:
+        for low in others:
+            iv = interval_of(list(gap(curves, high, low, key,
+                                      last).values()))
+            findings.append(Finding(
+                f'{labels[high]} - {labels[low]} at epoch {last}', iv,
+                sign_verdict(iv)))
+    return Statement(
+        'J', 'Barlow Twins and spectral contrastive learning, which maximise '
+        'the joint entropy, end with more of it than SimCLR and BYOL.',
+        findings, all_of([f.verdict for f in findings]))
+
+
+def format_interval(interval: Optional[PairedInterval], digits: int = 3,
+                    ratio: bool = False) -> str:
+    """``+0.123 [+0.050, +0.196] (n=5)`` (a ratio: ``0.012 [0.008,
+    0.017] (n=5)``), or why there is no interval."""
+    if interval is None:
+        return 'no common seed'
+    text = interval.text(digits)
+    return text.replace('+', '') if ratio else text
+
+
+def verdict_table(statements: Sequence[Statement]) -> List[str]:
+    """Markdown rows: statement, finding, mean [95 % CI] (n), verdict."""
+    lines = ['| # | statement | measured | mean [95 % CI] (n) | finding | '
+             'verdict |', '|---|---|---|---|---|---|']
+    for st in statements:
+        for i, f in enumerate(st.findings):
+            lines.append(
+                f'| {st.number if i == 0 else ""} | '
+                f'{st.text if i == 0 else ""} | {f.subject} | '
+                f'{format_interval(f.interval, ratio=f.ratio)} | '
+                f'{f.verdict} | '
+                f'{"**" + st.verdict + "**" if i == 0 else ""} |')
+    return lines

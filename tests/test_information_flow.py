@@ -1,0 +1,150 @@
+"""Per-epoch hook curves of a comparison and the information-flow verdicts.
+
+The curves are read from what mmengine's own ``LocalVisBackend`` writes
+(two segments, the second repeating an epoch as a resume after a kill
+mid-epoch does); the verdicts are checked on curves whose answer is known
+by construction, and every interval against scipy's t-interval.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mmae_plugin.comparison import information_flow as flow
+from mmae_plugin.comparison.curves import (curves_from_json, curves_to_json,
+                                           read_epoch_curves)
+
+
+def log_segment(run_dir, name, records):
+    """Scalars logged through mmengine's LocalVisBackend, one segment."""
+    from mmengine.visualization import LocalVisBackend
+    backend = LocalVisBackend(save_dir=str(run_dir / name / 'vis_data'))
+    for step, epoch, scalars in records:
+        backend.add_scalars({**scalars, 'epoch': epoch}, step=step)
+    return backend
+
+
+def test_curves_average_each_epoch_and_count_a_repeated_step_once(tmp_path):
+    log_segment(tmp_path, '20261203_100000', [
+        (0, 0, {'minfo_heldout/mutual_info_cov': 1.0}),
+        (10, 1, {'loss': 5.0, 'minfo/mutual_info_cov': 2.0}),
+        (20, 1, {'loss': 4.0, 'minfo/mutual_info_cov': 4.0}),
+        (20, 1, {'minfo_heldout/mutual_info_cov': 1.5}),
+        (30, 2, {'minfo/mutual_info_cov': 100.0}),  # killed mid-epoch 2
+    ])
+    log_segment(tmp_path, '20261203_110000', [
+        (20, 1, {'minfo_heldout/mutual_info_cov': 1.5}),  # on resume
+        (30, 2, {'minfo/mutual_info_cov': 6.0}),  # epoch 2 re-run
+        (40, 2, {'minfo/mutual_info_cov': 8.0}),
+        (40, 2, {'minfo_heldout/mutual_info_cov': 2.5}),
+    ])
+    curves = read_epoch_curves(str(tmp_path))
+    assert curves == {'minfo/mutual_info_cov': {1: 3.0, 2: 7.0},
+                      'minfo_heldout/mutual_info_cov': {0: 1.0, 1: 1.5,
+                                                        2: 2.5}}
+    assert curves_from_json(json.loads(json.dumps(
+        curves_to_json(curves)))) == curves
+    assert read_epoch_curves(str(tmp_path / 'nothing')) == {}
+
+
+ROLES = {'simclr': 'simclr', 'byol': 'byol', 'barlowtwins': 'bt',
+         'spectral': 'spec'}
+LABELS = {'simclr': 'SimCLR', 'byol': 'BYOL', 'bt': 'Barlow Twins',
+          'spec': 'Spectral'}
+SEEDS = range(5)
+NOISE = np.random.default_rng(0).normal(0, 0.01, (5, 4, 31))
+
+
+def make_curves(mi, je, js, sjs, ent=3.0, prefix='minfo_heldout'):
+    """Curves of every role: ``quantity(arm_index, epoch)`` plus noise."""
+    curves = {}
+    for a, arm in enumerate(ROLES.values()):
+        for seed in SEEDS:
+            run = {}
+            for name, fn in (('mutual_info', mi), ('joint_entropy', je),
+                             ('matrix_js', js), ('spectrum_js', sjs),
+                             ('entropy_1', lambda a, e: ent)):
+                run[flow.quantity_key(prefix, name)] = {
+                    e: fn(a, e) + (NOISE[seed, a, e] * abs(fn(a, e))
+                                   if name.endswith('js') else
+                                   NOISE[seed, a, e]) for e in range(31)}
+            curves[(arm, seed)] = run
+    return curves
+
+
+def verdicts(curves, prefix='minfo_heldout'):
+    return {s.number: s.verdict for s in flow.evaluate_statements(
+        curves, ROLES, LABELS, first=1, mid=15, last=30, prefix=prefix)}
+
+
+def test_the_paper_holding_is_recognised_statement_by_statement():
+    # MI and JE rise; SimCLR (a=0) and BT (a=2) apart mid-way, equal at
+    # the end; JS small (0.02 of 3 nats ... 0.06) and rising; spectrum JS
+    # a hundredth of it.
+    meet = lambda a, e: (0.5 * (a == 0) * (1 - e / 30))  # noqa: E731
+    curves = make_curves(
+        mi=lambda a, e: 1 + e / 10 + meet(a, e),
+        je=lambda a, e: 4 + e / 20 + meet(a, e),
+        js=lambda a, e: 0.02 + 0.002 * e,
+        sjs=lambda a, e: 0.0002 + 0.00002 * e)
+    got = verdicts(curves)
+    assert got == {**{n: flow.HOLDS for n in '12345'}, 'J': got['J']}
+    # SimCLR meeting Barlow Twins leaves "Barlow Twins ends higher" open;
+    # BT and spectral (a >= 2) ending higher than SimCLR and BYOL holds it.
+    assert got['J'] == flow.UNDECIDED
+    curves = make_curves(mi=meet, js=meet, sjs=meet,
+                         je=lambda a, e: 4 + 0.3 * (a >= 2) * e / 30)
+    assert verdicts(curves)['J'] == flow.HOLDS
+
+
+def test_the_paper_failing_is_recognised_statement_by_statement():
+    # MI falls, the two stay apart, JE falls, JS large, spectrum JS close
+    # to the matrix JS, BT ends with less joint entropy.
+    curves = make_curves(
+        mi=lambda a, e: 3 - e / 10 + 0.5 * (a == 0),
+        je=lambda a, e: 5 - e / 20 - 0.3 * (a >= 2) + 0.5 * (a == 0),
+        js=lambda a, e: 1.0 - 0.01 * e,
+        sjs=lambda a, e: 0.8 * (1.0 - 0.01 * e))
+    assert verdicts(curves) == {n: flow.FAILS for n in '12345J'}
+
+
+def test_noise_alone_cannot_tell():
+    curves = make_curves(mi=lambda a, e: 1.0, je=lambda a, e: 4.0,
+                         js=lambda a, e: 0.15, sjs=lambda a, e: 0.15)
+    got = verdicts(curves)
+    assert got['1'] == got['2'] == got['J'] == flow.UNDECIDED, got
+    # The same quantities on the training batches are simply absent.
+    assert set(verdicts(curves, prefix='minfo').values()) == {flow.UNDECIDED}
+
+
+def test_intervals_are_scipys_t_intervals_and_ratios_geometric():
+    rng = np.random.default_rng(3)
+    a = {s: float(x) for s, x in enumerate(rng.normal(2, 1, 5))}
+    b = {s: float(x) for s, x in enumerate(rng.uniform(0.1, 1, 5))}
+    curves = {('x', s): {'k/a': {1: 0.0, 30: a[s]}, 'k/b': {30: b[s]}}
+              for s in range(5)}
+    rise = flow.rise(curves, 'x', 'k/a', 1, 30)
+    d = np.array([a[s] for s in range(5)])
+    low, high = stats.t.interval(0.95, 4, d.mean(), stats.sem(d))
+    assert (rise.mean, rise.low, rise.high, rise.n) == pytest.approx(
+        (d.mean(), low, high, 5), rel=1e-12)
+    pos = {s: abs(v) + 0.1 for s, v in a.items()}
+    curves = {('x', s): {'k/a': {30: pos[s]}, 'k/b': {30: b[s]}}
+              for s in range(5)}
+    ratio = flow.fraction(curves, 'x', 'k/a', 'k/b', 30)
+    logs = np.log([pos[s] / b[s] for s in range(5)])
+    low, high = stats.t.interval(0.95, 4, logs.mean(), stats.sem(logs))
+    assert (ratio.mean, ratio.low, ratio.high) == pytest.approx(
+        (math.exp(logs.mean()), math.exp(low), math.exp(high)), rel=1e-12)
+
+
+def test_meeting_needs_the_gap_gone_at_the_end():
+    base = lambda a, e: 1 + e / 10  # noqa: E731
+    # Apart all along: fails; never apart: cannot tell.
+    apart = make_curves(mi=lambda a, e: base(a, e) + 0.5 * (a == 0),
+                        je=base, js=base, sjs=base)
+    together = make_curves(mi=base, je=base, js=base, sjs=base)
+    assert verdicts(apart)['2'] == flow.FAILS
+    assert verdicts(together)['2'] == flow.UNDECIDED
