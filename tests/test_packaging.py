@@ -17,8 +17,10 @@ import zipfile
 
 import pytest
 
+# dev/ is copied too, so that a setup.py that shipped it would be caught.
 COPIED = ('setup.py', 'README.md', 'LICENSE', 'MANIFEST.in',
-          'model-index.yml', 'mmae_plugin', 'configs', 'tools', 'checkpoints')
+          'model-index.yml', 'mmae_plugin', 'configs', 'tools', 'checkpoints',
+          'dev')
 IGNORED = shutil.ignore_patterns('__pycache__', '*.pyc', '.mim', 'work_dirs')
 
 
@@ -52,8 +54,19 @@ def wheel(repo_root, tmp_path_factory):
 
 
 # Tools that only work in a repository checkout (they set up or test its
-# .venv from setup.py / constraints.txt / tests/, or write reports into it).
+# .venv from setup.py / constraints.txt / tests/).
 REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh', 'tools/run_tests.sh')
+# What a user runs, in mmpretrain's layout: every file the wheel ships under
+# .mim/tools is one of these (a file or a folder ending in '/').
+USER_TOOLS = ('tools/_cli.py', 'tools/train.py', 'tools/test.py',
+              'tools/dist_train.sh', 'tools/dist_test.sh',
+              'tools/slurm_train.sh', 'tools/slurm_test.sh',
+              'tools/compare.py', 'tools/analysis/', 'tools/model_converters/',
+              'tools/theory/')
+# Names of the development harness (dev/, never shipped).
+DEV_NAMES = ('gpu_check', 'gpu_wheels', 'compat_check', 'upstream_suites',
+             'benchmarks', 'bench_', 'export_zoo', 'legacy_runs',
+             'start_cluster', 'stop_cluster')
 
 
 def is_repo_only(path):
@@ -89,6 +102,31 @@ def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
     assert not [r for r in requires if '==' in r.split(';')[0]], requires
     assert [r.split(';')[1].strip() for r in requires if 'mmcv' in r] == [
         'extra == "lite"']
+
+
+def test_wheel_ships_no_development_script(repo_root, wheel):
+    """dev/ stays in the repository; .mim/tools holds what a user runs."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    dev = [n for n in names if '/dev/' in n or n.startswith('dev/')
+           or any(part in osp.basename(n) for part in DEV_NAMES)]
+    assert not dev, dev
+    prefix = 'mmae_plugin/.mim/'
+    tools = sorted(n[len(prefix):] for n in names
+                   if n.startswith(prefix + 'tools/'))
+    assert 'tools/train.py' in tools and 'tools/compare.py' in tools
+    not_user = [p for p in tools if not any(
+        p == item or (item.endswith('/') and p.startswith(item))
+        for item in USER_TOOLS)]
+    assert not not_user, f'shipped tools that are not user tools: {not_user}'
+    # The harness itself is tracked, in dev/ (not left behind in tools/).
+    harness = tracked_files(repo_root, 'dev')
+    for path in ('dev/gpu_check.sh', 'dev/gpu_wheels.sh',
+                 'dev/compat_check.sh', 'dev/upstream_suites/run.sh',
+                 'dev/benchmarks/bench_gpu.py', 'dev/README.md'):
+        assert path in harness, path
+    assert not [p for p in tracked_files(repo_root, 'tools')
+                if any(part in p for part in DEV_NAMES)]
 
 
 def test_installed_wheel_trains_a_config_outside_the_repo(
