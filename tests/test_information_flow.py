@@ -148,3 +148,43 @@ def test_meeting_needs_the_gap_gone_at_the_end():
     together = make_curves(mi=base, je=base, js=base, sjs=base)
     assert verdicts(apart)['2'] == flow.FAILS
     assert verdicts(together)['2'] == flow.UNDECIDED
+
+
+def test_a_checkpoint_measured_again_reproduces_its_logged_values(
+        tmp_path, repo_root):
+    """The variant path (real runner, load_from, the hook's held-out pass
+    before training) gives exactly what the hook logged while training,
+    and a variant gives something else."""
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmae_plugin.comparison.heldout_variants import measure_checkpoint
+    cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/'
+                          'simclr_fmnist.py')
+    cfg.merge_from_dict({
+        'train_dataloader.dataset.indices': 128,
+        'train_dataloader.batch_size': 64,
+        'train_dataloader.num_workers': 0,
+        'train_dataloader.persistent_workers': False,
+        'train_cfg.max_epochs': 1,
+        'optim_wrapper.optimizer.lr': 0.3})
+    cfg.custom_hooks[0]['heldout'].update(num_batches=2, batch_size=32)
+    config = str(tmp_path / 'simclr.py')
+    cfg.dump(config)
+    cfg.work_dir = str(tmp_path / 'train')
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    hook = [h for h in runner.hooks if type(h).__name__ == 'MatrixInfoHook']
+    logged = hook[0].heldout_history[-1]
+    assert logged['epoch'] == 1
+    checkpoint = str(tmp_path / 'train' / 'epoch_1.pth')
+    again = measure_checkpoint(config, checkpoint, {}, str(tmp_path / 'a'))
+    assert again == pytest.approx(
+        {k: v for k, v in logged.items() if k not in ('epoch', 'step')},
+        rel=1e-9, abs=1e-12)
+    other = measure_checkpoint(config, checkpoint, {'alpha': 2.0},
+                               str(tmp_path / 'b'))
+    assert other['minfo_heldout/matrix_js_cov'] == pytest.approx(
+        again['minfo_heldout/matrix_js_cov'])  # alpha-free
+    assert other['minfo_heldout/mutual_info_cov_alpha2'] != pytest.approx(
+        again['minfo_heldout/mutual_info_cov'])
