@@ -56,15 +56,18 @@ def run_mmpretrain_tool(name: str) -> None:
     Args:
         name: ``'train.py'`` or ``'test.py'``.
     """
-    import mmae_plugin.registration  # noqa: F401  (registers components)
-    from mmae_plugin.compat.pkg_resources_check import (
-        pkg_resources_problem, quiet_pkg_resources_deprecation)
-    path = mmpretrain_tool_path(name)
-    sys.argv[0] = path
+    # Entered before anything of mmpretrain is imported: mmcv-lite's
+    # MultiScaleDeformableAttention warning (on import of mmpretrain.models)
+    # and the pkg_resources warning of mmengine's lookup of the configs'
+    # mmpretrain:: bases, both harmless (mmae_plugin/compat/cli_warnings.py).
+    # Imported while mmengine is not, so nothing is registered before it.
+    from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
+    from mmae_plugin.compat.pkg_resources_check import pkg_resources_problem
     try:
-        # mmengine imports pkg_resources to resolve the configs' mmpretrain::
-        # bases; its deprecation warning is harmless under setup.py's pin.
-        with quiet_pkg_resources_deprecation():
+        with quiet_known_upstream_warnings():
+            import mmae_plugin.registration  # noqa: F401  (registers)
+            path = mmpretrain_tool_path(name)
+            sys.argv[0] = path
             runpy.run_path(path, run_name='__main__')
     except ModuleNotFoundError as error:
         problem = pkg_resources_problem()

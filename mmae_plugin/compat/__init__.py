@@ -15,7 +15,8 @@ workarounds.md`` lists them with their risk). :func:`apply_all` applies them
 once, when :mod:`mmae_plugin.registration` is imported (configs do that with
 ``custom_imports``). Everything else the plugin fixes acts only in runs whose
 config selects it (runners, strategies and hooks in :mod:`mmae_plugin.engine`);
-``pkg_resources_check`` patches nothing.
+``pkg_resources_check`` patches nothing, and ``cli_warnings``' warning filters
+act only inside the plugin's tools (``tools/train.py``, ``tools/test.py``).
 """
 from typing import Callable, List
 

@@ -17,12 +17,16 @@ Nothing here patches anything, and importing the plugin never imports
   ``tools/test.py`` (``tools/_cli.py``) print it instead of mmengine's
   ``ModuleNotFoundError`` traceback.
 * :func:`quiet_pkg_resources_deprecation` ignores exactly setuptools'
-  deprecation warning, only where the plugin itself has mmengine resolve its
-  configs' ``mmpretrain::`` bases (the plugin's tools). The warning is
-  harmless there (the pin keeps ``pkg_resources`` installed) and would
-  otherwise be the first line of every run. Everywhere else, including a
-  user's own ``Config.fromfile`` of the plugin's configs, the warning is
-  shown as upstream shows it.
+  deprecation warning as mmengine raises it (its text, ``UserWarning``, and
+  the module it is attributed to: ``mmengine.utils.package_utils`` for the
+  first import, ``importlib`` for mmengine's ``importlib.reload``), only
+  where the plugin itself has mmengine resolve its configs' ``mmpretrain::``
+  bases (the plugin's tools, through
+  :mod:`~mmae_plugin.compat.cli_warnings`). The warning is harmless there
+  (the pin keeps ``pkg_resources`` installed) and would otherwise be the
+  first lines of every run. Everywhere else, including a user's own
+  ``Config.fromfile`` of the plugin's configs, the warning is shown as
+  upstream shows it; a script of the user's can enter the same block.
 """
 import contextlib
 import importlib.util
@@ -30,8 +34,13 @@ import re
 import warnings
 from typing import Iterator, Optional
 
-#: The start of setuptools' warning text, as setuptools 81 words it.
+#: The start of setuptools' warning text, as setuptools 80.9 / 81 word it.
 DEPRECATION_TEXT = 'pkg_resources is deprecated as an API'
+
+#: The modules mmengine's import of ``pkg_resources`` is attributed to
+#: (setuptools warns with ``stacklevel=2``): ``mmengine.utils.package_utils``
+#: (``import pkg_resources``) and ``importlib`` (its ``importlib.reload``).
+DEPRECATION_MODULES = r'(mmengine\.utils\.package_utils|importlib)\Z'
 
 MESSAGE = ('mmengine 0.10.7 needs pkg_resources to resolve "mmpretrain::" '
            "config bases, and it is not installed (setuptools >= 82 removed "
@@ -54,7 +63,8 @@ def pkg_resources_problem() -> Optional[str]:
 
 @contextlib.contextmanager
 def quiet_pkg_resources_deprecation() -> Iterator[None]:
-    """Within the block, ignore only setuptools' ``pkg_resources`` warning.
+    """Within the block, ignore only setuptools' ``pkg_resources`` warning
+    raised by mmengine's package lookup.
 
     Yields:
         None.
@@ -62,5 +72,5 @@ def quiet_pkg_resources_deprecation() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings(
             'ignore', message=re.escape(DEPRECATION_TEXT),
-            category=UserWarning)
+            category=UserWarning, module=DEPRECATION_MODULES)
         yield

@@ -26,12 +26,20 @@ import os
 import os.path as osp
 
 import torch
-from mmengine.config import Config, DictAction
-from mmengine.registry import init_default_scope
 
-import mmae_plugin  # noqa: F401  (registers components, applies fixes)
-from mmae_plugin.evaluation import (evaluate_frozen_encoder,
-                                    linear_probe_state_dict)
+# Before mmengine, so that importing it registers nothing yet: mmcv-lite's
+# MultiScaleDeformableAttention warning (import of mmpretrain.models) and
+# the pkg_resources warning of mmengine's lookup of mmpretrain:: bases are
+# harmless (mmae_plugin/compat/cli_warnings.py).
+from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
+
+with quiet_known_upstream_warnings():
+    from mmengine.config import Config, DictAction
+    from mmengine.registry import init_default_scope
+
+    import mmae_plugin  # noqa: F401  (registers components, applies fixes)
+    from mmae_plugin.evaluation import (evaluate_frozen_encoder,
+                                        linear_probe_state_dict)
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,7 +66,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    cfg = Config.fromfile(args.config)
+    with quiet_known_upstream_warnings():
+        cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmpretrain'))

@@ -40,9 +40,14 @@ from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import torch
 
+from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
+
 # The exact classes mmengine checkpoints pickle, allow-listed for
-# weights_only (mmae_plugin.compat.checkpoint_allowlist).
-import mmae_plugin.registration  # noqa: F401
+# weights_only (mmae_plugin.compat.checkpoint_allowlist); mmcv-lite's
+# harmless MultiScaleDeformableAttention warning (import of
+# mmpretrain.models) left out (mmae_plugin/compat/cli_warnings.py).
+with quiet_known_upstream_warnings():
+    import mmae_plugin.registration  # noqa: F401
 
 # (pattern on a source key, replacement) in the order they are tried. Block
 # internals are shared by the encoder's `blocks` and the decoder's

@@ -31,12 +31,15 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402,F401
 import torch  # noqa: E402
-from mmengine.utils import ProgressBar  # noqa: E402
 
+# The framework-free mmae_plugin.theory before mmengine: imported after it,
+# mmae_plugin would register every component, importing mmpretrain.models
+# (and so mmcv-lite's MultiScaleDeformableAttention warning) for nothing.
 from mmae_plugin.theory import (GLOBAL_AREA, FeatureImbalanceData,  # noqa
                                 ImbalanceSetting, TrainSetting,
                                 own_area_attention_ceiling,
                                 query_key_normalized_mutual_information, train)
+from mmengine.utils import ProgressBar  # noqa: E402,I001
 
 OBJECTIVE_LABELS = {'mae': 'MAE', 'cl': 'CL (InfoNCE)'}
 OBJECTIVE_COLORS = {'mae': 'tab:blue', 'cl': 'tab:red'}
