@@ -1,6 +1,6 @@
-"""tools/analysis/label_free_predictors.py: rank correlations between
+"""mmae_plugin.comparison.predictors and its command line
+tools/analysis/label_free_predictors.py: rank correlations between
 label-free statistics and accuracy, with a bootstrap over seeds."""
-import importlib.util
 import itertools
 import json
 import math
@@ -11,20 +11,11 @@ import sys
 import numpy as np
 import pytest
 
+from mmae_plugin.comparison import predictors
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, 'tools', 'analysis', 'label_free_predictors.py')
 STUDY = os.path.join(REPO, 'docs', 'study', 'runs.json')
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location('label_free_predictors',
-                                                  SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
 
 
 # --------------------------------------------------------------------------
@@ -75,18 +66,18 @@ def test_rank_correlations_match_float64_references(seed):
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 5, size=9).astype(float)  # ties on purpose
     y = x + rng.integers(-3, 4, size=9)
-    assert tool.rank_correlation(x, y, 'spearman') == pytest.approx(
+    assert predictors.rank_correlation(x, y, 'spearman') == pytest.approx(
         spearman_reference(list(x), list(y)), abs=1e-12)
-    assert tool.rank_correlation(x, y, 'kendall') == pytest.approx(
+    assert predictors.rank_correlation(x, y, 'kendall') == pytest.approx(
         kendall_b_reference(list(x), list(y)), abs=1e-12)
 
 
 def test_undefined_correlations_are_nan():
-    assert math.isnan(tool.rank_correlation([1, 1, 1], [1, 2, 3],
-                                            'spearman'))
-    assert math.isnan(tool.rank_correlation([1], [2], 'kendall'))
+    assert math.isnan(predictors.rank_correlation([1, 1, 1], [1, 2, 3],
+                                                  'spearman'))
+    assert math.isnan(predictors.rank_correlation([1], [2], 'kendall'))
     with pytest.raises(ValueError, match='method'):
-        tool.rank_correlation([1, 2], [1, 2], 'pearson')
+        predictors.rank_correlation([1, 2], [1, 2], 'pearson')
 
 
 def test_bootstrap_equals_the_plain_percentile_bootstrap():
@@ -97,8 +88,8 @@ def test_bootstrap_equals_the_plain_percentile_bootstrap():
         return math.nan if set(draw) == {1} else float(np.median(
             [effect[s] for s in draw]))
 
-    low, high, undefined = tool.bootstrap(list(effect), estimate, 3000,
-                                          np.random.default_rng(7))
+    low, high, undefined = predictors.bootstrap(
+        list(effect), estimate, 3000, np.random.default_rng(7))
     draws = np.random.default_rng(7).choice(np.array(list(effect)),
                                             size=(3000, 5))
     plain = np.array([estimate(list(d)) for d in draws])
@@ -130,8 +121,9 @@ def synthetic_rows():
 
 
 def test_settings_give_the_known_correlations():
-    results = tool.correlations(synthetic_rows(), statistics=['erank_cov'],
-                                epoch=20, resamples=500)
+    results = predictors.correlations(synthetic_rows(),
+                                      statistics=['erank_cov'], epoch=20,
+                                      resamples=500)
     by = {(r.setting, r.method): r for r in results}
     settings = list(dict.fromkeys(r.setting for r in results))
     assert settings == [
@@ -140,7 +132,7 @@ def test_settings_give_the_known_correlations():
         '(b) mmae_lam0.01_mu1, epochs 5,10,20',
         '(c) lambda 0, 0.001, 0.01 at epoch 20, arm means',
         '(c) lambda 0, 0.001, 0.01 at epoch 20, every run']
-    for method in tool.METHODS:
+    for method in predictors.METHODS:
         across = by[('(a) 4 arms at epoch 20', method)]
         assert (across.estimate, across.low, across.high) == (1.0, 1.0, 1.0)
         assert across.points == 4 and across.seeds == 4
@@ -152,28 +144,81 @@ def test_settings_give_the_known_correlations():
 
 
 def test_lambda_arms_are_found_by_name():
-    assert tool.lambda_arms(synthetic_rows(), 'mae') == {
+    assert predictors.lambda_arms(synthetic_rows(), 'mae') == {
         'mae': 0.0, 'mmae_lam0.001_mu1': 0.001, 'mmae_lam0.01_mu1': 0.01}
+
+
+SIAMESE = ('simclr', 'byol', 'barlowtwins', 'spectral')
+
+
+def siamese_rows():
+    """Siamese arms and a random-init control, ``mean`` pooling, no lambda
+    arms and no ``mae`` reference: the statistic ranks the trained arms
+    like the accuracy, and rises with it over epochs."""
+    rows = []
+    for seed in range(3):
+        noise = 0.01 * seed
+        rows.append({'arm': 'random', 'seed': seed, 'epoch': 0,
+                     'mean/linear_top1': 10.0 + noise,
+                     'mean/repr/erank_cov': 1.0 + noise})
+        for level, arm in enumerate(SIAMESE, 1):
+            for epoch in (10, 20, 30):
+                rows.append({
+                    'arm': arm, 'seed': seed, 'epoch': epoch,
+                    'mean/linear_top1': 40 + 5 * level + epoch + noise,
+                    'mean/repr/erank_cov': 10 * level + epoch + noise})
+    return rows
+
+
+def test_a_comparison_without_lambda_arms_has_no_setting_c():
+    rows = siamese_rows()
+    assert predictors.fixed_epoch(rows, None, 'mae') == 30
+    results = predictors.correlations(rows, pooling='mean',
+                                      statistics=['erank_cov'],
+                                      resamples=200)
+    settings = list(dict.fromkeys(r.setting for r in results))
+    assert settings == ['(a) 5 arms at epoch 30',
+                        '(a) 4 trained arms at epoch 30'] + [
+        f'(b) {arm}, epochs 10,20,30' for arm in SIAMESE]
+    assert all(r.estimate == pytest.approx(1.0) for r in results)
+    notes = predictors.inapplicable(rows, 30, 'mae')
+    assert len(notes) == 1 and notes[0].startswith(
+        '(c) across lambda: not applicable')
+
+
+def test_command_line_reports_setting_c_as_not_applicable(tmp_path):
+    path = tmp_path / 'runs.json'
+    path.write_text(json.dumps({'format': 1, 'runs': siamese_rows()}))
+    result = subprocess.run(
+        [sys.executable, SCRIPT, str(path), '--pooling', 'mean',
+         '--statistics', 'erank_cov', '--resamples', '50'],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '| (b) spectral, epochs 10,20,30 | 3 | erank_cov | +1.00' in \
+        result.stdout
+    assert '| (c)' not in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1].startswith(
+        '(c) across lambda: not applicable')
 
 
 # --------------------------------------------------------------------------
 # reading records and the command line
 # --------------------------------------------------------------------------
 def test_records_are_read_from_a_file_a_folder_or_a_list(tmp_path):
-    from_file = tool.load_rows(STUDY)
-    from_folder = tool.load_rows(os.path.dirname(STUDY))
+    from_file = predictors.load_rows(STUDY)
+    from_folder = predictors.load_rows(os.path.dirname(STUDY))
     assert len(from_file) == 85 and from_file == from_folder
     listed = tmp_path / 'list.json'
     listed.write_text(json.dumps(from_file))
-    assert tool.load_rows(str(listed)) == from_file
+    assert predictors.load_rows(str(listed)) == from_file
     wrong = tmp_path / 'wrong.json'
     wrong.write_text(json.dumps({'format': 99, 'runs': []}))
     with pytest.raises(ValueError, match='format 99'):
-        tool.load_rows(str(wrong))
+        predictors.load_rows(str(wrong))
     bad = tmp_path / 'bad.json'
     bad.write_text(json.dumps([{'arm': 'mae'}]))
     with pytest.raises(ValueError, match='arm, seed and epoch'):
-        tool.load_rows(str(bad))
+        predictors.load_rows(str(bad))
 
 
 def test_command_line_on_the_study_gives_the_documented_estimates(

@@ -4,7 +4,8 @@
 (resumable training in segments), ``protocol`` (frozen-feature and
 ``tools/test.py`` metrics of a checkpoint), ``jobs`` (one submitit job per
 arm and seed, local or Slurm), ``records`` (``runs.json``), ``intervals``
-(paired Student-t intervals) and ``report`` (tables and figures). Needs
+(paired Student-t intervals), ``report`` (tables and figures) and
+``predictors`` (do label-free statistics rank runs as accuracy does?). Needs
 the ``compare`` extra (submitit, scipy, matplotlib). Import the submodules
 directly; this package imports no framework on its own.
 """

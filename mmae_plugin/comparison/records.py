@@ -70,11 +70,27 @@ def read_runs(out_dir: str) -> Tuple[Comparison, List[dict]]:
     if not osp.isfile(path):
         raise FileNotFoundError(f'{path} does not exist: nothing to report '
                                 f'in --out-dir {out_dir}')
-    data = layout.read_json(path)
+    data = checked_runs(layout.read_json(path), path)
+    return Comparison.from_dict(data['comparison']), data['runs']
+
+
+def checked_runs(data: dict, path: str) -> dict:
+    """The content of a ``runs.json``, if it has this version's layout.
+
+    Args:
+        data: The file's JSON object.
+        path: Its path, for the error message.
+
+    Returns:
+        ``data``.
+
+    Raises:
+        ValueError: If ``data`` is of another ``format``.
+    """
     if data.get('format') != FORMAT:
         raise ValueError(f'{path}: runs.json format {data.get("format")!r}, '
                          f'this version reads format {FORMAT}')
-    return Comparison.from_dict(data['comparison']), data['runs']
+    return data
 
 
 def read_curves(out_dir: str) -> Dict[Tuple[str, int], Curves]:
