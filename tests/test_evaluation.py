@@ -86,16 +86,17 @@ def test_knn_chunked_search_equals_one_pass(monkeypatch):
                                whole, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize('kwargs,name', [
-    (dict(k=0), 'k'), (dict(k=True), 'k'), (dict(k=2.0), 'k'),
-    (dict(temperature=0), 'temperature'),
-    (dict(temperature=float('inf')), 'temperature'),
-    (dict(temperature=True), 'temperature'),
+@pytest.mark.parametrize('kwargs,error,name', [
+    (dict(k=0), ValueError, 'k'), (dict(k=True), TypeError, 'k'),
+    (dict(k=2.0), TypeError, 'k'),
+    (dict(temperature=0), ValueError, 'temperature'),
+    (dict(temperature=float('inf')), ValueError, 'temperature'),
+    (dict(temperature=True), TypeError, 'temperature'),
 ])
-def test_knn_rejects_bad_arguments(kwargs, name):
+def test_knn_rejects_bad_arguments(kwargs, error, name):
     args = dict(k=20, temperature=0.07)
     args.update(kwargs)
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(error, match=name):
         knn_class_scores(torch.ones(2, 3), torch.ones(4, 3),
                          torch.zeros(4, dtype=torch.long), 2, **args)
 

@@ -76,13 +76,15 @@ def test_multi_view_inputs_flip_each_view():
     assert all(torch.equal(view, plain.flip(-1)) for view in out)
 
 
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(flip_prob=1.5), 'flip_prob must be a number in \\[0, 1\\], got 1.5'),
-    (dict(flip_prob='half'), 'flip_prob'),
-    (dict(direction='diagonal'), "direction must be one of .*'diagonal'"),
+@pytest.mark.parametrize('kwargs,error,match', [
+    (dict(flip_prob=1.5), ValueError,
+     'flip_prob must be a finite number >= 0 and <= 1, got 1.5'),
+    (dict(flip_prob='half'), TypeError, 'flip_prob'),
+    (dict(direction='diagonal'), ValueError,
+     "direction must be one of .*'diagonal'"),
 ])
-def test_bad_arguments_fail_at_build(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_fail_at_build(kwargs, error, match):
+    with pytest.raises(error, match=match):
         build(**kwargs)
 
 

@@ -30,6 +30,8 @@ from mmpretrain.datasets.transforms import RandomResizedCrop
 from mmpretrain.registry import TRANSFORMS
 from mmpretrain.structures import DataSample
 
+from mmae_plugin.utils.validation import check_real
+
 __all__ = ['PackEncodedJpeg', 'DEVICE_DECODE_MODES']
 
 #: PIL modes of JPEGs the device decoder takes (as RGB).
@@ -64,14 +66,13 @@ class PackEncodedJpeg(BaseTransform):
                  max_attempts: int = 10,
                  flip_prob: float = 0.5,
                  interpolation: str = 'bicubic') -> None:
-        if not 0 <= flip_prob <= 1:
-            raise ValueError(f'flip_prob must be in [0, 1], got {flip_prob!r}')
+        flip_prob = check_real(flip_prob, 'flip_prob', minimum=0, maximum=1)
         self.crop = RandomResizedCrop(
             scale=scale, crop_ratio_range=crop_ratio_range,
             aspect_ratio_range=aspect_ratio_range, max_attempts=max_attempts,
             interpolation=interpolation, backend='pillow')
         self.scale = scale
-        self.flip_prob = float(flip_prob)
+        self.flip_prob = flip_prob
 
     def draw_box(self, height: int, width: int) -> Tuple[int, int, int, int]:
         """The recipe's random box (top, left, height, width) for a size."""

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmae_plugin.utils.validation import check_int, check_real
+
 #: Neighbour bank rows and queries compared at once: memory is bounded by
 #: a (QUERY_CHUNK, BANK_CHUNK) float64 block (512 MiB).
 BANK_CHUNK = 65536
@@ -28,25 +30,16 @@ QUERY_CHUNK = 1024
 KNN_DTYPE = torch.float64
 
 
-def _check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be an integer >= 1, got {value!r}')
-    return value
-
-
-def _check_positive_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0 < value < float('inf'):
-        raise ValueError(
-            f'{name} must be a finite real number > 0, got {value!r}')
-    return float(value)
-
-
 def check_knn_args(k: int, temperature: float, num_classes: int) -> None:
-    """Raise a ``ValueError`` naming the first invalid kNN argument."""
-    _check_positive_int(k, 'k')
-    _check_positive_real(temperature, 'temperature')
-    _check_positive_int(num_classes, 'num_classes')
+    """Raise naming the first invalid kNN argument.
+
+    ``k`` and ``num_classes`` must be integers >= 1, ``temperature`` a
+    finite real number > 0: a ``TypeError`` for a value of the wrong type
+    (a bool, a float ``k``), a ``ValueError`` for one out of range.
+    """
+    check_int(k, 'k', minimum=1)
+    check_real(temperature, 'temperature', minimum=0, strict=True)
+    check_int(num_classes, 'num_classes', minimum=1)
 
 
 def full_precision_region(device: torch.device

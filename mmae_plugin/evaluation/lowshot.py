@@ -18,6 +18,7 @@ from mmae_plugin.evaluation.linear_probe import (LinearProbe,
                                                  feature_moments,
                                                  fit_logistic_regression,
                                                  standardize)
+from mmae_plugin.utils.validation import check_int
 
 
 def lowshot_indices(labels: Sequence[int], shots: int, seed: int) -> np.ndarray:
@@ -32,12 +33,11 @@ def lowshot_indices(labels: Sequence[int], shots: int, seed: int) -> np.ndarray:
         Sorted int64 indices, ``shots`` per class present in ``labels``.
 
     Raises:
+        TypeError: If ``shots`` is not an integer.
         ValueError: If ``shots`` < 1 or a class has fewer than ``shots``
             rows.
     """
-    if isinstance(shots, bool) or not isinstance(shots, (int, np.integer)) \
-            or shots < 1:
-        raise ValueError(f'shots must be an integer >= 1, got {shots!r}')
+    check_int(shots, 'shots', minimum=1)
     labels = np.asarray(labels).reshape(-1)
     rng = np.random.RandomState(seed)
     chosen = []

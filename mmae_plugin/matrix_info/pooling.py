@@ -17,6 +17,8 @@ Pure PyTorch, no framework import.
 import torch
 from torch import Tensor
 
+from ..utils.validation import check_choice
+
 POOLINGS = ('cls', 'mean', 'cls+mean')
 
 #: Former names, refused with the name that replaced them.
@@ -38,10 +40,7 @@ def check_pooling_name(pooling, name: str = 'pooling') -> str:
             f'{name}={pooling!r} was renamed {RENAMED_POOLINGS[pooling]!r} '
             '(the mean of the patch tokens the encoder returns: the visible '
             f'ones in a masked pass); allowed: {POOLINGS}')
-    if not isinstance(pooling, str) or pooling not in POOLINGS:
-        raise ValueError(f'{name} must be one of {POOLINGS}, got '
-                         f'{type(pooling).__name__} {pooling!r}')
-    return pooling
+    return check_choice(pooling, name, POOLINGS)
 
 
 def pool_token_sequence(tokens: Tensor, pooling: str,

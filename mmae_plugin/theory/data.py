@@ -29,11 +29,12 @@ order. The layout does not matter to the one-layer model in
 :mod:`mmae_plugin.theory.model`, whose positional embeddings are orthonormal
 (the model is equivariant to a permutation of patch indices).
 """
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
+
+from ..utils.validation import check_int, check_non_negative, check_real
 
 GLOBAL_AREA = 0
 
@@ -65,31 +66,27 @@ class ImbalanceSetting:
     weight_mean: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.num_patches >= 2, 'num_patches', self.num_patches,
-               'an integer >= 2')
-        _check(self.num_local_areas >= 1, 'num_local_areas',
-               self.num_local_areas, 'an integer >= 1')
-        _check(0.0 < self.local_exponent < 1.0, 'local_exponent',
-               self.local_exponent, 'a float in the open interval (0, 1)')
-        _check(self.feature_dim >= self.num_areas, 'feature_dim',
-               self.feature_dim,
-               f'an integer >= the number of areas ({self.num_areas})')
-        _check(self.noise_std >= 0.0, 'noise_std', self.noise_std,
-               'a float >= 0')
-        _check(
-            math.isfinite(self.global_weight_std)
-            and self.global_weight_std > 0.0, 'global_weight_std',
-            self.global_weight_std, 'a finite float > 0')
-        _check(math.isfinite(self.weight_mean), 'weight_mean',
-               self.weight_mean, 'a finite float')
+        check_int(self.num_patches, 'num_patches', minimum=2)
+        check_int(self.num_local_areas, 'num_local_areas', minimum=1)
+        check_real(self.local_exponent, 'local_exponent', minimum=0,
+                   strict=True)
+        if self.local_exponent >= 1:  # the open interval (0, 1)
+            raise ValueError(f'local_exponent must be a finite number > 0 '
+                             f'and < 1, got {self.local_exponent!r}')
+        # At least one dimension per area (the features are orthonormal).
+        check_int(self.feature_dim, 'feature_dim', minimum=self.num_areas)
+        check_non_negative(self.noise_std, 'noise_std')
+        check_real(self.global_weight_std, 'global_weight_std', minimum=0,
+                   strict=True)
+        check_real(self.weight_mean, 'weight_mean')
         global_size = self.area_sizes[GLOBAL_AREA]
-        _check(
-            global_size >= self.local_area_size, 'local_exponent',
-            self.local_exponent,
-            f'a value for which the global area ({global_size} patches) is '
-            f'at least as large as each of the {self.num_local_areas} local '
-            f'areas ({self.local_area_size} patches) out of '
-            f'{self.num_patches} patches')
+        if global_size < self.local_area_size:
+            raise ValueError(
+                f'local_exponent must leave the global area at least as '
+                f'large as each of the {self.num_local_areas} local areas, '
+                f'got {self.local_exponent!r}: the global area would have '
+                f'{global_size} of the {self.num_patches} patches, each '
+                f'local area {self.local_area_size}')
 
     @property
     def num_areas(self) -> int:
@@ -117,12 +114,6 @@ class ImbalanceSetting:
     def imbalance_ratio(self) -> float:
         """float: Global area size divided by a local area size."""
         return self.area_sizes[GLOBAL_AREA] / self.local_area_size
-
-
-def _check(condition: bool, name: str, value: object, allowed: str) -> None:
-    """Raise a ``ValueError`` naming the parameter, its value and the rule."""
-    if not condition:
-        raise ValueError(f'{name}={value!r} is invalid: expected {allowed}.')
 
 
 def area_index(setting: ImbalanceSetting) -> torch.Tensor:
@@ -198,7 +189,7 @@ class FeatureImbalanceData:
             ``(B, P, d)`` and the per-sample area ``weights`` ``z`` of shape
             ``(B, K)``, ``z_k ~ N(weight_mean, weight_stds[k]^2)``.
         """
-        _check(batch_size >= 1, 'batch_size', batch_size, 'an integer >= 1')
+        check_int(batch_size, 'batch_size', minimum=1)
         generator = generator or self._generator
         s = self.setting
         # Same draw for every setting, then an affine map: the defaults

@@ -17,6 +17,7 @@ Written objectives (``B`` samples, ``M_b`` the masked patches of sample ``b``,
 import torch
 import torch.nn.functional as F
 
+from ..utils.validation import check_choice, check_real
 from .model import OneLayerAttention
 
 POOLINGS = ('all', 'masked', 'visible')
@@ -87,9 +88,7 @@ def view_representation(model: OneLayerAttention,
     Returns:
         torch.Tensor: ``(B, d)`` representations.
     """
-    if pooling not in POOLINGS:
-        raise ValueError(f'pooling={pooling!r} is invalid: expected one of '
-                         f'{POOLINGS}.')
+    check_choice(pooling, 'pooling', POOLINGS)
     outputs, _ = model(patches, visible)
     if pooling == 'all':
         return outputs.mean(dim=1)
@@ -123,12 +122,8 @@ def infonce_loss(model: OneLayerAttention,
     Returns:
         torch.Tensor: Scalar loss (see module docstring).
     """
-    if temperature <= 0:
-        raise ValueError(f'temperature={temperature!r} is invalid: expected '
-                         'a float > 0.')
-    if similarity not in SIMILARITIES:
-        raise ValueError(f'similarity={similarity!r} is invalid: expected '
-                         f'one of {SIMILARITIES}.')
+    check_real(temperature, 'temperature', minimum=0, strict=True)
+    check_choice(similarity, 'similarity', SIMILARITIES)
     if patches.shape[0] < 2:
         raise ValueError(f'batch size {patches.shape[0]} is invalid for '
                          'InfoNCE: expected >= 2 (negatives are the other '

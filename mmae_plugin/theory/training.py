@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from ..utils.validation import check_choice, check_int, check_real
 from .data import FeatureImbalanceData
 from .metrics import evaluate
 from .model import OneLayerAttention
@@ -64,27 +65,16 @@ class TrainSetting:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f'objective={self.objective!r} is invalid: '
-                             f'expected one of {OBJECTIVES}.')
+        check_choice(self.objective, 'objective', OBJECTIVES)
         for name in ('steps', 'eval_interval', 'eval_batch_size'):
-            if getattr(self, name) < 1:
-                raise ValueError(f'{name}={getattr(self, name)!r} is '
-                                 'invalid: expected an integer >= 1.')
-        if self.batch_size < 2:
-            raise ValueError(f'batch_size={self.batch_size!r} is invalid: '
-                             'expected an integer >= 2.')
-        if self.lr <= 0:
-            raise ValueError(f'lr={self.lr!r} is invalid: expected > 0.')
-        if self.temperature <= 0:
-            raise ValueError(f'temperature={self.temperature!r} is invalid: '
-                             'expected a float > 0.')
+            check_int(getattr(self, name), name, minimum=1)
+        check_int(self.batch_size, 'batch_size', minimum=2)
+        check_real(self.lr, 'lr', minimum=0, strict=True)
+        check_real(self.temperature, 'temperature', minimum=0, strict=True)
         for name, allowed in (('cl_similarity', SIMILARITIES),
                               ('cl_pooling', POOLINGS), ('cl_views',
                                                          CL_VIEWS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f'{name}={getattr(self, name)!r} is '
-                                 f'invalid: expected one of {allowed}.')
+            check_choice(getattr(self, name), name, allowed)
         if self.cl_views == 'masked_and_full' and self.cl_pooling == 'masked':
             raise ValueError(
                 "cl_pooling='masked' is invalid with "

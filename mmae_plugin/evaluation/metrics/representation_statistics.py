@@ -5,6 +5,7 @@ import torch
 from mmengine.evaluator import BaseMetric
 from mmpretrain.registry import METRICS
 
+from mmae_plugin.utils.validation import check_real
 from ..statistics import representation_statistics
 
 
@@ -26,12 +27,9 @@ class RepresentationStatistics(BaseMetric):
 
     def __init__(self, tcr_mu: float = 1.0, collect_device: str = 'cpu',
                  prefix: Optional[str] = None) -> None:
-        if isinstance(tcr_mu, bool) or not isinstance(tcr_mu, (int, float)) \
-                or not 0 < tcr_mu < float('inf'):
-            raise ValueError(
-                f'tcr_mu must be a finite real number > 0, got {tcr_mu!r}')
+        tcr_mu = check_real(tcr_mu, 'tcr_mu', minimum=0, strict=True)
         super().__init__(collect_device=collect_device, prefix=prefix)
-        self.tcr_mu = float(tcr_mu)
+        self.tcr_mu = tcr_mu
 
     def process(self, data_batch, data_samples: Sequence[dict]) -> None:
         for sample in data_samples:

@@ -5,6 +5,7 @@ import torch
 from mmengine.structures import BaseDataElement
 from mmpretrain.registry import MODELS
 
+from mmae_plugin.utils.validation import check_choice, check_real
 from .non_blocking import NonBlockingSelfSupDataPreprocessor
 
 FLIP_DIRECTIONS = {'horizontal': -1, 'vertical': -2}
@@ -49,13 +50,8 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
                  bgr_to_rgb: bool = False,
                  rgb_to_bgr: bool = False,
                  non_blocking: Optional[bool] = False) -> None:
-        if isinstance(flip_prob, bool) or not isinstance(
-                flip_prob, (int, float)) or not 0 <= flip_prob <= 1:
-            raise ValueError(
-                f'flip_prob must be a number in [0, 1], got {flip_prob!r}')
-        if direction not in FLIP_DIRECTIONS:
-            raise ValueError(f'direction must be one of '
-                             f'{tuple(FLIP_DIRECTIONS)}, got {direction!r}')
+        flip_prob = check_real(flip_prob, 'flip_prob', minimum=0, maximum=1)
+        check_choice(direction, 'direction', tuple(FLIP_DIRECTIONS))
         super().__init__(
             mean=mean,
             std=std,
@@ -65,7 +61,7 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
             bgr_to_rgb=bgr_to_rgb,
             rgb_to_bgr=rgb_to_bgr,
             non_blocking=non_blocking)
-        self.flip_prob = float(flip_prob)
+        self.flip_prob = flip_prob
         self.direction = direction
 
     def cast_data(self, data):

@@ -10,6 +10,7 @@ import torch
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
+from mmae_plugin.utils.validation import check_choice
 from .non_blocking import NonBlockingSelfSupDataPreprocessor, bgr_rgb_swap
 
 __all__ = ['DeviceJpegDataPreprocessor', 'decode_crop_batch']
@@ -84,9 +85,7 @@ class DeviceJpegDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
                  to_rgb: bool = False,
                  bgr_to_rgb: bool = False,
                  non_blocking: Optional[bool] = True) -> None:
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f'interpolation must be one of {INTERPOLATIONS},'
-                             f' got {interpolation!r}')
+        check_choice(interpolation, 'interpolation', INTERPOLATIONS)
         super().__init__(mean=mean, std=std, to_rgb=to_rgb,
                          bgr_to_rgb=bgr_to_rgb, non_blocking=non_blocking)
         self.size = int(size)
