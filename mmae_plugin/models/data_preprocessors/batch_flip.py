@@ -1,5 +1,5 @@
 """Random flips of the whole batch in the data preprocessor."""
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import torch
 from mmengine.structures import BaseDataElement
@@ -34,33 +34,23 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
     Args:
         flip_prob: Probability in [0, 1] of flipping each image.
         direction: ``'horizontal'`` (mirror left-right) or ``'vertical'``.
-        mean, std, pad_size_divisor, pad_value, to_rgb, bgr_to_rgb,
-            rgb_to_bgr, non_blocking: As in mmpretrain's
-            ``SelfSupDataPreprocessor``.
+        non_blocking: As in mmpretrain's ``SelfSupDataPreprocessor``
+            (default False, blocking).
+        **kwargs: The normalisation arguments of
+            :class:`NonBlockingSelfSupDataPreprocessor` (``mean``, ``std``,
+            ``pad_size_divisor``, ``pad_value``, ``to_rgb``, ``bgr_to_rgb``,
+            ``rgb_to_bgr``), passed on as they are.
     """
 
     def __init__(self,
                  flip_prob: float = 0.5,
                  direction: str = 'horizontal',
-                 mean: Optional[Sequence[Union[float, int]]] = None,
-                 std: Optional[Sequence[Union[float, int]]] = None,
-                 pad_size_divisor: int = 1,
-                 pad_value: Union[float, int] = 0,
-                 to_rgb: bool = False,
-                 bgr_to_rgb: bool = False,
-                 rgb_to_bgr: bool = False,
-                 non_blocking: Optional[bool] = False) -> None:
+                 *,
+                 non_blocking: Optional[bool] = False,
+                 **kwargs) -> None:
         flip_prob = check_real(flip_prob, 'flip_prob', minimum=0, maximum=1)
         check_choice(direction, 'direction', tuple(FLIP_DIRECTIONS))
-        super().__init__(
-            mean=mean,
-            std=std,
-            pad_size_divisor=pad_size_divisor,
-            pad_value=pad_value,
-            to_rgb=to_rgb,
-            bgr_to_rgb=bgr_to_rgb,
-            rgb_to_bgr=rgb_to_bgr,
-            non_blocking=non_blocking)
+        super().__init__(non_blocking=non_blocking, **kwargs)
         self.flip_prob = flip_prob
         self.direction = direction
 

@@ -113,7 +113,5 @@ class DeviceJpegDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
                                   self.device, self.interpolation)
         if self._model_wants_bgr:
             batch = bgr_rgb_swap(batch)
-        batch = batch.float()
-        if self._enable_normalize:
-            batch = (batch - self.mean) / self.std
-        return {'inputs': batch, 'data_samples': self.cast_data(samples)}
+        return {'inputs': self._normalise(batch),
+                'data_samples': self.cast_data(samples)}

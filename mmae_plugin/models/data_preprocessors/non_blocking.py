@@ -86,14 +86,22 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
             rgb_to_bgr=rgb_to_bgr,
             non_blocking=non_blocking)
 
-    def _convert(self, batch: Tensor) -> Tensor:
-        """Channel swap (if set), float, normalisation (if set)."""
-        if self._channel_conversion:
-            batch = bgr_rgb_swap(batch)
+    def _normalise(self, batch: Tensor) -> Tensor:
+        """Float, then ``(batch - mean) / std`` if mean and std are set.
+
+        The one normalisation of this class and its subclasses (mmpretrain's
+        order: convert to float first).
+        """
         batch = batch.float()
         if self._enable_normalize:
             batch = (batch - self.mean) / self.std
         return batch
+
+    def _convert(self, batch: Tensor) -> Tensor:
+        """Channel swap (if set), float, normalisation (if set)."""
+        if self._channel_conversion:
+            batch = bgr_rgb_swap(batch)
+        return self._normalise(batch)
 
     def forward(self, data: dict, training: bool = False) -> dict:
         """Copy a collated batch to the device and normalise it.
