@@ -432,3 +432,41 @@ def test_dst_equal_to_src_is_refused_before_anything_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         {'checkpoint.pth', 'link.pth' if how == 'symlink' else
          'hard.pth' if how == 'hard link' else 'checkpoint.pth'})
+
+
+def test_killed_conversion_leaves_the_previous_output_whole(
+        fair_checkpoint, tmp_path):
+    """SIGKILL in the middle of torch.save: DST keeps its old bytes (the
+    write goes to a temporary renamed over DST after fsync); the next run
+    removes the dead writer's temporary, replaces DST (a new inode) and
+    drops its stale checksum sidecar."""
+    *_, src = fair_checkpoint
+    dst = tmp_path / 'converted.pth'
+    dst.write_bytes(b'previous output')
+    sidecar = tmp_path / '.converted.pth.sha256'
+    sidecar.write_text('0' * 64 + '  converted.pth\n')
+    killer = (
+        'import importlib.util, os, signal, sys, torch\n'
+        'spec = importlib.util.spec_from_file_location("c", sys.argv[1])\n'
+        'converter = importlib.util.module_from_spec(spec)\n'
+        'spec.loader.exec_module(converter)\n'
+        'def half_a_save(obj, file):\n'
+        '    file.write(b"PK half a zip")\n'
+        '    file.flush()\n'
+        '    os.kill(os.getpid(), signal.SIGKILL)\n'
+        'converter.torch.save = half_a_save\n'
+        'converter.convert_file(sys.argv[2], sys.argv[3])\n')
+    proc = subprocess.run(
+        [sys.executable, '-c', killer, CONVERTER, str(src), str(dst)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert dst.read_bytes() == b'previous output'
+    temporaries = [p.name for p in tmp_path.iterdir() if p.suffix == '.tmp']
+    assert len(temporaries) == 1 and temporaries[0].startswith(
+        '.converted.pth.'), temporaries
+    old_inode = dst.stat().st_ino
+    proc = run_converter(src, dst)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['converted.pth']
+    assert dst.stat().st_ino != old_inode
+    assert 'backbone.ln1.weight' in torch.load(dst)['state_dict']

@@ -4,7 +4,9 @@ A job killed while writing leaves a truncated file behind a plain
 ``open(path, 'w')``. :func:`write_atomically` writes to a temporary beside
 the target, fsyncs it and renames it over the target; the checkpoint hook
 uses it for checksum sidecars and ``last_checkpoint`` and the same
-rename-after-fsync for the checkpoints themselves.
+rename-after-fsync for the checkpoints themselves. :func:`open_atomically`
+does the same for a writer that streams into a file (the checkpoint
+converter's ``torch.save``).
 
 A rename is used only where it is equivalent to an in-place write
 (:func:`atomic_write_target`): the target, after following symlinks, is
@@ -22,13 +24,14 @@ starts) only if it was written from this host, boot and pid namespace by a
 process that no longer exists; another writer's temporary is never touched.
 """
 import builtins
+import contextlib
 import os
 import os.path as osp
 import re
 import socket
 import stat
 import tempfile
-from typing import Optional, Union
+from typing import IO, Iterator, Optional, Union
 
 _TMP_NAME = re.compile(r'^\.(?P<name>.+)\.(?P<writer>[A-Za-z0-9_-]+)'
                        r'\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$')
@@ -178,19 +181,26 @@ def copy_file_attributes(fd: int, old: Optional[os.stat_result],
     os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
 
-def write_atomically(data: Union[bytes, str], filepath: str,
-                     mode: str = 'wb',
-                     encoding: Optional[str] = None) -> None:
-    """Write ``data`` to ``filepath`` so readers see the old or new file only.
+@contextlib.contextmanager
+def open_atomically(filepath: str, mode: str = 'wb',
+                    encoding: Optional[str] = None) -> Iterator[IO]:
+    """A file to write ``filepath`` through; readers see old or new only.
+
+    The body writes to a temporary beside ``filepath`` (named as the module
+    docstring says); on leaving the block normally the temporary is
+    flushed, fsynced and renamed over ``filepath``. If the block raises,
+    the temporary is removed and ``filepath`` is left as it was. For
+    writers that stream (``torch.save(obj, file)``) instead of holding all
+    the bytes (:func:`write_atomically`).
 
     Args:
-        data: Bytes-like for ``mode='wb'``, str for ``mode='w'``; anything
-            else raises TypeError (as ``open(...).write`` does) and leaves
-            the target untouched.
         filepath: Destination: a real path whose folder exists (see
             :func:`atomic_write_target`).
         mode: ``'wb'`` or ``'w'``.
         encoding: Text encoding for ``mode='w'``.
+
+    Yields:
+        The open temporary.
 
     Raises:
         OSError: Naming ``filepath`` (a full disk otherwise reports only
@@ -213,7 +223,7 @@ def write_atomically(data: Union[bytes, str], filepath: str,
     try:
         copy_file_attributes(fd, old, filepath)
         with os.fdopen(fd, mode, encoding=encoding) as tmp:
-            tmp.write(data)
+            yield tmp
             tmp.flush()
             os.fsync(tmp.fileno())
         os.replace(tmp_path, filepath)
@@ -223,6 +233,28 @@ def write_atomically(data: Union[bytes, str], filepath: str,
         if isinstance(err, OSError):
             raise _naming(err, filepath) from err
         raise
+
+
+def write_atomically(data: Union[bytes, str], filepath: str,
+                     mode: str = 'wb',
+                     encoding: Optional[str] = None) -> None:
+    """Write ``data`` to ``filepath`` so readers see the old or new file only.
+
+    Args:
+        data: Bytes-like for ``mode='wb'``, str for ``mode='w'``; anything
+            else raises TypeError (as ``open(...).write`` does) and leaves
+            the target untouched.
+        filepath: Destination: a real path whose folder exists (see
+            :func:`atomic_write_target`).
+        mode: ``'wb'`` or ``'w'``.
+        encoding: Text encoding for ``mode='w'``.
+
+    Raises:
+        OSError: Naming ``filepath`` (a full disk otherwise reports only
+            the errno).
+    """
+    with open_atomically(filepath, mode, encoding) as file:
+        file.write(data)
 
 
 def _naming(err: OSError, filepath: str) -> OSError:

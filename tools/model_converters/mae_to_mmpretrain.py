@@ -26,6 +26,10 @@ same file as ``SRC`` is refused before anything is read or written. The
 command answers each with one line on stderr (exit status 2 for
 ``SRC == DST``, 1 otherwise).
 
+The output is written atomically: to a temporary beside ``DST``, fsynced,
+then renamed over it, so a killed conversion leaves the previous ``DST``
+(or none), never a truncated one.
+
 Usage:
     python tools/model_converters/mae_to_mmpretrain.py SRC.pth DST.pth
 """
@@ -40,6 +44,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import torch
 
+from mmae_plugin.checkpoint.atomic_write import (atomic_write_target,
+                                                 open_atomically)
+from mmae_plugin.checkpoint.integrity import remove_sidecars
 from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
 
 # The exact classes mmengine checkpoints pickle, allow-listed for
@@ -341,9 +348,34 @@ def convert_file(src: str, dst: str) -> List[str]:
     if not osp.isdir(dst_dir):
         raise FileNotFoundError(f'dst={dst!r}: folder {dst_dir} does not exist')
     state_dict = convert_state_dict(extract_state_dict(load_checkpoint(src)))
-    torch.save({'state_dict': state_dict,
-                'meta': {'converted_from': osp.basename(src)}}, dst)
+    save_atomically({'state_dict': state_dict,
+                     'meta': {'converted_from': osp.basename(src)}}, dst)
     return list(state_dict)
+
+
+def save_atomically(checkpoint: Dict[str, Any], dst: str) -> None:
+    """``torch.save`` to ``dst`` so a kill leaves the old file or the new.
+
+    The checkpoint is written to a temporary beside ``dst``, fsynced and
+    renamed over it (:func:`~mmae_plugin.checkpoint.atomic_write.
+    open_atomically`); checksum sidecars of a replaced ``dst`` go first, as
+    they would describe other bytes. Where a rename is not what an in-place
+    write would do (``dst`` a hard link, a special file or another user's
+    file: :func:`~mmae_plugin.checkpoint.atomic_write.atomic_write_target`
+    is None) it is written in place, as ``torch.save`` does.
+
+    Args:
+        checkpoint: What to save.
+        dst: The output path (a symlink is followed).
+    """
+    target = atomic_write_target(dst)
+    for path in {osp.abspath(dst), target or osp.realpath(dst)}:
+        remove_sidecars(path)
+    if target is None:
+        torch.save(checkpoint, dst)
+        return
+    with open_atomically(target) as file:
+        torch.save(checkpoint, file)
 
 
 def main() -> int:
