@@ -9,7 +9,8 @@ config on 2 CPU cores: ~36,000 faults per iteration under the Runner
 against ~19,000 in a bare loop, which is where the Runner lost 10-20 % of
 its throughput (docs/performance.md). Fixed thresholds (``mallopt``) keep
 tensors below ``mmap_threshold`` in the heap and freed memory in the
-process for the next iteration: ~10 faults per iteration.
+process for the next iteration: 13-394 faults per iteration in every
+round measured (docs/performance.md, its table of minor faults).
 
 This is what PyTorch's CPU tuning guide reaches by swapping in jemalloc or
 tcmalloc with ``LD_PRELOAD``; the hook does it in-process for glibc, the C
