@@ -1,25 +1,18 @@
 """dev/benchmarks/bench_pipeline.py: the paths it times do what they
 claim (shapes, crop boxes, the bytes the GPU would decode) and a tiny run
 reports every path side by side."""
-import importlib.util
 import json
-import os.path as osp
 
 import pytest
 import torch
 from PIL import Image
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from _helpers_scripts import load_script
 
 
 @pytest.fixture(scope='module')
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        'bench_pipeline',
-        osp.join(REPO, 'dev', 'benchmarks', 'bench_pipeline.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script('dev/benchmarks/bench_pipeline.py')
 
 
 @pytest.fixture(scope='module')

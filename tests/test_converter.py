@@ -4,7 +4,6 @@ timm blocks) against mmpretrain's VisionTransformer / MAE loaded from the
 converted file."""
 import argparse
 import functools
-import importlib.util
 import os
 import os.path as osp
 import subprocess
@@ -20,6 +19,7 @@ from mmengine.model import BaseModel  # noqa: E402
 from mmpretrain.registry import MODELS  # noqa: E402
 
 import mmae_plugin  # noqa: F401,E402
+from _helpers_scripts import load_script  # noqa: E402
 from checkpoint_payloads import ExecPayload, SystemPayload  # noqa: E402
 
 CONVERTER = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
@@ -33,10 +33,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def load_converter():
-    spec = importlib.util.spec_from_file_location('mae_to_mmpretrain', CONVERTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script('tools/model_converters/mae_to_mmpretrain.py')
 
 
 class FairMAEDecoder(nn.Module):
@@ -446,10 +443,11 @@ def test_killed_conversion_leaves_the_previous_output_whole(
     sidecar = tmp_path / '.converted.pth.sha256'
     sidecar.write_text('0' * 64 + '  converted.pth\n')
     killer = (
-        'import importlib.util, os, signal, sys, torch\n'
-        'spec = importlib.util.spec_from_file_location("c", sys.argv[1])\n'
-        'converter = importlib.util.module_from_spec(spec)\n'
-        'spec.loader.exec_module(converter)\n'
+        'import os, signal, sys\n'
+        'sys.path.insert(0, sys.argv[1])\n'
+        'from _helpers_scripts import load_script\n'
+        'converter = load_script("tools/model_converters/'
+        'mae_to_mmpretrain.py")\n'
         'def half_a_save(obj, file):\n'
         '    file.write(b"PK half a zip")\n'
         '    file.flush()\n'
@@ -457,7 +455,8 @@ def test_killed_conversion_leaves_the_previous_output_whole(
         'converter.torch.save = half_a_save\n'
         'converter.convert_file(sys.argv[2], sys.argv[3])\n')
     proc = subprocess.run(
-        [sys.executable, '-c', killer, CONVERTER, str(src), str(dst)],
+        [sys.executable, '-c', killer, osp.dirname(osp.abspath(__file__)),
+         str(src), str(dst)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert dst.read_bytes() == b'previous output'

@@ -106,10 +106,10 @@ def test_local_gather_differs_from_global(distributed_grads):
 # The padded one-collective gather with 2 and 3 gloo processes: unequal and
 # empty ranks, every rank's outcome compared, float64 numpy references.
 # --------------------------------------------------------------------------
-import json  # noqa: E402
-
 import numpy as np  # noqa: E402
 
+from _helpers_gloo import (loss_and_grad, run_gloo_ranks,  # noqa: E402
+                           split_rows)
 from mmae_plugin.models.losses.feature_regularizer import (  # noqa: E402
     SKIP_GATHER_REFUSED, SKIP_TOO_FEW_ROWS)
 from mmae_plugin.models.utils.gather import gather_rows  # noqa: E402
@@ -142,28 +142,12 @@ PADDED_CASES = [(name, 'global') for name in PADDED_LOSSES] + [
     ('tcr', 'reference'), ('unif', 'reference')]
 
 
-def split_rows(counts, width, seed):
-    """All rows of one call (float64) and each rank's share."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.randn(sum(counts), width, generator=generator,
-                       dtype=torch.float64)
-    return rows, list(rows.split(list(counts)))
-
-
 def outcome(call):
     """``call()``'s result, or the error it raised, as JSON-able data."""
     try:
         return dict(result=call())
     except Exception as error:  # every rank must record the same
         return dict(error=f'{type(error).__name__}: {error}')
-
-
-def loss_and_grad(loss_fn, rows):
-    """Value, skip code and gradient of ``loss_fn`` at this rank's rows."""
-    z = rows.clone().requires_grad_()
-    value = loss_fn(z)
-    value.backward()
-    return [value.item(), int(loss_fn.skip_code), z.grad.tolist()]
 
 
 def run_scenarios(rank, world):
@@ -221,36 +205,13 @@ def run_scenarios(rank, world):
     return results
 
 
-def padded_worker(rank, world, port, out_dir):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
-                      CUDA_VISIBLE_DEVICES='')
-    dist.init_process_group('gloo', rank=rank, world_size=world)
-    try:
-        results = run_scenarios(rank, world)
-        with open(os.path.join(out_dir, f'{rank}.json'), 'w') as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope='module', params=[2, 3], ids=['2ranks', '3ranks'])
 def padded_results(request, tmp_path_factory):
-    from conftest import pick_free_port
     world = request.param
     out_dir = tmp_path_factory.mktemp(f'padded{world}')
-    context = mp.start_processes(
-        padded_worker, args=(world, pick_free_port(), str(out_dir)),
-        nprocs=world, join=False, start_method='spawn')
     # Bounded: a rank raising alone would leave the others hanging.
-    for process in context.processes:
-        process.join(timeout=300)
-    alive = [p for p in context.processes if p.is_alive()]
-    for process in alive:
-        process.kill()
-    assert not alive, 'a rank hung in a collective'
-    assert [p.exitcode for p in context.processes] == [0] * world
-    return world, [json.loads((out_dir / f'{rank}.json').read_text())
-                   for rank in range(world)]
+    return world, run_gloo_ranks(run_scenarios, world, str(out_dir),
+                                 timeout=300)
 
 
 @pytest.mark.parametrize('name,gather', PADDED_CASES)

@@ -18,10 +18,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import mmae_plugin  # noqa: F401
+from _helpers_gloo import loss_and_grad, run_gloo_ranks, split_rows
 from mmae_plugin.engine.hooks.matrix_info_hook import gather_rows
 from mmae_plugin.models import TCRLoss, UniformityLoss
 from scipy_matrix_info_reference import (coding_rate, finite_difference_grad,
@@ -155,55 +154,26 @@ CASES = [(name, 'global') for name in LOSSES] + [('tcr', 'reference')]
 
 
 def all_rows() -> torch.Tensor:
-    generator = torch.Generator().manual_seed(0)
-    return torch.randn(sum(ROWS), DIM, generator=generator,
-                       dtype=torch.float64)
+    return split_rows(ROWS, DIM, seed=0)[0]
 
 
-def local_rows(rank: int) -> torch.Tensor:
-    start = sum(ROWS[:rank])
-    return all_rows()[start:start + ROWS[rank]]
-
-
-def unequal_worker(rank, port, out_dir):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    dist.init_process_group('gloo', rank=rank, world_size=WORLD_SIZE)
-    try:
-        results = {}
-        for name, gather in CASES:
-            z = local_rows(rank).requires_grad_()
-            loss_fn = LOSSES[name][0](gather)
-            loss = loss_fn(z)
-            loss.backward()
-            results[f'{name}-{gather}'] = (loss.item(),
-                                           float(loss_fn.skip_code),
-                                           z.grad.numpy().tolist())
-        with torch.no_grad():  # the hook's gather: same definition
-            results['hook'] = gather_rows(local_rows(rank)).numpy().tolist()
-        with open(os.path.join(out_dir, f'{rank}.json'), 'w') as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+def unequal_scenarios(rank, world):
+    """Every case's value, skip code and gradient, and the hook's gather."""
+    local = split_rows(ROWS, DIM, seed=0)[1][rank]
+    results = {f'{name}-{gather}': loss_and_grad(LOSSES[name][0](gather),
+                                                 local)
+               for name, gather in CASES}
+    with torch.no_grad():  # the hook's gather: same definition
+        results['hook'] = gather_rows(local).tolist()
+    return results
 
 
 @pytest.fixture(scope='module')
 def unequal_results(tmp_path_factory):
-    from conftest import pick_free_port
     out_dir = tmp_path_factory.mktemp('unequal')
-    context = mp.start_processes(
-        unequal_worker, args=(pick_free_port(), str(out_dir)),
-        nprocs=WORLD_SIZE, join=False, start_method='spawn')
     # Bounded: a mismatched collective would hang, not fail.
-    for process in context.processes:
-        process.join(timeout=240)
-    alive = [p for p in context.processes if p.is_alive()]
-    for process in alive:
-        process.kill()
-    assert not alive, 'a rank hung in a collective'
-    assert all(p.exitcode == 0 for p in context.processes), \
-        [p.exitcode for p in context.processes]
-    return [json.loads((out_dir / f'{rank}.json').read_text())
-            for rank in range(WORLD_SIZE)]
+    return run_gloo_ranks(unequal_scenarios, WORLD_SIZE, str(out_dir),
+                          timeout=240)
 
 
 @pytest.mark.parametrize('name,gather', CASES)

@@ -2,9 +2,7 @@
 values of the chains they replace bit for bit, gradients equal to
 autograd's, the float64 reference's value, and the op counts that
 dev/benchmarks/regulariser_ops.py reports."""
-import importlib.util
 import math
-import os.path as osp
 
 import numpy as np
 import pytest
@@ -15,18 +13,12 @@ from mmae_plugin.matrix_info.coding_rate import (row_magnitudes,
 from mmae_plugin.matrix_info.gram_logdet import (ridge_gram_logdet_flagged,
                                                  signed_ridge_gram_logdet)
 import scipy_matrix_info_reference as reference
-
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from _helpers_scripts import load_script
 
 
 @pytest.fixture(scope='module')
 def ops_tool():
-    spec = importlib.util.spec_from_file_location(
-        'regulariser_ops',
-        osp.join(REPO, 'dev', 'benchmarks', 'regulariser_ops.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script('dev/benchmarks/regulariser_ops.py')
 
 
 def unit_features(rows: int, dim: int, seed: int) -> torch.Tensor:
