@@ -223,7 +223,7 @@ def test_option_sweeps_group_arms_differing_in_one_number():
 # ----------------------------------------------------------------------------
 # The shipped pages, rebuilt from their runs.json
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize('page', ['study', 'results'])
+@pytest.mark.parametrize('page', ['study', 'results', 'siamese'])
 def test_shipped_page_is_rebuilt_from_its_runs_json(repo_root, tmp_path,
                                                     page):
     """docs/<page>.md is the report of docs/<page>/runs.json: rebuilt from
@@ -249,7 +249,7 @@ def test_shipped_page_is_rebuilt_from_its_runs_json(repo_root, tmp_path,
     assert rebuilt[0] == shipped[0]
 
 
-@pytest.mark.parametrize('page', ['study', 'results'])
+@pytest.mark.parametrize('page', ['study', 'results', 'siamese'])
 def test_documented_run_command_gives_the_recorded_comparison(repo_root,
                                                               page):
     """The command in docs/<page>/notes.md asks for exactly the comparison

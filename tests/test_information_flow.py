@@ -188,3 +188,28 @@ def test_a_checkpoint_measured_again_reproduces_its_logged_values(
         again['minfo_heldout/matrix_js_cov'])  # alpha-free
     assert other['minfo_heldout/mutual_info_cov_alpha2'] != pytest.approx(
         again['minfo_heldout/mutual_info_cov'])
+
+
+def test_shipped_information_flow_page_is_rebuilt_from_runs_json(
+        repo_root, tmp_path):
+    """docs/siamese_information_flow.md is the page of docs/siamese/
+    runs.json: rebuilt from copies of that file and the notes alone, every
+    line after the one naming the command and date is the same."""
+    import shutil
+    import subprocess
+    import sys
+    docs = f'{repo_root}/docs'
+    shipped = open(f'{docs}/siamese_information_flow.md').read()
+    (tmp_path / 'siamese').mkdir()
+    for name in ('runs.json', 'information_flow_notes.md'):
+        shutil.copy(f'{docs}/siamese/{name}', tmp_path / 'siamese')
+    proc = subprocess.run(
+        [sys.executable, 'tools/analysis/information_flow.py', '--out-dir',
+         str(tmp_path / 'siamese'), '--report',
+         str(tmp_path / 'siamese_information_flow.md'), '--notes',
+         str(tmp_path / 'siamese' / 'information_flow_notes.md')],
+        cwd=repo_root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rebuilt = (tmp_path / 'siamese_information_flow.md').read_text()
+    assert rebuilt.splitlines()[3:] == shipped.splitlines()[3:]
+    assert rebuilt.splitlines()[0] == shipped.splitlines()[0]
