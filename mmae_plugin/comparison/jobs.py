@@ -118,14 +118,15 @@ def make_checkpoint(out_dir: str, spec: Comparison, arm: str, seed: int,
 def save_random_init(out_dir: str, arm: str, seed: int, path: str) -> None:
     """The random-init arm's ``epoch_0.pth``."""
     import torch
+
+    from mmae_plugin.checkpoint.atomic_write import open_atomically
     from .protocol import random_init_state
     state = random_init_state(layout.frozen_config_path(out_dir, 'eval'),
                               seed)
     os.makedirs(osp.dirname(path), exist_ok=True)
-    torch.save({'state_dict': state,
-                'meta': {'comparison': {'arm': arm, 'seed': seed}}},
-               path + '.tmp')
-    os.replace(path + '.tmp', path)
+    with open_atomically(path) as f:
+        torch.save({'state_dict': state,
+                    'meta': {'comparison': {'arm': arm, 'seed': seed}}}, f)
 
 
 def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,

@@ -189,10 +189,11 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
 def save_features(path: str, features: Tensor, labels: Tensor,
                   pooling: str) -> None:
     """Save test features (float32, CPU), their labels and pooling."""
+    from mmae_plugin.checkpoint.atomic_write import open_atomically
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    torch.save({pooling: features.float().cpu(), 'labels': labels.cpu()},
-               path + '.tmp')
-    os.replace(path + '.tmp', path)
+    with open_atomically(path) as f:
+        torch.save({pooling: features.float().cpu(), 'labels': labels.cpu()},
+                   f)
 
 
 def test_config_metrics(test_config: str, checkpoint: str,

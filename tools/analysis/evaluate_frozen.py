@@ -31,6 +31,7 @@ import torch
 # MultiScaleDeformableAttention warning (import of mmpretrain.models) and
 # the pkg_resources warning of mmengine's lookup of mmpretrain:: bases are
 # harmless (mmae_plugin/compat/cli_warnings.py).
+from mmae_plugin.checkpoint.atomic_write import open_atomically
 from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
 
 with quiet_known_upstream_warnings():
@@ -83,7 +84,8 @@ def main() -> None:
     if args.save_linear:
         state = linear_probe_state_dict(probe, encoder,
                                         cfg.model.get('pooling', 'cls'))
-        torch.save({'state_dict': state}, args.save_linear)
+        with open_atomically(args.save_linear) as f:
+            torch.save({'state_dict': state}, f)
 
 
 if __name__ == '__main__':
