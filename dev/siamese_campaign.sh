@@ -9,7 +9,10 @@
 #   bash dev/siamese_campaign.sh export [OUT]  # runs.json and pages -> docs/
 #
 # OUT defaults to work_dirs/siamese. `run` is what the pages name; start it
-# with nohup in the background: a kill loses at most one epoch per run.
+# with nohup in the background: a kill loses at most one epoch per run. On a
+# machine without OUT's run folders, `run` first takes up the finished
+# results committed in docs/siamese/runs.json (--restore): only unfinished
+# runs train again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:?usage: siamese_campaign.sh run|export [OUT]}
@@ -19,7 +22,9 @@ C=configs/fashion_mnist
 
 case "$MODE" in
 run)
-  exec "$PY" tools/compare.py run --out-dir "$OUT" \
+  RESTORE=()
+  [ -f docs/siamese/runs.json ] && RESTORE=(--restore docs/siamese/runs.json)
+  exec "$PY" tools/compare.py run --out-dir "$OUT" "${RESTORE[@]}" \
     --arm simclr=$C/simclr_fmnist.py --arm byol=$C/byol_fmnist.py \
     --arm barlowtwins=$C/barlowtwins_fmnist.py \
     --arm spectral=$C/spectral_fmnist.py --arm random=random \

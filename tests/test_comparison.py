@@ -160,6 +160,48 @@ def test_a_recorded_comparison_refuses_another_in_its_folder(tmp_path,
         freeze(str(tmp_path), small_spec(seeds=(0, 1, 2)))
 
 
+def test_restore_takes_up_finished_results_and_refuses_another(tmp_path,
+                                                              repo_root):
+    """A runs.json carried to a fresh folder: its records and curves go
+    into the run folders, finished runs are skipped, the rest is pending,
+    and values logged afterwards override restored curve points."""
+    from mmae_plugin.comparison import records
+    from mmae_plugin.comparison.jobs import pending_epochs
+    from mmae_plugin.comparison.spec import freeze
+    os.chdir(repo_root)
+    spec = small_spec()
+    rows = [{'arm': 'mae', 'seed': 0, 'epoch': e, 'cls/linear_top1': 80.0 + e}
+            for e in (2, 4)] + [{'arm': 'mmae', 'seed': 1, 'epoch': 2,
+                                 'cls/linear_top1': 70.0}]
+    curves = [{'arm': 'mae', 'seed': 0, 'curves': {
+        'minfo_heldout/mutual_info_cov': [[0, 1.0], [4, 2.0]]}}]
+    source = tmp_path / 'runs.json'
+    source.write_text(json.dumps({'format': records.FORMAT,
+                                  'comparison': spec.as_dict(),
+                                  'runs': rows, 'curves': curves}))
+    out = str(tmp_path / 'fresh')
+    freeze(out, spec)
+    assert records.restore_runs(out, str(source)) == (3, 1)
+    assert records.restore_runs(out, str(source)) == (0, 0)  # idempotent
+    assert pending_epochs(out, spec, 'mae', 0) == []
+    assert pending_epochs(out, spec, 'mmae', 1) == [4]
+    assert records.read_runs(out)[1] == rows
+    assert records.read_curves(out) == {('mae', 0): {
+        'minfo_heldout/mutual_info_cov': {0: 1.0, 4: 2.0}}}
+    from mmengine.visualization import LocalVisBackend
+    LocalVisBackend(save_dir=osp.join(out, 'runs', 'mae', 'seed0', 't',
+                                      'vis_data')).add_scalars(
+        {'minfo_heldout/mutual_info_cov': 3.0, 'epoch': 4}, step=8)
+    assert records.read_curves(out)[('mae', 0)][
+        'minfo_heldout/mutual_info_cov'] == {0: 1.0, 4: 3.0}
+    other = tmp_path / 'other.json'
+    other.write_text(json.dumps({
+        'format': records.FORMAT, 'runs': rows,
+        'comparison': small_spec(seeds=(0, 1, 2)).as_dict()}))
+    with pytest.raises(ValueError, match='records another comparison'):
+        records.restore_runs(out, str(other))
+
+
 def test_schedule_is_stretched_to_the_comparison_epochs():
     from mmae_plugin.comparison.training import fit_schedule
     schedule = [dict(type='LinearLR', by_epoch=True, begin=0, end=1),

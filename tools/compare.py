@@ -102,6 +102,10 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
                        help='local executor: jobs at once')
     group.add_argument('--no-wait', action='store_true',
                        help='submit and exit (report later)')
+    group.add_argument('--restore', metavar='RUNS_JSON',
+                       help="take up this comparison's finished results "
+                       'from a runs.json (another machine, lost run '
+                       'folders); unfinished runs train again')
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +163,10 @@ def spec_of(args: argparse.Namespace) -> Comparison:
 def run(args: argparse.Namespace, command: str) -> int:
     from mmae_plugin.comparison import jobs
     spec = layout.freeze(args.out_dir, spec_of(args))
+    if args.restore:
+        restored = records.restore_runs(args.out_dir, args.restore)
+        print(f'[compare] restored {restored[0]} evaluations and the curves '
+              f'of {restored[1]} runs from {args.restore}', flush=True)
     resources = jobs.Resources(args.cluster, args.cpus_per_task, args.gpus,
                                args.partition, args.time_min, args.parallel)
     todo = jobs.unfinished_runs(args.out_dir, spec)

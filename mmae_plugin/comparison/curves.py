@@ -18,6 +18,8 @@ from typing import Dict, Iterable, Tuple
 
 #: A run's curves: quantity -> {epoch: value}.
 Curves = Dict[str, Dict[int, float]]
+#: A restored run's curves, in the run folder.
+CURVES_FILE = 'curves.json'
 
 
 def is_hook_quantity(key: str) -> bool:
@@ -67,8 +69,21 @@ def read_epoch_curves(run_dir: str) -> Curves:
     sums: Dict[str, Dict[int, list]] = {}
     for (key, epoch, _), value in values.items():
         sums.setdefault(key, {}).setdefault(epoch, []).append(value)
-    return {key: {epoch: sum(v) / len(v) for epoch, v in sorted(by.items())}
-            for key, by in sorted(sums.items())}
+    curves = restored_curves(run_dir)
+    for key, by in sums.items():
+        curves.setdefault(key, {}).update(
+            {epoch: sum(v) / len(v) for epoch, v in by.items()})
+    return {key: dict(sorted(by.items()))
+            for key, by in sorted(curves.items())}
+
+
+def restored_curves(run_dir: str) -> Curves:
+    """The curves a restore left in the run folder (empty if none)."""
+    path = osp.join(run_dir, CURVES_FILE)
+    if not osp.isfile(path):
+        return {}
+    with open(path) as f:
+        return curves_from_json(json.load(f))
 
 
 def curves_to_json(curves: Curves) -> Dict[str, list]:

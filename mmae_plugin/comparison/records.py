@@ -13,7 +13,7 @@ import os.path as osp
 from typing import Dict, List, Tuple
 
 from . import spec as layout
-from .curves import (Curves, curves_from_json, curves_to_json,
+from .curves import (CURVES_FILE, Curves, curves_from_json, curves_to_json,
                      read_epoch_curves)
 from .spec import Comparison
 
@@ -101,6 +101,48 @@ def read_curves(out_dir: str) -> Dict[Tuple[str, int], Curves]:
     data = layout.read_json(osp.join(out_dir, RUNS_FILE))
     return {(item['arm'], item['seed']): curves_from_json(item['curves'])
             for item in data.get('curves', [])}
+
+
+def restore_runs(out_dir: str, source: str) -> Tuple[int, int]:
+    """Take up a comparison's finished results from a ``runs.json``.
+
+    On a machine where the run folders are gone (or another cluster), the
+    records and curves of ``source`` are written into the run folders of
+    ``out_dir`` where missing, so ``run`` skips every finished evaluation
+    and reports them; unfinished runs train again (from their start: the
+    checkpoints did not travel). ``out_dir`` must already hold the same
+    comparison (``run`` records it first).
+
+    Args:
+        out_dir: The comparison folder.
+        source: A ``runs.json`` of the same comparison.
+
+    Returns:
+        How many evaluation records and run curves were written.
+
+    Raises:
+        ValueError: If ``source`` records another comparison.
+    """
+    spec = layout.load(out_dir)
+    data = checked_runs(layout.read_json(source), source)
+    if Comparison.from_dict(data['comparison']) != spec:
+        raise ValueError(f'{source} records another comparison than '
+                         f'{out_dir} (arms, seeds, epochs or protocol '
+                         'differ): nothing restored')
+    records = curves = 0
+    for row in data['runs']:
+        path = layout.eval_path(out_dir, row['arm'], row['seed'],
+                                row['epoch'])
+        if not osp.isfile(path):
+            layout.write_json_atomic(path, row)
+            records += 1
+    for item in data.get('curves', []):
+        path = osp.join(layout.run_dir(out_dir, item['arm'], item['seed']),
+                        CURVES_FILE)
+        if not osp.isfile(path):
+            layout.write_json_atomic(path, item['curves'])
+            curves += 1
+    return records, curves
 
 
 def progress(spec: Comparison, rows: List[dict]) -> Dict[str, object]:
