@@ -8,7 +8,6 @@ of the seeds shaded; then decides the paper's statements
 colour and marker of the comparison report (:func:`.report.arm_style`).
 """
 import datetime
-import os
 import os.path as osp
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -17,7 +16,7 @@ import numpy as np
 from . import information_flow as flow
 from .information_flow import RunCurves
 from .records import read_curves, read_runs
-from .report import _pyplot, arm_style, legend_outside, save
+from .report import _pyplot, arm_style, legend_outside, save, write_page
 from .spec import Comparison
 
 #: The figures: file stem -> (title, [(quantity, panel title)]).
@@ -181,10 +180,4 @@ def write_information_flow_page(out_dir: str, report: str,
         lines += [f'Values (mean ± std over seeds, `{prefix}`):', '',
                   *value_table(curves, spec, prefix, kernel,
                                sorted({0, first, mid, last})), '']
-    if notes:
-        with open(notes) as f:
-            lines += [f.read().rstrip('\n'), '']
-    os.makedirs(osp.dirname(report), exist_ok=True)
-    with open(report, 'w') as f:
-        f.write('\n'.join(lines))
-    return report
+    return write_page(report, lines, notes)

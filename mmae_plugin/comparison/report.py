@@ -540,6 +540,22 @@ def figure_sections(rows: List[dict], spec: Comparison, epoch: int,
     return lines
 
 
+def write_page(report: str, lines: List[str],
+               notes: Optional[str] = None) -> str:
+    """Write a markdown page: its lines, then the notes file as it is.
+
+    Returns:
+        The page's path.
+    """
+    if notes:
+        with open(notes) as f:
+            lines = lines + [f.read().rstrip('\n'), '']
+    os.makedirs(osp.dirname(report), exist_ok=True)
+    with open(report, 'w') as f:
+        f.write('\n'.join(lines))
+    return report
+
+
 def write_report(out_dir: str, report: Optional[str] = None,
                  command: str = '', title: Optional[str] = None,
                  notes: Optional[str] = None) -> str:
@@ -592,10 +608,4 @@ def write_report(out_dir: str, report: Optional[str] = None,
         lines += [f'## Other metrics at epoch {epoch}', '',
                   *results_table(rows, spec, epoch, others, str), '']
     lines += figure_sections(rows, spec, epoch, fig_dir, link)
-    if notes:
-        with open(notes) as f:
-            lines += [f.read().rstrip('\n'), '']
-    os.makedirs(osp.dirname(report), exist_ok=True)
-    with open(report, 'w') as f:
-        f.write('\n'.join(lines))
-    return report
+    return write_page(report, lines, notes)
