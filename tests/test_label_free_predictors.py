@@ -124,7 +124,8 @@ def test_settings_give_the_known_correlations():
     results = predictors.correlations(synthetic_rows(),
                                       statistics=['erank_cov'], epoch=20,
                                       resamples=500)
-    by = {(r.setting, r.method): r for r in results}
+    by = {(r.setting, r.method): r for r in results
+          if r.statistic == 'erank_cov'}
     settings = list(dict.fromkeys(r.setting for r in results))
     assert settings == [
         '(a) 4 arms at epoch 20', '(a) 3 trained arms at epoch 20',
@@ -141,6 +142,31 @@ def test_settings_give_the_known_correlations():
                                                               -1.0)
         assert by[('(c) lambda 0, 0.001, 0.01 at epoch 20, every run',
                    method)].estimate == pytest.approx(1.0)
+
+
+def test_epoch_control_correlates_the_epoch_number_in_setting_b():
+    """Accuracy that peaks mid-training: the epoch number's correlation
+    is that of (5, 10, 20) with the accuracies, computed independently."""
+    rows = []
+    accuracies = {5: 70.0, 10: 80.0, 20: 75.0}
+    for seed in range(3):
+        for epoch, accuracy in accuracies.items():
+            rows.append({'arm': 'mae', 'seed': seed, 'epoch': epoch,
+                         'cls/linear_top1': accuracy + seed,
+                         'cls/repr/erank_cov': float(epoch)})
+    results = predictors.correlations(rows, statistics=['erank_cov'],
+                                      resamples=100)
+    by = {(r.statistic, r.method): r.estimate for r in results}
+    epochs, accs = list(accuracies), list(accuracies.values())
+    control = predictors.EPOCH_CONTROL
+    assert by[(control, 'spearman')] == pytest.approx(
+        spearman_reference(epochs, accs))
+    assert by[(control, 'kendall')] == pytest.approx(
+        kendall_b_reference(epochs, accs))
+    # erank_cov equals the epoch here, so it predicts exactly as well.
+    assert by[('erank_cov', 'spearman')] == by[(control, 'spearman')]
+    assert {r.setting for r in results if r.statistic == control} == {
+        '(b) mae, epochs 5,10,20'}
 
 
 def test_lambda_arms_are_found_by_name():
@@ -181,6 +207,10 @@ def test_a_comparison_without_lambda_arms_has_no_setting_c():
                         '(a) 4 trained arms at epoch 30'] + [
         f'(b) {arm}, epochs 10,20,30' for arm in SIAMESE]
     assert all(r.estimate == pytest.approx(1.0) for r in results)
+    controls = [r for r in results
+                if r.statistic == predictors.EPOCH_CONTROL]
+    assert [r.setting for r in controls] == [
+        f'(b) {arm}, epochs 10,20,30' for arm in SIAMESE for _ in 'ab']
     notes = predictors.inapplicable(rows, 30, 'mae')
     assert len(notes) == 1 and notes[0].startswith(
         '(c) across lambda: not applicable')
@@ -238,6 +268,8 @@ def test_command_line_on_the_study_gives_the_documented_estimates(
         ('(a) 4 trained arms at epoch 20', 'rankme_raw', 'spearman'): -1.0,
         ('(b) supervised, epochs 5,10,15,20', 'erank_cov', 'kendall'): 1.0,
         ('(b) mae, epochs 5,10,15,20', 'erank_cov', 'spearman'): 0.92,
+        ('(b) mae, epochs 5,10,15,20', predictors.EPOCH_CONTROL,
+         'spearman'): 0.92,
         ('(c) lambda 0, 0.00125, 0.01 at epoch 20, every run', 'erank_cov',
          'spearman'): -0.34,
     }

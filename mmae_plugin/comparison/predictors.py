@@ -13,7 +13,8 @@ seeds, in three settings:
     control, enters with that evaluation), with and without such
     untrained controls;
 (b) **across epochs within an arm**: the correlation over one seed's
-    evaluation epochs, averaged over seeds;
+    evaluation epochs, averaged over seeds, beside that of the epoch
+    number itself (:data:`EPOCH_CONTROL`);
 (c) **across lambda** (``mmae_lam<value>_...`` arms, the reference arm as
     lambda = 0) at a fixed epoch: on the arm means and with every (arm,
     seed) run as a point. A comparison without such arms (Siamese methods,
@@ -43,6 +44,11 @@ from .spec import read_json
 #: The statistics the study logs for every evaluation (prefix ``repr/``).
 STATISTICS = ('erank_cov', 'erank_gram', 'rankme_raw', 'tcr_reference_mu1')
 METHODS = ('spearman', 'kendall')
+#: The control of (b): the number of epochs trained, which any quantity
+#: that grows with training matches while accuracy still rises. A
+#: statistic that predicts no better than it says only that training went
+#: on. Its record key is the record's own ``epoch``.
+EPOCH_CONTROL = 'epoch (control)'
 #: Arm names carrying their TCR weight: ``mmae_lam0.01_mu1``.
 LAMBDA_PATTERN = re.compile(r'lam([0-9.eE+-]+?)(?:_|$)')
 #: What a correlation estimator is given: the statistic's key, the
@@ -86,10 +92,12 @@ class Correlation:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One correlation setting: a name, its points, its estimator."""
+    """One correlation setting: a name, its points, its estimator, and the
+    controls reported beside the statistics (:data:`EPOCH_CONTROL`)."""
     name: str
     points: int
     estimate: Estimator
+    controls: Tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------
@@ -369,7 +377,8 @@ def epoch_settings(index: RecordIndex) -> List[Setting]:
         f'(b) {arm}, epochs {",".join(map(str, index.epochs(arm)))}',
         len(index.epochs(arm)),
         lambda s, a, m, seeds, arm=arm: within_arm(index, arm, s, a, m,
-                                                   seeds))
+                                                   seeds),
+        controls=(EPOCH_CONTROL,))
         for arm in index.arms if index.trained(arm)]
 
 
@@ -445,7 +454,8 @@ def correlations(rows: List[dict], pooling: str = 'cls',
                  reference: str = 'mae',
                  statistics: Sequence[str] = STATISTICS,
                  resamples: int = 10000, seed: int = 0) -> List[Correlation]:
-    """Every setting x statistic x method, with bootstrap intervals.
+    """Every setting x statistic x method, with bootstrap intervals; each
+    setting's controls follow its statistics.
 
     Args:
         rows: The records (:func:`load_rows`).
@@ -466,11 +476,12 @@ def correlations(rows: List[dict], pooling: str = 'cls',
     acc_key = f'{pooling}/{accuracy}'
     out = []
     for setting in settings(rows, epoch, reference):
-        for name in statistics:
+        for name in (*statistics, *setting.controls):
+            stat_key = 'epoch' if name == EPOCH_CONTROL else \
+                f'{pooling}/repr/{name}'
             for method in METHODS:
-                out.append(correlate(setting, name, f'{pooling}/repr/{name}',
-                                     acc_key, method, index.seeds,
-                                     resamples, seed))
+                out.append(correlate(setting, name, stat_key, acc_key,
+                                     method, index.seeds, resamples, seed))
     return out
 
 
