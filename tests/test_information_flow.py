@@ -150,6 +150,63 @@ def test_meeting_needs_the_gap_gone_at_the_end():
     assert verdicts(together)['2'] == flow.UNDECIDED
 
 
+def variant_rows(curves, variant, suffix):
+    """``measure_variants`` records of ``curves`` at epochs 1, 15 and 30,
+    each key renamed as the variant logs it (``_cov`` -> ``suffix``)."""
+    rows = []
+    for (arm, seed), run in curves.items():
+        for epoch in (1, 15, 30):
+            row = {'arm': arm, 'seed': seed, 'epoch': epoch,
+                   'variant': variant}
+            for key, values in run.items():
+                row[key[:-len('_cov')] + suffix] = values[epoch]
+            rows.append(row)
+    return rows
+
+
+def test_each_variant_is_decided_by_the_statements_code():
+    """A variant logged under its own key suffix (alpha, kernel) is read
+    back as curves and decided statement by statement."""
+    from mmae_plugin.comparison import heldout_variants as hv
+    meet = lambda a, e: (0.5 * (a == 0) * (1 - e / 30))  # noqa: E731
+    holding = make_curves(
+        mi=lambda a, e: 1 + e / 10 + meet(a, e),
+        je=lambda a, e: 4 + e / 20 + meet(a, e),
+        js=lambda a, e: 0.02 + 0.002 * e,
+        sjs=lambda a, e: 0.0002 + 0.00002 * e)
+    failing = make_curves(
+        mi=lambda a, e: 3 - e / 10 + 0.5 * (a == 0),
+        je=lambda a, e: 5 - e / 20 - 0.3 * (a >= 2) + 0.5 * (a == 0),
+        js=lambda a, e: 1.0 - 0.01 * e,
+        sjs=lambda a, e: 0.8 * (1.0 - 0.01 * e))
+    rows = (variant_rows(holding, 'logged', '_cov') +
+            variant_rows(failing, 'alpha2', '_cov_alpha2') +
+            variant_rows(holding, 'gram_kernel', '_gram'))
+    assert hv.quantity_of('minfo_heldout/joint_entropy_cov_alpha2',
+                          'minfo_heldout') == 'joint_entropy'
+    assert hv.quantity_of('minfo/joint_entropy_cov', 'minfo_heldout') is None
+    decided = hv.variant_statements(rows, ROLES, LABELS, 1, 15, 30)
+    got = {v: {st.number: st.verdict for st in sts}
+           for v, sts in decided.items()}
+    on_curves = verdicts(holding)
+    assert got['logged'] == got['gram_kernel'] == on_curves
+    assert got['alpha2'] == verdicts(failing) == {
+        n: flow.FAILS for n in '12345J'}
+    report = hv.variant_report(rows, ROLES, LABELS, 1, 15, 30)
+    assert '| variant | 1 | 2 | 3 | 4 | 5 | J |' in report
+    assert '| alpha2 | ' + ' | '.join([flow.FAILS] * 6) + ' |' in report
+    assert sum(line.startswith('<details>') for line in report) == 3
+
+
+def test_roles_default_to_arm_names_and_reject_unknown_roles():
+    assert flow.resolve_roles(['simclr', 'byol', 'bt'],
+                              {'barlowtwins': 'bt'}) == {
+        'simclr': 'simclr', 'byol': 'byol', 'barlowtwins': 'bt'}
+    assert flow.resolve_roles(['spectral'], {})['spectral'] == 'spectral'
+    with pytest.raises(ValueError, match="ROLE in"):
+        flow.resolve_roles([], {'moco': 'moco'})
+
+
 def test_a_checkpoint_measured_again_reproduces_its_logged_values(
         tmp_path, repo_root):
     """The variant path (real runner, load_from, the hook's held-out pass

@@ -141,6 +141,51 @@ def measure_variants(out_dir: str, arms: Sequence[str], seeds: Sequence[int],
     return rows
 
 
+#: The hook's quantities, as the statements name them.
+QUANTITIES = ('mutual_info', 'joint_entropy', 'matrix_js', 'spectrum_js',
+              'entropy_1', 'entropy_2')
+#: The key suffix every variant's values are read under: a variant logs
+#: ``mutual_info_gram`` or ``mutual_info_cov_alpha2``, and the statements
+#: are decided on each variant by the same code.
+VARIANT_KERNEL = 'variant'
+
+
+def quantity_of(key: str, prefix: str) -> Optional[str]:
+    """``mutual_info`` of ``<prefix>/mutual_info_cov_alpha2``; None for a
+    key of another prefix or quantity."""
+    head, _, name = key.partition('/')
+    if head != prefix:
+        return None
+    return next((q for q in QUANTITIES if name.startswith(q + '_')), None)
+
+
+def variant_curves(rows: Sequence[dict], variant: str,
+                   prefix: str = 'minfo_heldout') -> dict:
+    """One variant's measurements as the comparison's curves.
+
+    Returns:
+        ``(arm, seed) -> {quantity key: {epoch: value}}``, the keys
+        ``quantity_key(prefix, quantity, VARIANT_KERNEL)``.
+    """
+    from .information_flow import quantity_key
+    curves: dict = {}
+    for row in rows:
+        if row['variant'] != variant:
+            continue
+        run = curves.setdefault((row['arm'], row['seed']), {})
+        for key, value in row.items():
+            quantity = quantity_of(key, prefix)
+            if quantity:
+                run.setdefault(quantity_key(prefix, quantity, VARIANT_KERNEL),
+                               {})[row['epoch']] = value
+    return curves
+
+
+def variants_of(rows: Sequence[dict]) -> List[str]:
+    """The variants measured, in order."""
+    return list(dict.fromkeys(row['variant'] for row in rows))
+
+
 def variant_table(rows: Sequence[dict], first: int, last: int,
                   labels: Mapping[str, str],
                   quantities: Sequence[str] = ('mutual_info', 'joint_entropy',
@@ -149,41 +194,80 @@ def variant_table(rows: Sequence[dict], first: int, last: int,
     """Markdown: per variant and arm, each quantity's change from epoch
     ``first`` to ``last`` (paired by seed, 95 % t-interval) and the
     spectrum / matrix JS ratio at ``last``."""
-    from .information_flow import fraction, rise, sign_verdict
+    from .information_flow import fraction, quantity_key, rise, sign_verdict
 
-    def curves_of(variant: str) -> dict:
-        curves: dict = {}
-        for row in rows:
-            if row['variant'] != variant:
-                continue
-            run = curves.setdefault((row['arm'], row['seed']), {})
-            for key, value in row.items():
-                if key.startswith(prefix + '/'):
-                    run.setdefault(key, {})[row['epoch']] = value
-        return curves
-
-    def key_of(curves: dict, name: str) -> Optional[str]:
-        keys = {k for run in curves.values() for k in run
-                if k.split('/', 1)[1].startswith(name + '_')}
-        return min(keys) if keys else None
+    def key(name: str) -> str:
+        return quantity_key(prefix, name, VARIANT_KERNEL)
 
     head = ' | '.join(f'{q}: epoch {last} - {first}' for q in quantities)
     lines = [f'| variant | method | {head} | spectrum JS / matrix JS at '
              f'epoch {last} |', '|---|---|' + '---|' * (len(quantities) + 1)]
-    for variant in dict.fromkeys(row['variant'] for row in rows):
-        curves = curves_of(variant)
+    for variant in variants_of(rows):
+        curves = variant_curves(rows, variant, prefix)
         for arm in dict.fromkeys(row['arm'] for row in rows):
             cells = []
             for quantity in quantities:
-                key = key_of(curves, quantity)
-                iv = key and rise(curves, arm, key, first, last)
+                iv = rise(curves, arm, key(quantity), first, last)
                 cells.append('–' if not iv else
                              f'{iv.text(3)} ({sign_verdict(iv)})')
-            num, den = key_of(curves, 'spectrum_js'), key_of(curves,
-                                                             'matrix_js')
-            ratio = num and den and fraction(curves, arm, num, den, last)
+            ratio = fraction(curves, arm, key('spectrum_js'),
+                             key('matrix_js'), last)
             cells.append('–' if not ratio else
                          ratio.text(3).replace('+', ''))
             lines.append(f'| {variant} | {labels.get(arm, arm)} | ' +
                          ' | '.join(cells) + ' |')
     return lines
+
+
+def variant_statements(rows: Sequence[dict], arms: Mapping[str, str],
+                       labels: Mapping[str, str], first: int, mid: int,
+                       last: int, prefix: str = 'minfo_heldout') -> dict:
+    """Statements 1-5 and J decided on each variant's measurements.
+
+    Args:
+        rows: :func:`measure_variants` records at ``first``, ``mid`` and
+            ``last``.
+        arms: Role -> arm name
+            (:func:`~mmae_plugin.comparison.information_flow.resolve_roles`).
+        labels: Arm name -> label.
+        first, mid, last: The epochs of a rise and of "meet at the end".
+        prefix: The hook's key prefix.
+
+    Returns:
+        Variant -> its statements, in order.
+    """
+    from .information_flow import evaluate_statements
+    return {variant: evaluate_statements(
+        variant_curves(rows, variant, prefix), arms, labels, first, mid,
+        last, prefix, VARIANT_KERNEL) for variant in variants_of(rows)}
+
+
+def verdict_matrix(statements: Mapping[str, Sequence]) -> List[str]:
+    """Markdown: one row per variant, one verdict per statement."""
+    numbers = [st.number for st in next(iter(statements.values()))]
+    lines = ['| variant | ' + ' | '.join(numbers) + ' |',
+             '|---|' + '---|' * len(numbers)]
+    for variant, decided in statements.items():
+        lines.append(f'| {variant} | ' +
+                     ' | '.join(st.verdict for st in decided) + ' |')
+    return lines
+
+
+def variant_report(rows: Sequence[dict], arms: Mapping[str, str],
+                   labels: Mapping[str, str], first: int,
+                   mid: Optional[int], last: int) -> List[str]:
+    """The markdown a variants run writes: with a ``mid`` epoch, each
+    statement's verdict under each variant and every variant's findings;
+    then each quantity's rise per variant and method."""
+    from .information_flow import verdict_table
+    lines = []
+    if mid is not None:
+        decided = variant_statements(rows, arms, labels, first, mid, last)
+        lines += [f'Verdicts per estimator (rises epoch {last} - {first}; '
+                  f'"meet" epoch {mid} against {last}):', '']
+        lines += verdict_matrix(decided) + ['']
+        for variant, statements in decided.items():
+            lines += [f'<details><summary>{variant}: findings</summary>', '']
+            lines += verdict_table(statements) + ['', '</details>', '']
+    lines += [f'Change from epoch {first} to {last} per estimator:', '']
+    return lines + variant_table(rows, first, last, labels)

@@ -44,9 +44,39 @@ SMALL_JS_FRACTION = 0.05
 MUCH_SMALLER_RATIO = 0.1
 
 
+#: The methods a statement names, as roles an arm is mapped to.
+ROLES = ('simclr', 'byol', 'barlowtwins', 'spectral')
+
+
 def quantity_key(prefix: str, name: str, kernel: str = 'cov') -> str:
     """``minfo_heldout/mutual_info_cov`` from its parts."""
     return f'{prefix}/{name}_{kernel}'
+
+
+def resolve_roles(names: Sequence[str],
+                  given: Mapping[str, str]) -> Dict[str, str]:
+    """Role -> arm name: ``given``, else the arm named like the role.
+
+    Args:
+        names: The comparison's arm names.
+        given: Roles mapped explicitly (``--arm ROLE=NAME``).
+
+    Returns:
+        Every role of :data:`ROLES`; ``spectral`` only when it is given or
+        an arm bears its name.
+
+    Raises:
+        ValueError: For an unknown role or an empty name.
+    """
+    unknown = sorted(set(given) - set(ROLES))
+    if unknown or not all(given.values()):
+        raise ValueError(f'roles must be ROLE=NAME with ROLE in {ROLES}, '
+                         f'got {dict(given)}')
+    roles = dict(given)
+    for role in ROLES:
+        if role not in roles and (role in names or role != 'spectral'):
+            roles[role] = role
+    return roles
 
 
 def values_at(curves: RunCurves, arm: str, key: str,

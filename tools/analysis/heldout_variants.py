@@ -6,9 +6,14 @@ changes over training under each (see
 
 Example::
 
-    python tools/analysis/heldout_variants.py --out-dir docs/siamese \\
-        --arms simclr byol barlowtwins spectral --seeds 0 1 2 \\
-        --epochs 1 30 --report work_dirs/variants.md
+    python tools/analysis/heldout_variants.py --out-dir work_dirs/siamese \\
+        --arms simclr byol barlowtwins spectral --seeds 0 1 2 3 4 \\
+        --epochs 1 10 30 --report docs/siamese/heldout_variants.md
+
+With three epochs (first, mid-training, last) each of the paper's
+statements is decided again under each estimator, as
+``tools/analysis/information_flow.py`` decides it on the logged curves;
+with two, only the rises are tabulated.
 """
 import argparse
 import sys
@@ -24,9 +29,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='the comparison folder (with its checkpoints)')
     parser.add_argument('--arms', nargs='+', required=True)
     parser.add_argument('--seeds', type=int, nargs='+', required=True)
-    parser.add_argument('--epochs', type=int, nargs=2, required=True,
-                        metavar=('FIRST', 'LAST'),
-                        help='two kept checkpoint epochs compared')
+    parser.add_argument('--epochs', type=int, nargs='+', required=True,
+                        metavar='EPOCH',
+                        help='FIRST [MID] LAST: kept checkpoint epochs')
+    parser.add_argument('--arm', action='append', default=[],
+                        metavar='ROLE=NAME',
+                        help='arm of a statement\'s role (simclr, byol, '
+                        'barlowtwins, spectral); default the role name')
     parser.add_argument('--variants', nargs='+', choices=list(VARIANTS),
                         help='default: all')
     parser.add_argument('--report', required=True,
@@ -36,17 +45,30 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if len(args.epochs) not in (2, 3):
+        print(f'--epochs takes FIRST [MID] LAST, got {args.epochs}',
+              file=sys.stderr)
+        return 2
     import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.comparison import spec as layout
     from mmae_plugin.comparison.heldout_variants import (measure_variants,
-                                                         variant_table)
+                                                         variant_report)
+    from mmae_plugin.comparison.information_flow import resolve_roles
     spec = layout.load(args.out_dir)
     labels = {arm.name: arm.label for arm in spec.arms}
+    first, last = args.epochs[0], args.epochs[-1]
+    mid = args.epochs[1] if len(args.epochs) == 3 else None
+    try:
+        roles = resolve_roles(args.arms, dict(
+            item.partition('=')[::2] for item in args.arm))
+    except ValueError as error:
+        print(f'heldout_variants.py: error: {error}', file=sys.stderr)
+        return 2
     rows = measure_variants(args.out_dir, args.arms, args.seeds,
                             args.epochs, args.variants)
-    first, last = args.epochs
     with open(args.report, 'w') as f:
-        f.write('\n'.join(variant_table(rows, first, last, labels)) + '\n')
+        f.write('\n'.join(variant_report(rows, roles, labels, first, mid,
+                                         last)) + '\n')
     print(f'[heldout_variants] {len(rows)} measurements; table written to '
           f'{args.report}')
     return 0

@@ -16,7 +16,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-ROLES = ('simclr', 'byol', 'barlowtwins', 'spectral')
+from mmae_plugin.comparison.information_flow import ROLES, resolve_roles
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -50,17 +50,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mmae_plugin.comparison.information_flow_report import \
         write_information_flow_page
     from mmae_plugin.comparison.records import read_runs
-    arms = dict(item.partition('=')[::2] for item in args.arm)
-    unknown = set(arms) - set(ROLES)
-    if unknown or not all(arms.values()):
-        print(f'--arm must be ROLE=NAME with ROLE in {ROLES}, got '
-              f'{args.arm}', file=sys.stderr)
-        return 2
+    given = dict(item.partition('=')[::2] for item in args.arm)
     try:
-        names = {a.name for a in read_runs(args.out_dir)[0].arms}
-        for role in ROLES:
-            if role not in arms and (role in names or role != 'spectral'):
-                arms[role] = role
+        names = [a.name for a in read_runs(args.out_dir)[0].arms]
+        arms = resolve_roles(names, given)
         command = 'python tools/analysis/information_flow.py ' + ' '.join(
             map(shlex.quote, argv))
         path = write_information_flow_page(
