@@ -253,6 +253,13 @@ def verdict_matrix(statements: Mapping[str, Sequence]) -> List[str]:
     return lines
 
 
+def variant_legend(variants: Sequence[str]) -> List[str]:
+    """Markdown: what each variant changes in the hook."""
+    return [f'- **{name}**: ' + (f'`{VARIANTS[name]}`' if VARIANTS[name]
+                                 else 'the hook as the run logged it')
+            for name in variants]
+
+
 def variant_report(rows: Sequence[dict], arms: Mapping[str, str],
                    labels: Mapping[str, str], first: int,
                    mid: Optional[int], last: int) -> List[str]:
@@ -260,7 +267,8 @@ def variant_report(rows: Sequence[dict], arms: Mapping[str, str],
     statement's verdict under each variant and every variant's findings;
     then each quantity's rise per variant and method."""
     from .information_flow import verdict_table
-    lines = []
+    lines = ['Estimators (changes to the arm\'s `MatrixInfoHook`):', '']
+    lines += variant_legend(variants_of(rows)) + ['']
     if mid is not None:
         decided = variant_statements(rows, arms, labels, first, mid, last)
         lines += [f'Verdicts per estimator (rises epoch {last} - {first}; '
