@@ -16,6 +16,7 @@ from mmae_plugin.comparison import predictors
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, 'tools', 'analysis', 'label_free_predictors.py')
 STUDY = os.path.join(REPO, 'docs', 'study', 'runs.json')
+SIAMESE_RUNS = os.path.join(REPO, 'docs', 'siamese', 'runs.json')
 
 
 # --------------------------------------------------------------------------
@@ -276,6 +277,27 @@ def test_command_line_on_the_study_gives_the_documented_estimates(
     for key, value in expected.items():
         assert numbers[key]['estimate'] == pytest.approx(value, abs=0.005), \
             key
+
+
+def test_siamese_estimates_are_the_documented_ones():
+    """docs/label_free_predictors.md quotes these from the Siamese
+    campaign's runs.json."""
+    rows = predictors.load_rows(SIAMESE_RUNS)
+    results = predictors.correlations(rows, pooling='mean',
+                                      reference='simclr', resamples=200)
+    got = {(r.setting, r.statistic, r.method): r.estimate for r in results}
+    expected = {
+        ('(a) 4 trained arms at epoch 30', 'rankme_raw', 'spearman'): 0.80,
+        ('(a) 4 trained arms at epoch 30', 'erank_gram', 'spearman'): 0.40,
+        ('(b) byol, epochs 1,2,5,10,20,30', 'erank_cov', 'spearman'):
+            -0.84,
+        ('(b) barlowtwins, epochs 1,2,5,10,20,30', 'rankme_raw',
+         'spearman'): -0.20,
+        ('(b) barlowtwins, epochs 1,2,5,10,20,30', predictors.EPOCH_CONTROL,
+         'spearman'): 0.94,
+    }
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=0.005), key
 
 
 def test_command_line_error_is_one_line(tmp_path):
