@@ -207,6 +207,29 @@ def test_roles_default_to_arm_names_and_reject_unknown_roles():
         flow.resolve_roles([], {'moco': 'moco'})
 
 
+@pytest.mark.parametrize('args, message', [
+    (['--out-dir', 'docs/siamese', '--epochs', '1'],
+     '--epochs takes FIRST [MID] LAST, got [1]'),
+    (['--out-dir', 'no/such/folder', '--epochs', '1', '30'],
+     'comparison.json does not exist'),
+])
+def test_variants_command_line_errors_are_one_line(repo_root, tmp_path, args,
+                                                   message):
+    import subprocess
+    import sys
+    result = subprocess.run(
+        [sys.executable, 'tools/analysis/heldout_variants.py', *args,
+         '--arms', 'simclr', '--seeds', '0', '--report',
+         str(tmp_path / 'report.md')], cwd=repo_root, capture_output=True,
+        text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        line for line in result.stderr.strip().splitlines()
+        if line.startswith('heldout_variants.py: error: ')]
+    assert message in result.stderr
+    assert not (tmp_path / 'report.md').exists()
+
+
 def test_a_checkpoint_measured_again_reproduces_its_logged_values(
         tmp_path, repo_root):
     """The variant path (real runner, load_from, the hook's held-out pass

@@ -47,26 +47,33 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if len(args.epochs) not in (2, 3):
-        print(f'--epochs takes FIRST [MID] LAST, got {args.epochs}',
-              file=sys.stderr)
+        print(f'heldout_variants.py: error: --epochs takes FIRST [MID] '
+              f'LAST, got {args.epochs}', file=sys.stderr)
         return 2
-    import mmae_plugin.registration  # noqa: F401
+    from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
+    with quiet_known_upstream_warnings():
+        import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.comparison import spec as layout
     from mmae_plugin.comparison.heldout_variants import (measure_variants,
                                                          variant_report)
     from mmae_plugin.comparison.information_flow import resolve_roles
-    spec = layout.load(args.out_dir)
-    labels = {arm.name: arm.label for arm in spec.arms}
     first, last = args.epochs[0], args.epochs[-1]
     mid = args.epochs[1] if len(args.epochs) == 3 else None
     try:
+        spec = layout.load(args.out_dir)
         roles = resolve_roles(args.arms, dict(
             item.partition('=')[::2] for item in args.arm))
-    except ValueError as error:
+    except (FileNotFoundError, ValueError) as error:
         print(f'heldout_variants.py: error: {error}', file=sys.stderr)
         return 2
+    labels = {arm.name: arm.label for arm in spec.arms}
     rows = measure_variants(args.out_dir, args.arms, args.seeds,
                             args.epochs, args.variants)
+    if not rows:
+        print(f'heldout_variants.py: error: no kept checkpoint of arms '
+              f'{args.arms}, seeds {args.seeds} at epochs {args.epochs} in '
+              f'{args.out_dir}', file=sys.stderr)
+        return 2
     command = 'python tools/analysis/heldout_variants.py ' + ' '.join(
         map(shlex.quote, sys.argv[1:] if argv is None else argv))
     head = ['# The held-out quantities under other estimators', '',
