@@ -51,7 +51,8 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                        'CONFIG "random" is the evaluation encoder untrained '
                        '(repeat for every arm)')
     group.add_argument('--label', action='append', default=[],
-                       metavar='NAME=TEXT', help='an arm\'s name in the report')
+                       metavar='NAME=TEXT',
+                       help="an arm's name in the report")
     group.add_argument('--reference', required=True,
                        help='the arm every other is paired with')
     group.add_argument('--seeds', type=int, nargs='+', required=True)
