@@ -79,17 +79,34 @@ def verdicts(curves, prefix='minfo_heldout'):
         curves, ROLES, LABELS, first=1, mid=15, last=30, prefix=prefix)}
 
 
-def test_the_paper_holding_is_recognised_statement_by_statement():
-    # MI and JE rise; SimCLR (a=0) and BT (a=2) apart mid-way, equal at
-    # the end; JS small (0.02 of 3 nats ... 0.06) and rising; spectrum JS
-    # a hundredth of it.
-    meet = lambda a, e: (0.5 * (a == 0) * (1 - e / 30))  # noqa: E731
-    curves = make_curves(
+def meet(a, e):
+    """SimCLR (a=0) above the others by 0.5 at epoch 0, equal at 30."""
+    return 0.5 * (a == 0) * (1 - e / 30)
+
+
+def holding_curves():
+    """MI and JE rise; SimCLR and BT (a=2) apart mid-way, equal at the
+    end; JS small (0.02 of 3 nats ... 0.06) and rising; spectrum JS a
+    hundredth of it."""
+    return make_curves(
         mi=lambda a, e: 1 + e / 10 + meet(a, e),
         je=lambda a, e: 4 + e / 20 + meet(a, e),
         js=lambda a, e: 0.02 + 0.002 * e,
         sjs=lambda a, e: 0.0002 + 0.00002 * e)
-    got = verdicts(curves)
+
+
+def failing_curves():
+    """MI falls, SimCLR and BT stay apart, JE falls, JS large, spectrum JS
+    close to the matrix JS, BT ends with less joint entropy."""
+    return make_curves(
+        mi=lambda a, e: 3 - e / 10 + 0.5 * (a == 0),
+        je=lambda a, e: 5 - e / 20 - 0.3 * (a >= 2) + 0.5 * (a == 0),
+        js=lambda a, e: 1.0 - 0.01 * e,
+        sjs=lambda a, e: 0.8 * (1.0 - 0.01 * e))
+
+
+def test_the_paper_holding_is_recognised_statement_by_statement():
+    got = verdicts(holding_curves())
     assert got == {**{n: flow.HOLDS for n in '12345'}, 'J': got['J']}
     # SimCLR meeting Barlow Twins leaves "Barlow Twins ends higher" open;
     # BT and spectral (a >= 2) ending higher than SimCLR and BYOL holds it.
@@ -100,14 +117,7 @@ def test_the_paper_holding_is_recognised_statement_by_statement():
 
 
 def test_the_paper_failing_is_recognised_statement_by_statement():
-    # MI falls, the two stay apart, JE falls, JS large, spectrum JS close
-    # to the matrix JS, BT ends with less joint entropy.
-    curves = make_curves(
-        mi=lambda a, e: 3 - e / 10 + 0.5 * (a == 0),
-        je=lambda a, e: 5 - e / 20 - 0.3 * (a >= 2) + 0.5 * (a == 0),
-        js=lambda a, e: 1.0 - 0.01 * e,
-        sjs=lambda a, e: 0.8 * (1.0 - 0.01 * e))
-    assert verdicts(curves) == {n: flow.FAILS for n in '12345J'}
+    assert verdicts(failing_curves()) == {n: flow.FAILS for n in '12345J'}
 
 
 def test_noise_alone_cannot_tell():
@@ -168,17 +178,7 @@ def test_each_variant_is_decided_by_the_statements_code():
     """A variant logged under its own key suffix (alpha, kernel) is read
     back as curves and decided statement by statement."""
     from mmae_plugin.comparison import heldout_variants as hv
-    meet = lambda a, e: (0.5 * (a == 0) * (1 - e / 30))  # noqa: E731
-    holding = make_curves(
-        mi=lambda a, e: 1 + e / 10 + meet(a, e),
-        je=lambda a, e: 4 + e / 20 + meet(a, e),
-        js=lambda a, e: 0.02 + 0.002 * e,
-        sjs=lambda a, e: 0.0002 + 0.00002 * e)
-    failing = make_curves(
-        mi=lambda a, e: 3 - e / 10 + 0.5 * (a == 0),
-        je=lambda a, e: 5 - e / 20 - 0.3 * (a >= 2) + 0.5 * (a == 0),
-        js=lambda a, e: 1.0 - 0.01 * e,
-        sjs=lambda a, e: 0.8 * (1.0 - 0.01 * e))
+    holding, failing = holding_curves(), failing_curves()
     rows = (variant_rows(holding, 'logged', '_cov') +
             variant_rows(failing, 'alpha2', '_cov_alpha2') +
             variant_rows(holding, 'gram_kernel', '_gram'))
