@@ -57,6 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mmae_plugin.comparison.heldout_variants import (measure_variants,
                                                          variant_report)
     from mmae_plugin.comparison.information_flow import resolve_roles
+    from mmae_plugin.comparison.report import write_page
     first, last = args.epochs[0], args.epochs[-1]
     mid = args.epochs[1] if len(args.epochs) == 3 else None
     try:
@@ -81,9 +82,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f'{", ".join(map(str, args.seeds))} measured again through '
             'the runner (`mmae_plugin/comparison/heldout_variants.py`).',
             '']
-    with open(args.report, 'w') as f:
-        f.write('\n'.join(head + variant_report(
-            rows, roles, labels, first, mid, last)) + '\n')
+    write_page(args.report, head + variant_report(
+        rows, roles, labels, first, mid, last) + [''])
     print(f'[heldout_variants] {len(rows)} measurements; table written to '
           f'{args.report}')
     return 0
