@@ -1,0 +1,22 @@
+# BYOL with a 2048-wide projector (hidden and output): the width control
+# of the section-3 statements (docs/siamese_controls.md). Every method's
+# joint entropy is bounded by ln d; at d = 128 (byol_fmnist.py) that is
+# 4.85 nats, at d = 2048 (Barlow Twins' width in the paper) 7.62.
+_base_ = ['byol_fmnist.py']
+
+model = dict(
+    neck=dict(hid_channels=2048, out_channels=2048),
+    head=dict(predictor=dict(
+        in_channels=2048, hid_channels=2048, out_channels=2048)))
+
+# A d x d covariance from B images has rank at most B - 1: the held-out
+# batches hold 2048 images (2 of them, 4,096 test images), so the estimate
+# is not rank-limited at d = 2048 as 256-image batches would be (ln 256 =
+# 5.5 nats against the ceiling ln 2048 = 7.6). The training-batch values
+# (256 images) stay rank-limited; every 50 iterations, since a 2048 x 2048
+# eigendecomposition costs several steps.
+custom_hooks = [
+    dict(type='MatrixInfoHook', interval=50, kernel='covariance',
+         heldout=dict(_base_.minfo_heldout, num_batches=2, batch_size=2048)),
+    dict(type='DivergenceHook')
+]
