@@ -14,9 +14,11 @@ two branches' embeddings:
 5. the JS divergence of the two eigenvalue distributions is much smaller
    than the matrix JS divergence;
 
-and its theory says Barlow Twins and spectral contrastive learning
-maximise the joint entropy, so they should end higher than SimCLR and
-BYOL. This module decides each from the per-epoch curves
+and its Theorems 1 and 2 say Barlow Twins and spectral contrastive
+learning *seek* maximal mutual information and joint entropy (T1, T2:
+tested as their rise). From Theorem 2 we add a hypothesis the paper does
+not state (J): those two methods end with more joint entropy than SimCLR
+and BYOL. This module decides each from the per-epoch curves
 ``MatrixInfoHook`` logged in a comparison (:mod:`.curves`), with the
 comparison's one kind of interval (:func:`.intervals.t_interval`, 95 %
 Student-t over seeds). A statement *holds* when every interval it needs
@@ -42,6 +44,14 @@ UNDECIDED = 'cannot tell at this scale'
 SMALL_JS_FRACTION = 0.05
 #: "Much smaller": the spectrum JS below this fraction of the matrix JS.
 MUCH_SMALLER_RATIO = 0.1
+#: "Meet" read as equivalence: the end gap within this fraction of the
+#: ceiling ln d (0.24 nats at d = 128). Fixed before the width and length
+#: controls were run: the paper reads "meet" off figures whose axis spans
+#: the quantity's range, and 5 % of it is about what such a figure cannot
+#: separate from equal.
+MEET_MARGIN_FRACTION = 0.05
+#: Equivalence is two one-sided 5 % tests: the 90 % interval in the margin.
+EQUIVALENCE_LEVEL = 0.90
 
 
 #: The methods a statement names, as roles an arm is mapped to.
@@ -208,6 +218,47 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
     return findings, verdict
 
 
+def equivalence_verdict(values: Sequence[float],
+                        margin: float) -> Tuple[Optional[PairedInterval],
+                                                str]:
+    """Whether a paired difference is equivalent to 0 within ``margin``.
+
+    Two one-sided tests at 5 %: holds when the 90 % interval lies inside
+    ``(-margin, margin)``, fails when the 95 % interval lies wholly
+    outside it (the difference is larger than the margin), cannot tell
+    otherwise.
+
+    Returns:
+        The 90 % interval (``None`` without values) and the verdict.
+    """
+    if not values:
+        return None, UNDECIDED
+    iv = t_interval(values, EQUIVALENCE_LEVEL)
+    if not iv.has_interval:
+        return iv, UNDECIDED
+    if -margin < iv.low and iv.high < margin:
+        return iv, HOLDS
+    wide = t_interval(values)
+    if wide.low > margin or wide.high < -margin:
+        return iv, FAILS
+    return iv, UNDECIDED
+
+
+def equivalence_meeting(curves: RunCurves, arm_a: str, arm_b: str,
+                        labels: Tuple[str, str], key: str, last: int,
+                        margin: float) -> Tuple[List[Finding], str]:
+    """Whether two methods' values meet at the end, read as equivalence:
+    their gap at ``last`` is within ``margin`` (:func:`equivalence_verdict`).
+    """
+    at_last = gap(curves, arm_a, arm_b, key, last)
+    iv, verdict = equivalence_verdict(list(at_last.values()), margin)
+    return [Finding(f'{labels[0]} - {labels[1]} at epoch {last} (90 % CI; '
+                    f'margin +-{margin:.3f})', iv,
+                    'within margin' if verdict == HOLDS else
+                    'beyond margin' if verdict == FAILS else
+                    'cannot tell')], verdict
+
+
 def fraction(curves: RunCurves, arm: str, num_key: str, den_key: str,
              epoch: int) -> Optional[PairedInterval]:
     """``num / den`` at ``epoch`` over seeds, its interval on the log
@@ -241,8 +292,10 @@ def below_verdict(interval: Optional[PairedInterval],
 def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
                         labels: Mapping[str, str], first: int, mid: int,
                         last: int, prefix: str = 'minfo_heldout',
-                        kernel: str = 'cov') -> List[Statement]:
-    """Statements 1-5 and the joint-entropy objective, decided.
+                        kernel: str = 'cov',
+                        meet_margin: Optional[float] = None
+                        ) -> List[Statement]:
+    """Statements 1-5 and the joint-entropy hypothesis J, decided.
 
     Args:
         curves: The comparison's per-run curves.
@@ -256,6 +309,9 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
         prefix: The hook's key prefix (``minfo_heldout``: the fixed
             held-out batches; ``minfo``: the training batches).
         kernel: The logged kernel (``cov``: batch-normalised covariance).
+        meet_margin: ``None``: "meet at the end" is a gap that cannot be
+            told from 0 (:func:`meeting_findings`); a margin in nats: a
+            gap equivalent to 0 within it (:func:`equivalence_meeting`).
 
     Returns:
         The statements in order, each with its findings and verdict.
@@ -263,9 +319,16 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
     key = {name: quantity_key(prefix, name, kernel) for name in (
         'mutual_info', 'joint_entropy', 'matrix_js', 'spectrum_js',
         'entropy_1')}
-    paper = [arms[r] for r in ('simclr', 'byol', 'barlowtwins')]
+    paper = [arms[r] for r in ('simclr', 'byol', 'barlowtwins') if r in arms]
     simclr, barlow = arms['simclr'], arms['barlowtwins']
     pair = (labels[simclr], labels[barlow])
+
+    def meeting(quantity: str) -> Tuple[List[Finding], str]:
+        if meet_margin is None:
+            return meeting_findings(curves, simclr, barlow, pair,
+                                    key[quantity], mid, last)
+        return equivalence_meeting(curves, simclr, barlow, pair,
+                                   key[quantity], last, meet_margin)
 
     def rises(quantity: str) -> List[Finding]:
         return [rise_finding(curves, arm, labels[arm], key[quantity],
@@ -277,14 +340,12 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
         '1', 'The matrix mutual information rises during training '
         '(SimCLR, BYOL, Barlow Twins).', findings,
         all_of([f.verdict for f in findings])))
-    findings, verdict = meeting_findings(curves, simclr, barlow, pair,
-                                         key['mutual_info'], mid, last)
+    findings, verdict = meeting('mutual_info')
     statements.append(Statement(
         '2', "SimCLR's and Barlow Twins' mutual information meet at the "
         'end of training.', findings, verdict))
     rising = rises('joint_entropy')
-    meet, meet_verdict = meeting_findings(curves, simclr, barlow, pair,
-                                          key['joint_entropy'], mid, last)
+    meet, meet_verdict = meeting('joint_entropy')
     statements.append(Statement(
         '3', "The matrix joint entropy rises during training, and SimCLR's "
         "and Barlow Twins' meet at the end.", rising + meet,
@@ -319,10 +380,11 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
 def joint_entropy_objective(curves: RunCurves, arms: Mapping[str, str],
                             labels: Mapping[str, str], last: int,
                             key: str) -> Statement:
-    """Barlow Twins and spectral contrastive end with a higher joint
-    entropy than SimCLR and BYOL (every such pair, by seed)."""
+    """Our hypothesis J from Theorem 2 (the paper does not state it):
+    Barlow Twins and spectral contrastive end with a higher joint entropy
+    than SimCLR and BYOL (every such pair, by seed)."""
     maximisers = [arms[r] for r in ('barlowtwins', 'spectral') if r in arms]
-    others = [arms['simclr'], arms['byol']]
+    others = [arms[r] for r in ('simclr', 'byol') if r in arms]
     findings = []
     for high in maximisers:
         for low in others:
@@ -332,9 +394,56 @@ def joint_entropy_objective(curves: RunCurves, arms: Mapping[str, str],
                 f'{labels[high]} - {labels[low]} at epoch {last}', iv,
                 sign_verdict(iv)))
     return Statement(
-        'J', 'Barlow Twins and spectral contrastive learning, which maximise '
-        'the joint entropy, end with more of it than SimCLR and BYOL.',
+        'J', 'Our hypothesis from Theorem 2, not a claim of the paper: '
+        'Barlow Twins and spectral contrastive learning, which seek maximal '
+        'joint entropy, end with more of it than SimCLR and BYOL.',
         findings, all_of([f.verdict for f in findings]))
+
+
+def theorem_statements(curves: RunCurves, arms: Mapping[str, str],
+                       labels: Mapping[str, str], first: int, last: int,
+                       prefix: str = 'minfo_heldout', kernel: str = 'cov',
+                       ceiling: Optional[float] = None) -> List[Statement]:
+    """The paper's Theorems 1 and 2 as they are stated: Barlow Twins and
+    spectral contrastive learning *seek* maximal mutual information (T1)
+    and joint entropy (T2), tested as the quantity rising from ``first``
+    to ``last`` for each of them.
+
+    Args:
+        curves: The comparison's per-run curves.
+        arms: Role -> arm name (``spectral`` optional).
+        labels: Arm name -> its label on the page.
+        first: The epoch a rise is measured from.
+        last: The last epoch.
+        prefix: The hook's key prefix.
+        kernel: The logged kernel.
+        ceiling: ``ln d``; when given, each method's value at ``last`` as
+            a fraction of it is reported too (how close the seeking got).
+
+    Returns:
+        Statements T1 and T2.
+    """
+    seekers = [arms[r] for r in ('barlowtwins', 'spectral') if r in arms]
+    statements = []
+    for number, quantity, name in (('T1', 'mutual_info',
+                                    'mutual information'),
+                                   ('T2', 'joint_entropy', 'joint entropy')):
+        key = quantity_key(prefix, quantity, kernel)
+        findings = [rise_finding(curves, arm, labels[arm], key, first, last)
+                    for arm in seekers]
+        verdict = all_of([f.verdict for f in findings])
+        if ceiling is not None:
+            for arm in seekers:
+                values = [v / ceiling for v in
+                          values_at(curves, arm, key, last).values()]
+                findings.append(Finding(
+                    f'{labels[arm]}: {name} / ln d at epoch {last}',
+                    interval_of(values), 'of the ceiling', ratio=True))
+        statements.append(Statement(
+            number, f'Theorem {number[1]}: Barlow Twins and spectral '
+            f'contrastive learning seek maximal {name} (it rises during '
+            'training).', findings, verdict))
+    return statements
 
 
 def format_interval(interval: Optional[PairedInterval], digits: int = 3,

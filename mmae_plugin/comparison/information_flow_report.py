@@ -8,6 +8,7 @@ of the seeds shaded; then decides the paper's statements
 colour and marker of the comparison report (:func:`.report.arm_style`).
 """
 import datetime
+import math
 import os.path as osp
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -28,10 +29,18 @@ FIGURES = {
         'Figure 2: matrix joint entropy of the branches',
         [('joint_entropy', 'joint entropy (nats)')]),
     'figure3_js_divergence': (
-        'Figure 3: JS divergence between the branches',
+        'Figure 3: JS divergence between the branches (log scale)',
         [('matrix_js', '(a) matrix JS divergence (nats)'),
          ('spectrum_js', '(b) JS divergence of the eigenvalues (nats)')]),
 }
+#: Quantities bounded by ln d: their panels draw the ceiling.
+BOUNDED_BY_LN_D = ('mutual_info', 'joint_entropy')
+#: Quantities drawn on a log scale: BYOL's early JS divergence is 10-100
+#: times the others', which hides every other curve on a linear axis.
+LOG_SCALE = ('matrix_js', 'spectrum_js')
+#: The figure stem's suffix per hook prefix (held-out figures keep the
+#: paper's names).
+FIGURE_SUFFIX = {'minfo_heldout': '', 'minfo': '_training'}
 
 
 def seed_curves(curves: RunCurves, arm: str,
@@ -47,9 +56,11 @@ def seed_curves(curves: RunCurves, arm: str,
 
 def plot_quantities(curves: RunCurves, spec: Comparison,
                     panels: Sequence[tuple], prefix: str, kernel: str,
-                    title: str, path: str) -> str:
+                    title: str, path: str,
+                    ceiling: Optional[float] = None) -> str:
     """One panel per quantity: per arm the mean over seeds, the seeds'
-    range shaded, epoch 0 the initialisation."""
+    range shaded, epoch 0 the initialisation; the ceiling ``ln d`` on the
+    panels of quantities bounded by it, JS divergences on a log scale."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), squeeze=False,
                              figsize=(4.8 * len(panels), 3.8))
@@ -68,12 +79,19 @@ def plot_quantities(curves: RunCurves, spec: Comparison,
             ax.plot(epochs, [float(np.mean(v)) for v in points.values()],
                     markevery=max(1, len(epochs) // 10), ms=4, **style,
                     label=f'{arm.label} (n={runs})')
+        if ceiling is not None and quantity in BOUNDED_BY_LN_D:
+            ax.axhline(ceiling, color='0.3', ls='--', lw=1,
+                       label=f'ceiling ln d = {ceiling:.2f}')
+        if quantity in LOG_SCALE:
+            ax.set_yscale('log')
         ax.set_xlabel('training epoch (0: initialisation)')
         ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, which='both')
     legend_outside(fig, axes)
+    where = ('held-out batches' if prefix.endswith('_heldout') else
+             'training batches, mean over each epoch')
     fig.suptitle(f'{title}\nmean over seeds, range of the seeds shaded '
-                 f'({prefix}, {kernel} kernel)')
+                 f'({where}: {prefix}, {kernel} kernel)')
     fig.tight_layout()
     return save(fig, path)
 
@@ -110,7 +128,8 @@ def write_information_flow_page(out_dir: str, report: str,
                                 prefixes: Sequence[str] = (
                                     'minfo_heldout', 'minfo'),
                                 kernel: str = 'cov',
-                                notes: Optional[str] = None) -> str:
+                                notes: Optional[str] = None,
+                                feature_dim: int = 128) -> str:
     """Figures 1-3 and the statements' verdicts of a comparison.
 
     Args:
@@ -122,9 +141,10 @@ def write_information_flow_page(out_dir: str, report: str,
         command: The command line the page names.
         first: Epoch a rise is measured from.
         mid: Mid-training epoch (default: half the comparison's epochs).
-        prefixes: Hook key prefixes decided, the first drawn.
+        prefixes: Hook key prefixes decided and drawn.
         kernel: The logged kernel.
         notes: A markdown file appended to the page as it is.
+        feature_dim: The embedding width d (the figures' ceiling ln d).
 
     Returns:
         The page's path.
@@ -162,7 +182,7 @@ def write_information_flow_page(out_dir: str, report: str,
              f'means below {flow.SMALL_JS_FRACTION:g} of the branch '
              f'entropy, "much smaller" (5) below {flow.MUCH_SMALLER_RATIO:g}'
              ' times the matrix JS divergence.', '']
-    for i, prefix in enumerate(prefixes):
+    for prefix in prefixes:
         statements = flow.evaluate_statements(curves, arms, labels, first,
                                               mid, last, prefix, kernel)
         where = ('the fixed held-out batches' if prefix.endswith('_heldout')
@@ -171,12 +191,12 @@ def write_information_flow_page(out_dir: str, report: str,
                   '| # | verdict |', '|---|---|',
                   *[f'| {s.number} | {s.verdict} |' for s in statements],
                   '', *flow.verdict_table(statements), '']
-        if i == 0:
-            for stem, (title, panels) in FIGURES.items():
-                path = plot_quantities(curves, spec, panels, prefix, kernel,
-                                       title, osp.join(fig_dir,
-                                                       stem + '.png'))
-                lines += [f'![{title}]({link(path)})', '']
+        for stem, (title, panels) in FIGURES.items():
+            stem += FIGURE_SUFFIX.get(prefix, '_' + prefix)
+            path = plot_quantities(curves, spec, panels, prefix, kernel,
+                                   title, osp.join(fig_dir, stem + '.png'),
+                                   math.log(feature_dim))
+            lines += [f'![{title}, {where}]({link(path)})', '']
         lines += [f'Values (mean ± std over seeds, `{prefix}`):', '',
                   *value_table(curves, spec, prefix, kernel,
                                sorted({0, first, mid, last})), '']

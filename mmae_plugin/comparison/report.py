@@ -412,19 +412,55 @@ def plot_rank_scatter(rows: List[dict], spec: Comparison, pooling: str,
 
 
 def correlation(rows: List[dict], spec: Comparison, epoch: int, x_key: str,
-                y_key: str) -> Tuple[Optional[float], int]:
-    """Pearson correlation over every run at ``epoch`` and its n."""
+                y_key: str, trained_only: bool = False
+                ) -> Tuple[Optional[float], Optional[float], int]:
+    """Pearson correlation over the runs at ``epoch``, its two-sided
+    p-value (scipy's) and n.
+
+    Args:
+        rows: The evaluation records.
+        spec: The comparison.
+        epoch: The epoch (a random-init arm's runs count at epoch 0).
+        x_key: The first quantity.
+        y_key: The second.
+        trained_only: Leave the random-init arms out.
+
+    Returns:
+        ``(r, p, n)``; ``r`` and ``p`` are ``None`` below 3 runs or for a
+        constant quantity.
+    """
+    from scipy import stats
     pairs = []
     for arm in spec.arms:
+        if trained_only and not arm.trains:
+            continue
         xs, ys = values(rows, arm, epoch, x_key), values(rows, arm, epoch,
                                                          y_key)
         pairs += [(xs[s], ys[s]) for s in sorted(set(xs) & set(ys))]
     if len(pairs) < 3:
-        return None, len(pairs)
+        return None, None, len(pairs)
     x, y = np.array(pairs).T
     if x.std() == 0 or y.std() == 0:
-        return None, len(pairs)
-    return float(np.corrcoef(x, y)[0, 1]), len(pairs)
+        return None, None, len(pairs)
+    result = stats.pearsonr(x, y)
+    return float(result.statistic), float(result.pvalue), len(pairs)
+
+
+def correlation_line(rows: List[dict], spec: Comparison, epoch: int,
+                     x_key: str, y_key: str, what: str) -> str:
+    """A markdown bullet: the correlation over the trained runs, and, when
+    the comparison has random-init runs, with them as well (they sit at
+    the bottom-left and make almost any correlation look strong)."""
+    r, p, n = correlation(rows, spec, epoch, x_key, y_key,
+                          trained_only=True)
+    text = (f'* Pearson correlation of {what} over the {n} trained runs at '
+            f'epoch {epoch}: ' +
+            ('n/a' if r is None else f'{r:+.2f} (p = {p:.2g})'))
+    if any(not arm.trains for arm in spec.arms):
+        r_all, _, n_all = correlation(rows, spec, epoch, x_key, y_key)
+        text += (f'; with the {n_all - n} random-init runs as well: ' +
+                 ('n/a' if r_all is None else f'{r_all:+.2f}'))
+    return text + '.'
 
 
 def option_sweeps(spec: Comparison) -> Dict[str, List[List[Arm]]]:
@@ -519,11 +555,9 @@ def figure_sections(rows: List[dict], spec: Comparison, epoch: int,
         rank = next((k for k in SCATTER_RANKS if k in ranks), ranks[0])
         lines += [f'## Accuracy against effective rank (`{rank[5:]}`)', '']
         for key in accuracy_keys(rows, pooling):
-            r, n = correlation(rows, spec, epoch, f'{pooling}/{rank}',
-                               f'{pooling}/{key}')
-            lines.append(f'* Pearson correlation of {metric_label(key)} '
-                         f'with `{rank[5:]}` over the {n} runs at epoch '
-                         f'{epoch}: {"n/a" if r is None else f"{r:+.2f}"}.')
+            lines.append(correlation_line(
+                rows, spec, epoch, f'{pooling}/{rank}', f'{pooling}/{key}',
+                f'{metric_label(key)} with `{rank[5:]}`'))
         path = plot_rank_scatter(rows, spec, pooling, rank, epoch,
                                  osp.join(fig_dir, 'accuracy_vs_rank.png'))
         lines += ['', f'![accuracy against effective rank]({link(path)})',

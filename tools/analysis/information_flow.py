@@ -37,8 +37,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='mid-training epoch (default half the epochs)')
     parser.add_argument('--prefixes', nargs='+',
                         default=['minfo_heldout', 'minfo'],
-                        help='MatrixInfoHook key prefixes to decide on; '
-                        'the first is drawn')
+                        help='MatrixInfoHook key prefixes to decide on and '
+                        'draw')
+    parser.add_argument('--feature-dim', type=int, default=128,
+                        help='embedding width d (the figures draw ln d)')
     parser.add_argument('--kernel', default='cov', choices=('cov', 'gram'))
     parser.add_argument('--notes', help='markdown appended to the page')
     return parser.parse_args(argv)
@@ -52,13 +54,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mmae_plugin.comparison.records import read_runs
     given = dict(item.partition('=')[::2] for item in args.arm)
     try:
+        if args.feature_dim < 2:
+            raise ValueError(f'--feature-dim must be >= 2, got '
+                             f'{args.feature_dim}')
         names = [a.name for a in read_runs(args.out_dir)[0].arms]
         arms = resolve_roles(names, given)
         command = 'python tools/analysis/information_flow.py ' + ' '.join(
             map(shlex.quote, argv))
         path = write_information_flow_page(
             args.out_dir, args.report, arms, command, args.first, args.mid,
-            args.prefixes, args.kernel, args.notes)
+            args.prefixes, args.kernel, args.notes, args.feature_dim)
     except (ValueError, FileNotFoundError) as error:
         print(f'information_flow.py: error: {error}', file=sys.stderr)
         return 2
