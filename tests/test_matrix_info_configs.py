@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ['simclr', 'byol', 'barlowtwins']
 CONFIGS = [f'configs/fashion_mnist/{m}_fmnist.py'
            for m in METHODS + ['spectral']] + \
-    [f'configs/cifar10/{m}_cifar10.py' for m in METHODS]
+    [f'configs/cifar10/{m}_cifar10.py' for m in METHODS + ['spectral']]
 
 
 @pytest.mark.parametrize('path', CONFIGS)
@@ -28,7 +28,7 @@ def test_config_loads_plugin_and_hook(path):
     assert hooks[0]['interval'] % logger_interval == 0
 
 
-@pytest.mark.parametrize('method', METHODS)
+@pytest.mark.parametrize('method', METHODS + ['spectral'])
 def test_cifar10_model_trains_one_step_on_32px_views(method):
     cfg = Config.fromfile(os.path.join(REPO, f'configs/cifar10/'
                                        f'{method}_cifar10.py'))
@@ -56,3 +56,29 @@ def test_cifar10_without_data_fails_with_the_folder_in_the_message(
     with pytest.raises(RuntimeError, match='Cannot find CIFAR10 dataset in '
                        '.*no_cifar_here'):
         DATASETS.build(dataset_cfg)
+
+
+@pytest.mark.parametrize('method', METHODS + ['spectral'])
+def test_cifar10_heldout_covariance_is_not_rank_limited(method):
+    """The held-out batches hold at least d images for every method's
+    projector width d (docs/siamese_controls.md)."""
+    cfg = Config.fromfile(os.path.join(REPO, f'configs/cifar10/'
+                                       f'{method}_cifar10.py'))
+    hook, = [h for h in cfg.custom_hooks if h['type'] == 'MatrixInfoHook']
+    assert hook['heldout']['dataset']['split'] == 'test'
+    assert hook['heldout']['batch_size'] >= cfg.model.neck.out_channels
+
+
+def test_cifar10_knn_evaluation_reads_the_trained_backbone():
+    """The kNN config's encoder has exactly the trained configs' backbone
+    parameters and buffers, so their checkpoints load into it."""
+    init_default_scope('mmpretrain')
+    knn = MODELS.build(Config.fromfile(os.path.join(
+        REPO, 'configs/cifar10/knn_cifar10_resnet.py')).model)
+    expected = {k: v.shape
+                for k, v in knn.image_encoder.state_dict().items()}
+    for method in METHODS + ['spectral']:
+        cfg = Config.fromfile(os.path.join(REPO, f'configs/cifar10/'
+                                           f'{method}_cifar10.py'))
+        trained = MODELS.build(cfg.model).backbone.state_dict()
+        assert {k: v.shape for k, v in trained.items()} == expected, method

@@ -79,5 +79,27 @@ cifar10_default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(type='SafeCheckpointHook', interval=20, max_keep_ckpts=3))
 runner_type = 'MMAERunner'  # verified auto-resume (docs/reliability.md)
-custom_hooks = [dict(type='MatrixInfoHook', interval=50, kernel='covariance'),
+# Per epoch and before training, the same quantities on a fixed held-out
+# set: 2 batches of 2,048 test images with the same two views at every
+# epoch (seed 0), BatchNorm in train mode as on the training batches. 2,048
+# images per batch: the covariance of the widest projector here (Barlow
+# Twins', 2048-d) is then not rank-limited, and every method is measured
+# alike (docs/siamese_controls.md). About 2 s per measurement on one GPU.
+cifar10_heldout = dict(
+    dataset=dict(
+        type='CIFAR10',
+        data_root=cifar10_data_root,
+        split='test',
+        download=False,
+        pipeline=[
+            dict(type='MultiView', num_views=2,
+                 transforms=[cifar10_view_pipeline]),
+            dict(type='PackInputs')
+        ]),
+    num_batches=2,
+    batch_size=2048,
+    seed=0,
+    mode='train')
+custom_hooks = [dict(type='MatrixInfoHook', interval=50, kernel='covariance',
+                     heldout=cifar10_heldout),
                 dict(type='DivergenceHook')]
