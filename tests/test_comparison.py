@@ -1,4 +1,4 @@
-"""The comparison tool (tools/compare.py, mmae_plugin.comparison).
+"""The comparison tool (tools/compare.py, mmae_compare).
 
 Library tests (intervals against closed forms, low-shot subsets, the spec,
 the schedule, the report's tables), the shipped study pages rebuilt from
@@ -19,10 +19,9 @@ import time
 import numpy as np
 import pytest
 
-from mmae_plugin.comparison.intervals import (NO_INTERVAL, mean_std,
-                                              paired_interval, t_interval)
-from mmae_plugin.comparison.spec import (Arm, Comparison, Protocol,
-                                         parse_arm)
+from mmae_compare.intervals import (NO_INTERVAL, mean_std, paired_interval,
+                                    t_interval)
+from mmae_compare.spec import Arm, Comparison, Protocol, parse_arm
 from mmae_plugin.evaluation.lowshot import lowshot_indices
 
 SCRIPT = 'tools/compare.py'
@@ -93,7 +92,8 @@ def test_lowshot_subsets_are_fixed_per_seed_and_balanced():
 
 def test_every_pooling_from_cls_mean_features():
     import torch
-    from mmae_plugin.comparison.protocol import split_poolings
+
+    from mmae_compare.protocol import split_poolings
     from mmae_plugin.models.necks import pool_tokens
     tokens = torch.randn(5, 50, 8, generator=torch.Generator().manual_seed(0))
     split = split_poolings(pool_tokens(tokens, 'cls+mean'), 'cls+mean',
@@ -148,7 +148,7 @@ def test_spec_round_trips_through_json_and_refuses_inconsistencies():
 
 def test_a_recorded_comparison_refuses_another_in_its_folder(tmp_path,
                                                              repo_root):
-    from mmae_plugin.comparison.spec import freeze, frozen_config_path, load
+    from mmae_compare.spec import freeze, frozen_config_path, load
     os.chdir(repo_root)
     spec = small_spec()
     assert freeze(str(tmp_path), spec) == spec
@@ -160,14 +160,14 @@ def test_a_recorded_comparison_refuses_another_in_its_folder(tmp_path,
         freeze(str(tmp_path), small_spec(seeds=(0, 1, 2)))
 
 
-def test_restore_takes_up_finished_results_and_refuses_another(tmp_path,
-                                                              repo_root):
+def test_restore_takes_up_finished_results_and_refuses_another(
+        tmp_path, repo_root):
     """A runs.json carried to a fresh folder: its records and curves go
     into the run folders, finished runs are skipped, the rest is pending,
     and values logged afterwards override restored curve points."""
-    from mmae_plugin.comparison import records
-    from mmae_plugin.comparison.jobs import pending_epochs
-    from mmae_plugin.comparison.spec import freeze
+    from mmae_compare import records
+    from mmae_compare.jobs import pending_epochs
+    from mmae_compare.spec import freeze
     os.chdir(repo_root)
     spec = small_spec()
     rows = [{'arm': 'mae', 'seed': 0, 'epoch': e, 'cls/linear_top1': 80.0 + e}
@@ -203,7 +203,7 @@ def test_restore_takes_up_finished_results_and_refuses_another(tmp_path,
 
 
 def test_schedule_is_stretched_to_the_comparison_epochs():
-    from mmae_plugin.comparison.training import fit_schedule
+    from mmae_compare.training import fit_schedule
     schedule = [dict(type='LinearLR', by_epoch=True, begin=0, end=1),
                 dict(type='CosineAnnealingLR', T_max=4, by_epoch=True,
                      begin=1, end=5, eta_min=0.0)]
@@ -221,7 +221,7 @@ def test_schedule_is_stretched_to_the_comparison_epochs():
 # The report's tables
 # ----------------------------------------------------------------------------
 def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
-    from mmae_plugin.comparison.report import results_table, summary_lines
+    from mmae_compare.report import results_table, summary_lines
     spec = small_spec(seeds=(0, 1, 2, 3, 4))
     wobble = (0.3, -0.3, 0.2, -0.2, 0.0)
     rows = []
@@ -250,7 +250,7 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
 
 
 def test_option_sweeps_group_arms_differing_in_one_number():
-    from mmae_plugin.comparison.report import option_sweeps
+    from mmae_compare.report import option_sweeps
     arms = [parse_arm('mae=m.py')] + [
         parse_arm(f'm{lam}=x.py a.lam={lam} a.mu=1') for lam in (1, 2, 3)
     ] + [parse_arm(f'u{mu}=x.py a.lam=1 a.mu={mu}') for mu in (2, 3)]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mmae_plugin.comparison import information_flow as flow
-from mmae_plugin.comparison.curves import (curves_from_json, curves_to_json,
-                                           read_epoch_curves)
+from mmae_compare.curves import (curves_from_json, curves_to_json,
+                                 read_epoch_curves)
+from studies import information_flow as flow
 
 
 def log_segment(run_dir, name, records):
@@ -177,7 +177,7 @@ def variant_rows(curves, variant, suffix):
 def test_each_variant_is_decided_by_the_statements_code():
     """A variant logged under its own key suffix (alpha, kernel) is read
     back as curves and decided statement by statement."""
-    from mmae_plugin.comparison import heldout_variants as hv
+    from studies import heldout_variants as hv
     holding, failing = holding_curves(), failing_curves()
     rows = (variant_rows(holding, 'logged', '_cov') +
             variant_rows(failing, 'alpha2', '_cov_alpha2') +
@@ -238,7 +238,7 @@ def test_a_checkpoint_measured_again_reproduces_its_logged_values(
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    from mmae_plugin.comparison.heldout_variants import measure_checkpoint
+    from studies.heldout_variants import measure_checkpoint
     cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/'
                           'simclr_fmnist.py')
     cfg.merge_from_dict({

@@ -29,9 +29,9 @@ import shlex
 import sys
 from typing import List, Optional, Sequence
 
-from mmae_plugin.comparison import records, spec as layout
-from mmae_plugin.comparison.spec import (Comparison, Protocol, parse_arm,
-                                         parse_options)
+from mmae_compare import records
+from mmae_compare import spec as layout
+from mmae_compare.spec import Comparison, Protocol, parse_arm, parse_options
 
 
 def positive(text: str) -> int:
@@ -162,7 +162,7 @@ def spec_of(args: argparse.Namespace) -> Comparison:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    from mmae_plugin.comparison import jobs
+    from mmae_compare import jobs
     spec = layout.freeze(args.out_dir, spec_of(args))
     if args.restore:
         restored = records.restore_runs(args.out_dir, args.restore)
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 
 
 def report(args: argparse.Namespace, command: str) -> None:
-    from mmae_plugin.comparison.report import write_report
+    from mmae_compare.report import write_report
     path = write_report(args.out_dir, args.report, command, args.title,
                         args.notes)
     print(f'[compare] report written to {path}', flush=True)

@@ -1,7 +1,7 @@
 """Figures 1-3 of *Information Flow in Self-Supervised Learning* and a
 verdict on each of its statements, from a ``tools/compare.py`` comparison
 of Siamese methods trained with ``MatrixInfoHook`` (its per-epoch curves
-in ``runs.json``; see ``mmae_plugin.comparison.information_flow``).
+in ``runs.json``; see ``studies.information_flow``).
 
 Example::
 
@@ -12,11 +12,18 @@ Arms are found by name (``simclr``, ``byol``, ``barlowtwins``,
 ``spectral``); ``--arm ROLE=NAME`` maps other names.
 """
 import argparse
+import os.path as osp
 import shlex
 import sys
 from typing import Optional, Sequence
 
-from mmae_plugin.comparison.information_flow import ROLES, resolve_roles
+# The studies (studies/) are this repository's, not the plugin's: run from a
+# checkout, with its root importable wherever the script is started from.
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from studies.information_flow import ROLES, resolve_roles  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -47,9 +54,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from mmae_plugin.comparison.information_flow_report import \
-        write_information_flow_page
-    from mmae_plugin.comparison.records import read_runs
+    from mmae_compare.records import read_runs
+    from studies.information_flow_report import write_information_flow_page
     given = dict(item.partition('=')[::2] for item in args.arm)
     try:
         names = [a.name for a in read_runs(args.out_dir)[0].arms]

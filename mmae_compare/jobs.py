@@ -160,7 +160,8 @@ def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,
 
 def barrier() -> None:
     """Wait for every rank of a multi-GPU job (no-op otherwise)."""
-    from mmengine.dist import barrier as dist_barrier, is_distributed
+    from mmengine.dist import barrier as dist_barrier
+    from mmengine.dist import is_distributed
     if is_distributed():
         dist_barrier()
 
@@ -327,4 +328,3 @@ def unfinished_runs(out_dir: str, spec: Comparison) -> List[Tuple[str, int]]:
     """Runs with an evaluation record missing, seed-major."""
     return [(arm, seed) for arm, seed in spec.runs()
             if pending_epochs(out_dir, spec, arm, seed)]
-

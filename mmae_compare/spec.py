@@ -343,6 +343,7 @@ def freeze(out_dir: str, spec: Comparison) -> Comparison:
                 'rerun with the recorded settings or use a new --out-dir')
         return recorded
     from mmengine.config import Config
+
     import mmae_plugin.registration  # noqa: F401  (the plugin's modules)
     for name, config in configs_to_freeze(spec).items():
         target = frozen_config_path(out_dir, name)

@@ -1,11 +1,12 @@
 """The information-flow page of a comparison: figures 1-3 and verdicts.
 
 Reads ``runs.json`` (the per-epoch curves ``MatrixInfoHook`` logged, see
-:mod:`.curves`) and draws the paper's figures as it draws them, one curve
-per method over training epochs, here the mean over seeds with the range
-of the seeds shaded; then decides the paper's statements
+:mod:`mmae_compare.curves`) and draws the paper's figures as it draws them,
+one curve per method over training epochs, here the mean over seeds with
+the range of the seeds shaded; then decides the paper's statements
 (:mod:`.information_flow`) and writes a markdown page. Arms keep the
-colour and marker of the comparison report (:func:`.report.arm_style`).
+colour and marker of the comparison report
+(:func:`mmae_compare.report.arm_style`).
 """
 import datetime
 import os.path as osp
@@ -13,11 +14,12 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from mmae_compare.records import read_curves, read_runs
+from mmae_compare.report import (_pyplot, arm_style, legend_outside, save,
+                                 write_page)
+from mmae_compare.spec import Comparison
 from . import information_flow as flow
 from .information_flow import RunCurves
-from .records import read_curves, read_runs
-from .report import _pyplot, arm_style, legend_outside, save, write_page
-from .spec import Comparison
 
 #: The figures: file stem -> (title, [(quantity, panel title)]).
 FIGURES = {

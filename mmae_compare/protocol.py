@@ -23,11 +23,8 @@ from torch import Tensor
 from mmae_plugin.evaluation.frozen import accuracy, extract_features
 from mmae_plugin.evaluation.knn import knn_class_scores
 from mmae_plugin.evaluation.linear_probe import fit_linear_probe
+from mmae_plugin.evaluation.lowshot import fit_lowshot_probe, lowshot_indices
 from mmae_plugin.evaluation.statistics import representation_statistics
-
-from mmae_plugin.evaluation.lowshot import (fit_lowshot_probe,
-                                            lowshot_indices)
-
 
 #: Test queries classified at once: bounds the float64 similarity matrix at
 #: QUERY_CHUNK x (training images) (250 MB for 60,000).

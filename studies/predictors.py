@@ -38,8 +38,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from .records import checked_runs, read_runs
-from .spec import read_json
+from mmae_compare.records import checked_runs, read_runs
+from mmae_compare.spec import read_json
 
 #: The statistics the study logs for every evaluation (prefix ``repr/``).
 STATISTICS = ('erank_cov', 'erank_gram', 'rankme_raw', 'tcr_reference_mu1')
@@ -108,7 +108,7 @@ def load_rows(path: str) -> List[dict]:
 
     Args:
         path: A comparison's out dir (read by
-            :func:`mmae_plugin.comparison.records.read_runs`, which first
+            :func:`mmae_compare.records.read_runs`, which first
             rebuilds its ``runs.json`` from the run folders if they are
             there), a ``runs.json`` file (read as it is, under any name),
             or a JSON list of records.

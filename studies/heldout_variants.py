@@ -16,7 +16,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from mmengine.hooks import Hook
 
-from . import spec as layout
+from mmae_compare import spec as layout
 
 #: Variant name -> changes to the Siamese configs' hook (``heldout`` keys
 #: go to its held-out settings). ``logged`` repeats the hook as configured
@@ -228,7 +228,7 @@ def variant_statements(rows: Sequence[dict], arms: Mapping[str, str],
         rows: :func:`measure_variants` records at ``first``, ``mid`` and
             ``last``.
         arms: Role -> arm name
-            (:func:`~mmae_plugin.comparison.information_flow.resolve_roles`).
+            (:func:`~studies.information_flow.resolve_roles`).
         labels: Arm name -> label.
         first, mid, last: The epochs of a rise and of "meet at the end".
         prefix: The hook's key prefix.

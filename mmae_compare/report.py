@@ -288,7 +288,7 @@ def legend_outside(fig, axes) -> None:
                 handles[label] = handle
                 labels.append(label)
     if labels:
-        fig.legend([handles[l] for l in labels], labels,
+        fig.legend([handles[label] for label in labels], labels,
                    loc='center left', bbox_to_anchor=(1.0, 0.5))
 
 

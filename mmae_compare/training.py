@@ -14,7 +14,7 @@ epoch.
 import copy
 import os
 import os.path as osp
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 from mmengine.hooks import Hook
 

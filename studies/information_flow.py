@@ -28,8 +28,8 @@ import dataclasses
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .curves import Curves
-from .intervals import PairedInterval, t_interval
+from mmae_compare.curves import Curves
+from mmae_compare.intervals import PairedInterval, t_interval
 
 #: (arm, seed) -> that run's curves.
 RunCurves = Mapping[Tuple[str, int], Curves]
@@ -183,7 +183,7 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
     mid_iv, last_iv = interval_of(list(at_mid.values())), \
         interval_of(list(at_last.values()))
     shrink_iv = interval_of(paired(at_mid, at_last,
-                                   lambda m, l: abs(m) - abs(l)))
+                                   lambda mid, last: abs(mid) - abs(last)))
     apart_at_end = sign_verdict(last_iv) != UNDECIDED
     apart_mid = sign_verdict(mid_iv) != UNDECIDED
     if last_iv is None or not last_iv.has_interval:
