@@ -32,12 +32,10 @@ def python_files(repo_root, package):
 
 @pytest.mark.parametrize('package', sorted(FORBIDDEN))
 def test_no_import_goes_up_a_layer(repo_root, package):
-    arrows_up = [
-        (osp.relpath(path, repo_root), module)
-        for path in python_files(repo_root, package)
-        for module in imported_modules(path)
-        if module.split('.')[0] in FORBIDDEN[package]
-    ]
+    arrows_up = [(osp.relpath(path, repo_root), module)
+                 for path in python_files(repo_root, package)
+                 for module in imported_modules(path)
+                 if module.split('.')[0] in FORBIDDEN[package]]
     assert not arrows_up, arrows_up
 
 
