@@ -220,8 +220,12 @@ class RunJob(submitit.helpers.Checkpointable):
 def make_executor(out_dir: str, resources: Resources
                   ) -> submitit.AutoExecutor:
     """submitit's executor for ``resources``; its files go to
-    ``<out-dir>/jobs/``."""
-    executor = submitit.AutoExecutor(folder=osp.join(out_dir, 'jobs', '%j'),
+    ``<out-dir>/jobs/``, named by job id.
+
+    The folder has no ``%j`` part: submitit's local executor would create
+    it literally (a ``jobs/%j`` folder beside the jobs' own).
+    """
+    executor = submitit.AutoExecutor(folder=osp.join(out_dir, 'jobs'),
                                      cluster=resources.cluster)
     # One task per GPU only where MMEngine's slurm launcher joins them;
     # a local job is one process (on the first of its GPUs).

@@ -25,6 +25,7 @@ from mmae_plugin.evaluation.knn import knn_class_scores
 from mmae_plugin.evaluation.linear_probe import fit_linear_probe
 from mmae_plugin.evaluation.lowshot import fit_lowshot_probe, lowshot_indices
 from mmae_plugin.evaluation.statistics import representation_statistics
+from .spec import Protocol, resolve_config
 
 #: Test queries classified at once: bounds the float64 similarity matrix at
 #: QUERY_CHUNK x (training images) (250 MB for 60,000).
@@ -236,3 +237,59 @@ def random_init_state(eval_config: str, seed: int) -> Dict[str, Tensor]:
     model.init_weights()
     return {f'backbone.{key}': value.detach().cpu().clone()
             for key, value in model.image_encoder.state_dict().items()}
+
+
+def check_evaluation_settings(protocol: Protocol) -> None:
+    """Refuse, before any job is submitted, a protocol the evaluation of a
+    trained checkpoint would refuse.
+
+    Checks what fails only after training otherwise: the poolings against
+    the evaluation config's pooling (:func:`split_poolings`) and every
+    ``--shots`` against the rows per class of the kNN bank (the first
+    ``bank_images`` training images; :func:`~mmae_plugin.evaluation.lowshot.
+    lowshot_indices`). Reads the bank's labels, not its images.
+
+    Args:
+        protocol: The comparison's protocol (its config paths as given on
+            the command line).
+
+    Raises:
+        ValueError: Naming the setting, its value and what is allowed.
+    """
+    if protocol.eval_config is None:
+        return
+    import copy
+
+    import numpy as np
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import DATASETS
+
+    import mmae_plugin.registration  # noqa: F401  (the plugin's datasets)
+    init_default_scope('mmpretrain')
+    cfg = Config.fromfile(resolve_config(protocol.eval_config))
+    pooling = cfg.model.get('pooling', 'cls')
+    if pooling != 'cls+mean' and list(protocol.poolings) != [pooling]:
+        raise ValueError(
+            f'--poolings {" ".join(protocol.poolings)}: the evaluation '
+            f'config {protocol.eval_config} pools {pooling!r} and gives '
+            f'only --poolings {pooling} (a cls+mean config gives every '
+            'pooling)')
+    if not protocol.shots:
+        return
+    bank = copy.deepcopy(cfg.model.prototype.dataset)
+    if protocol.bank_images is not None:
+        bank['indices'] = protocol.bank_images
+    classes, counts = np.unique(DATASETS.build(bank).get_gt_labels(),
+                                return_counts=True)
+    fewest = int(counts.min())
+    too_many = [shot for shot in protocol.shots if shot > fewest]
+    if too_many:
+        scarce = int(classes[counts.argmin()])
+        images = ('all' if protocol.bank_images is None else
+                  f'the first {protocol.bank_images}')
+        raise ValueError(
+            f'--shots {" ".join(map(str, protocol.shots))}: class {scarce} '
+            f'has only {fewest} rows in the kNN bank ({images} training '
+            f'images, --bank-images), so at most {fewest} labels per class '
+            f'are possible; lower --shots or raise --bank-images')

@@ -67,6 +67,24 @@ def test_one_seed_says_no_interval_never_a_zero_width_one():
     assert got.verdict() == 'n/a'
 
 
+@pytest.mark.parametrize('ours, base', [
+    ({0: 80.1, 1: 81.1}, {0: 80.3, 1: 81.3}),  # -0.2 twice, up to rounding
+    ({0: 70.0, 1: 75.0, 2: 71.0}, {0: 70.0, 1: 75.0, 2: 71.0}),
+])
+def test_equal_differences_have_no_interval_and_no_verdict(ours, base):
+    """n >= 2 equal differences have no spread: no zero-width interval, no
+    'lower' or 'higher'."""
+    from mmae_compare.intervals import NO_SPREAD
+    got = paired_interval(ours, base)
+    assert got.n == len(ours) and got.low is None and got.high is None
+    assert got.verdict() == 'n/a'
+    assert got.text() == (f'{got.mean:+.2f} (n={got.n}, {NO_SPREAD})')
+    assert '[' not in got.text()
+    # A spread just above rounding is an interval again.
+    spread = {**ours, 0: ours[0] + 1e-6}
+    assert paired_interval(spread, base).has_interval
+
+
 def test_interval_refuses_bad_input_by_name():
     with pytest.raises(ValueError, match='values must be a non-empty'):
         t_interval([])
@@ -249,6 +267,18 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
     assert table[2] == '| mae | 82.00 ± 1.58 | 5 | – |'
 
 
+def test_summary_does_not_call_equal_differences_lower():
+    from mmae_compare.report import summary_lines
+    spec = small_spec(seeds=(0, 1))
+    rows = [{'arm': arm, 'seed': seed, 'epoch': 4,
+             'cls/linear_top1': 80.1 + seed - (0.2 if arm == 'mmae' else 0)}
+            for seed in spec.seeds for arm in ('mae', 'mmae')]
+    (line, ) = [line for line in summary_lines(rows, spec, 4)
+                if 'M-MAE' in line]
+    assert line == ('* **M-MAE, cls**: linear probe top-1 -0.20 (n=2, all '
+                    'equal, no spread: no interval).')
+
+
 def test_option_sweeps_group_arms_differing_in_one_number():
     from mmae_compare.report import option_sweeps
     arms = [parse_arm('mae=m.py')] + [
@@ -309,6 +339,35 @@ def test_documented_run_command_gives_the_recorded_comparison(repo_root,
     with open(osp.join(repo_root, 'docs', page, 'runs.json')) as f:
         recorded = Comparison.from_dict(json.load(f)['comparison'])
     assert asked == recorded
+
+
+# ----------------------------------------------------------------------------
+# Settings refused before any job
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize('options, message', [
+    (['--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
+      '--bank-images', '100', '--shots', '2', '100'],
+     '--shots 2 100: class 8 has only 4 rows in the kNN bank (the first 100 '
+     'training images, --bank-images), so at most 4 labels per class'),
+    (['--eval-config', 'configs/fashion_mnist/knn_fmnist.py',
+      '--bank-images', '100', '--shots', '2'],
+     "--poolings cls cls+mean: the evaluation config "
+     "configs/fashion_mnist/knn_fmnist.py pools 'cls'"),
+])
+def test_a_setting_the_evaluation_refuses_is_refused_before_any_job(
+        repo_root, tmp_path, options, message):
+    """What would fail every job after its training fails at once, and
+    nothing is recorded or submitted."""
+    out_dir = tmp_path / 'cmp'
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, 'run', '--out-dir', str(out_dir), '--arm',
+         'mae=configs/fashion_mnist/mae_fmnist.py', '--arm', 'init=random',
+         '--reference', 'init', '--seeds', '0', '--epochs', '1', *options],
+        cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stderr.startswith('compare.py: error: ' + message), \
+        proc.stderr
+    assert proc.stdout == '' and not out_dir.exists()
 
 
 # ----------------------------------------------------------------------------
@@ -472,3 +531,9 @@ def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
     assert ('**Not finished**: 1 of 2 evaluations. Missing: broken seed 0 '
             '(0 of 1 evaluations).') in report
     assert '| init | ' in report
+    # submitit's files lie in jobs/, named by job id: no literal %j folder.
+    assert not [p for p in (tmp_path / 'jobs').iterdir()
+                if '%' in p.name], sorted((tmp_path / 'jobs').iterdir())
+    # No upstream warning (mmcv-lite's, setuptools' pkg_resources) in the
+    # tool's own output: tools/train.py does not print them either.
+    assert 'Warning' not in proc.stdout + proc.stderr, proc.stderr[-3000:]
