@@ -76,8 +76,7 @@ class PairedInterval:
         return dataclasses.asdict(self)
 
 
-def t_interval(values: Sequence[float],
-               level: float = 0.95) -> PairedInterval:
+def t_interval(values: Sequence[float], level: float = 0.95) -> PairedInterval:
     """Mean of ``values`` with its two-sided Student-t interval.
 
     Args:
@@ -104,8 +103,8 @@ def t_interval(values: Sequence[float],
     mean = float(x.mean())
     if x.size == 1 or all_equal(x):
         return PairedInterval(mean, None, None, int(x.size), level)
-    interval = stats.ttest_1samp(x, 0.0).confidence_interval(
-        confidence_level=level)
+    interval = stats.ttest_1samp(
+        x, 0.0).confidence_interval(confidence_level=level)
     return PairedInterval(mean, float(interval.low), float(interval.high),
                           int(x.size), level)
 
@@ -124,7 +123,8 @@ def all_equal(values: np.ndarray) -> bool:
     return float(np.ptp(values)) <= EQUAL_TOLERANCE * scale
 
 
-def paired_interval(ours: Mapping[int, float], base: Mapping[int, float],
+def paired_interval(ours: Mapping[int, float],
+                    base: Mapping[int, float],
                     level: float = 0.95) -> Optional[PairedInterval]:
     """``ours - base`` paired by seed, over the seeds both have.
 

@@ -43,7 +43,6 @@ SMALL_JS_FRACTION = 0.05
 #: "Much smaller": the spectrum JS below this fraction of the matrix JS.
 MUCH_SMALLER_RATIO = 0.1
 
-
 #: The methods a statement names, as roles an arm is mapped to.
 ROLES = ('simclr', 'byol', 'barlowtwins', 'spectral')
 
@@ -53,8 +52,8 @@ def quantity_key(prefix: str, name: str, kernel: str = 'cov') -> str:
     return f'{prefix}/{name}_{kernel}'
 
 
-def resolve_roles(names: Sequence[str],
-                  given: Mapping[str, str]) -> Dict[str, str]:
+def resolve_roles(names: Sequence[str], given: Mapping[str,
+                                                       str]) -> Dict[str, str]:
     """Role -> arm name: ``given``, else the arm named like the role.
 
     Args:
@@ -82,15 +81,19 @@ def resolve_roles(names: Sequence[str],
 def values_at(curves: RunCurves, arm: str, key: str,
               epoch: int) -> Dict[int, float]:
     """Seed -> the arm's value of ``key`` at ``epoch`` (runs that have it)."""
-    return {seed: run[key][epoch] for (name, seed), run in curves.items()
-            if name == arm and epoch in run.get(key, {})}
+    return {
+        seed: run[key][epoch]
+        for (name, seed), run in curves.items()
+        if name == arm and epoch in run.get(key, {})
+    }
 
 
 def paired(first: Mapping[int, float], second: Mapping[int, float],
            combine) -> List[float]:
     """``combine(first[s], second[s])`` over the seeds both have."""
-    return [combine(first[s], second[s])
-            for s in sorted(set(first) & set(second))]
+    return [
+        combine(first[s], second[s]) for s in sorted(set(first) & set(second))
+    ]
 
 
 def interval_of(values: Sequence[float]) -> Optional[PairedInterval]:
@@ -147,13 +150,14 @@ class Statement:
 def rise(curves: RunCurves, arm: str, key: str, first: int,
          last: int) -> Optional[PairedInterval]:
     """``key`` at ``last`` minus at ``first``, paired by seed."""
-    return interval_of(paired(values_at(curves, arm, key, last),
-                              values_at(curves, arm, key, first),
-                              lambda a, b: a - b))
+    return interval_of(
+        paired(
+            values_at(curves, arm, key, last),
+            values_at(curves, arm, key, first), lambda a, b: a - b))
 
 
-def rise_finding(curves: RunCurves, arm: str, label: str, key: str,
-                 first: int, last: int) -> Finding:
+def rise_finding(curves: RunCurves, arm: str, label: str, key: str, first: int,
+                 last: int) -> Finding:
     interval = rise(curves, arm, key, first, last)
     return Finding(f'{label}: epoch {last} - epoch {first}', interval,
                    sign_verdict(interval))
@@ -182,8 +186,8 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
     name = f'{labels[0]} - {labels[1]}'
     mid_iv, last_iv = interval_of(list(at_mid.values())), \
         interval_of(list(at_last.values()))
-    shrink_iv = interval_of(paired(at_mid, at_last,
-                                   lambda mid, last: abs(mid) - abs(last)))
+    shrink_iv = interval_of(
+        paired(at_mid, at_last, lambda mid, last: abs(mid) - abs(last)))
     apart_at_end = sign_verdict(last_iv) != UNDECIDED
     apart_mid = sign_verdict(mid_iv) != UNDECIDED
     if last_iv is None or not last_iv.has_interval:
@@ -199,11 +203,10 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
                 'apart' if apart_mid else 'not apart'),
         Finding(f'{name} at epoch {last}', last_iv,
                 'apart' if apart_at_end else 'not apart'),
-        Finding(f'abs(gap) at epoch {mid} - abs(gap) at epoch {last}',
-                shrink_iv,
-                'shrinks' if sign_verdict(shrink_iv) == HOLDS else
-                'grows' if sign_verdict(shrink_iv) == FAILS else
-                'no clear change'),
+        Finding(
+            f'abs(gap) at epoch {mid} - abs(gap) at epoch {last}', shrink_iv,
+            'shrinks' if sign_verdict(shrink_iv) == HOLDS else 'grows'
+            if sign_verdict(shrink_iv) == FAILS else 'no clear change'),
     ]
     return findings, verdict
 
@@ -212,22 +215,21 @@ def fraction(curves: RunCurves, arm: str, num_key: str, den_key: str,
              epoch: int) -> Optional[PairedInterval]:
     """``num / den`` at ``epoch`` over seeds, its interval on the log
     scale (a ratio's spread is multiplicative), returned as ratios."""
-    logs = paired(values_at(curves, arm, num_key, epoch),
-                  values_at(curves, arm, den_key, epoch),
-                  lambda n, d: math.log(n / d) if n > 0 and d > 0
-                  else float('nan'))
+    logs = paired(
+        values_at(curves, arm, num_key, epoch),
+        values_at(curves, arm, den_key, epoch), lambda n, d: math.log(n / d)
+        if n > 0 and d > 0 else float('nan'))
     logs = [x for x in logs if math.isfinite(x)]
     if not logs:
         return None
     iv = t_interval(logs)
     if not iv.has_interval:
-        return PairedInterval(math.exp(iv.mean), None, None, 1, iv.level)
-    return PairedInterval(math.exp(iv.mean), math.exp(iv.low),
-                          math.exp(iv.high), iv.n, iv.level)
+        return PairedInterval(math.exp(iv.mean), None, None, iv.n, iv.level)
+    return PairedInterval(
+        math.exp(iv.mean), math.exp(iv.low), math.exp(iv.high), iv.n, iv.level)
 
 
-def below_verdict(interval: Optional[PairedInterval],
-                  threshold: float) -> str:
+def below_verdict(interval: Optional[PairedInterval], threshold: float) -> str:
     """Holds if the interval lies below ``threshold``, fails if above."""
     if interval is None or not interval.has_interval:
         return UNDECIDED
@@ -238,9 +240,13 @@ def below_verdict(interval: Optional[PairedInterval],
     return UNDECIDED
 
 
-def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
-                        labels: Mapping[str, str], first: int, mid: int,
-                        last: int, prefix: str = 'minfo_heldout',
+def evaluate_statements(curves: RunCurves,
+                        arms: Mapping[str, str],
+                        labels: Mapping[str, str],
+                        first: int,
+                        mid: int,
+                        last: int,
+                        prefix: str = 'minfo_heldout',
                         kernel: str = 'cov') -> List[Statement]:
     """Statements 1-5 and the joint-entropy objective, decided.
 
@@ -260,59 +266,75 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
     Returns:
         The statements in order, each with its findings and verdict.
     """
-    key = {name: quantity_key(prefix, name, kernel) for name in (
-        'mutual_info', 'joint_entropy', 'matrix_js', 'spectrum_js',
-        'entropy_1')}
+    key = {
+        name: quantity_key(prefix, name, kernel)
+        for name in ('mutual_info', 'joint_entropy', 'matrix_js',
+                     'spectrum_js', 'entropy_1')
+    }
     paper = [arms[r] for r in ('simclr', 'byol', 'barlowtwins')]
     simclr, barlow = arms['simclr'], arms['barlowtwins']
     pair = (labels[simclr], labels[barlow])
 
     def rises(quantity: str) -> List[Finding]:
-        return [rise_finding(curves, arm, labels[arm], key[quantity],
-                             first, last) for arm in paper]
+        return [
+            rise_finding(curves, arm, labels[arm], key[quantity], first, last)
+            for arm in paper
+        ]
 
     statements = []
     findings = rises('mutual_info')
-    statements.append(Statement(
-        '1', 'The matrix mutual information rises during training '
-        '(SimCLR, BYOL, Barlow Twins).', findings,
-        all_of([f.verdict for f in findings])))
+    statements.append(
+        Statement(
+            '1', 'The matrix mutual information rises during training '
+            '(SimCLR, BYOL, Barlow Twins).', findings,
+            all_of([f.verdict for f in findings])))
     findings, verdict = meeting_findings(curves, simclr, barlow, pair,
                                          key['mutual_info'], mid, last)
-    statements.append(Statement(
-        '2', "SimCLR's and Barlow Twins' mutual information meet at the "
-        'end of training.', findings, verdict))
+    statements.append(
+        Statement(
+            '2', "SimCLR's and Barlow Twins' mutual information meet at the "
+            'end of training.', findings, verdict))
     rising = rises('joint_entropy')
     meet, meet_verdict = meeting_findings(curves, simclr, barlow, pair,
                                           key['joint_entropy'], mid, last)
-    statements.append(Statement(
-        '3', "The matrix joint entropy rises during training, and SimCLR's "
-        "and Barlow Twins' meet at the end.", rising + meet,
-        all_of([f.verdict for f in rising] + [meet_verdict])))
+    statements.append(
+        Statement(
+            '3',
+            "The matrix joint entropy rises during training, and SimCLR's "
+            "and Barlow Twins' meet at the end.", rising + meet,
+            all_of([f.verdict for f in rising] + [meet_verdict])))
     small = []
     for arm in paper:
         iv = fraction(curves, arm, key['matrix_js'], key['entropy_1'], last)
-        small.append(Finding(
-            f'{labels[arm]}: matrix JS / branch entropy at epoch {last}',
-            iv, below_verdict(iv, SMALL_JS_FRACTION), ratio=True))
+        small.append(
+            Finding(
+                f'{labels[arm]}: matrix JS / branch entropy at epoch {last}',
+                iv,
+                below_verdict(iv, SMALL_JS_FRACTION),
+                ratio=True))
     rising = rises('matrix_js')
-    statements.append(Statement(
-        '4', 'The matrix JS divergence between the branches is small and '
-        'rises during training.', small + rising,
-        all_of([f.verdict for f in small + rising])))
+    statements.append(
+        Statement(
+            '4', 'The matrix JS divergence between the branches is small and '
+            'rises during training.', small + rising,
+            all_of([f.verdict for f in small + rising])))
     findings = []
     for arm in paper:
-        iv = fraction(curves, arm, key['spectrum_js'], key['matrix_js'],
-                      last)
-        findings.append(Finding(
-            f'{labels[arm]}: spectrum JS / matrix JS at epoch {last}', iv,
-            below_verdict(iv, MUCH_SMALLER_RATIO), ratio=True))
-    statements.append(Statement(
-        '5', 'The JS divergence of the eigenvalue distributions is much '
-        'smaller than the matrix JS divergence.', findings,
-        all_of([f.verdict for f in findings])))
-    statements.append(joint_entropy_objective(curves, arms, labels, last,
-                                              key['joint_entropy']))
+        iv = fraction(curves, arm, key['spectrum_js'], key['matrix_js'], last)
+        findings.append(
+            Finding(
+                f'{labels[arm]}: spectrum JS / matrix JS at epoch {last}',
+                iv,
+                below_verdict(iv, MUCH_SMALLER_RATIO),
+                ratio=True))
+    statements.append(
+        Statement(
+            '5', 'The JS divergence of the eigenvalue distributions is much '
+            'smaller than the matrix JS divergence.', findings,
+            all_of([f.verdict for f in findings])))
+    statements.append(
+        joint_entropy_objective(curves, arms, labels, last,
+                                key['joint_entropy']))
     return statements
 
 
@@ -326,18 +348,18 @@ def joint_entropy_objective(curves: RunCurves, arms: Mapping[str, str],
     findings = []
     for high in maximisers:
         for low in others:
-            iv = interval_of(list(gap(curves, high, low, key,
-                                      last).values()))
-            findings.append(Finding(
-                f'{labels[high]} - {labels[low]} at epoch {last}', iv,
-                sign_verdict(iv)))
+            iv = interval_of(list(gap(curves, high, low, key, last).values()))
+            findings.append(
+                Finding(f'{labels[high]} - {labels[low]} at epoch {last}', iv,
+                        sign_verdict(iv)))
     return Statement(
         'J', 'Barlow Twins and spectral contrastive learning, which maximise '
         'the joint entropy, end with more of it than SimCLR and BYOL.',
         findings, all_of([f.verdict for f in findings]))
 
 
-def format_interval(interval: Optional[PairedInterval], digits: int = 3,
+def format_interval(interval: Optional[PairedInterval],
+                    digits: int = 3,
                     ratio: bool = False) -> str:
     """``+0.123 [+0.050, +0.196] (n=5)`` (a ratio: ``0.012 [0.008,
     0.017] (n=5)``), or why there is no interval."""
@@ -349,14 +371,15 @@ def format_interval(interval: Optional[PairedInterval], digits: int = 3,
 
 def verdict_table(statements: Sequence[Statement]) -> List[str]:
     """Markdown rows: statement, finding, mean [95 % CI] (n), verdict."""
-    lines = ['| # | statement | measured | mean [95 % CI] (n) | finding | '
-             'verdict |', '|---|---|---|---|---|---|']
+    lines = [
+        '| # | statement | measured | mean [95 % CI] (n) | finding | '
+        'verdict |', '|---|---|---|---|---|---|'
+    ]
     for st in statements:
         for i, f in enumerate(st.findings):
-            lines.append(
-                f'| {st.number if i == 0 else ""} | '
-                f'{st.text if i == 0 else ""} | {f.subject} | '
-                f'{format_interval(f.interval, ratio=f.ratio)} | '
-                f'{f.verdict} | '
-                f'{"**" + st.verdict + "**" if i == 0 else ""} |')
+            lines.append(f'| {st.number if i == 0 else ""} | '
+                         f'{st.text if i == 0 else ""} | {f.subject} | '
+                         f'{format_interval(f.interval, ratio=f.ratio)} | '
+                         f'{f.verdict} | '
+                         f'{"**" + st.verdict + "**" if i == 0 else ""} |')
     return lines
