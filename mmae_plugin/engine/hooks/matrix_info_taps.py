@@ -11,13 +11,11 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from torch import Tensor, nn
 
-from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
+from mmae_plugin.matrix_info.pooling import (check_pooling_name,
                                              pool_token_sequence)
 from mmae_plugin.utils.validation import check_choice, check_int
 
 ROWS = ('all', 'even', 'odd')
-#: Poolings of token outputs: the plugin's one vocabulary.
-POOLS = POOLINGS
 TAPS = ('output', 'input')
 BRANCH_KEYS = ('module', 'call', 'rows', 'pool', 'tap')
 
