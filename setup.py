@@ -25,11 +25,15 @@ MIM_DIR = osp.join('mmae_plugin', '.mim')
 # (checkpoints/: the Fashion-MNIST model-zoo weights, mmae-zoo://).
 MIM_ITEMS = ('configs', 'tools', 'model-index.yml', 'checkpoints')
 # Repository-only tools, left out of a wheel: they set up or test the
-# checkout's own .venv (setup.py, constraints.txt, tests/ are not shipped).
-# The development harness (GPU check, benchmarks, compatibility and upstream
-# suite runs, zoo export) is in dev/, which is not in MIM_ITEMS.
+# checkout's own .venv (setup.py, constraints.txt, tests/ are not shipped),
+# or rebuild this repository's study pages from its studies/ package (not
+# shipped either). The development harness (GPU check, benchmarks,
+# compatibility and upstream suite runs, zoo export) is in dev/, which is
+# not in MIM_ITEMS.
 MIM_REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh',
-                 'tools/run_tests.sh')
+                 'tools/run_tests.sh', 'tools/analysis/information_flow.py',
+                 'tools/analysis/heldout_variants.py',
+                 'tools/analysis/label_free_predictors.py')
 _IGNORE_BUILD_LEFTOVERS = shutil.ignore_patterns('__pycache__', '*.pyc',
                                                  'work_dirs')
 
@@ -66,8 +70,9 @@ EXTRAS_REQUIRE = {
     'tests': ['pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
               'timm>=1.0.31,<2'],
     'analysis': ['matplotlib>=3.11,<4', 'tensorboard>=2.21,<3'],
-    # tools/compare.py (mmae_plugin.comparison): jobs through submitit
-    # (local processes or Slurm), paired t-intervals (scipy), figures.
+    # tools/compare.py (the mmae_compare package, shipped beside the plugin,
+    # which never imports it): jobs through submitit (local processes or
+    # Slurm), paired t-intervals (scipy), figures.
     'compare': ['submitit>=1.5.4,<2', 'scipy>=1.17,<2',
                 'matplotlib>=3.11,<4'],
 }
@@ -148,7 +153,10 @@ setup(
     description='M-MAE, U-MAE and matrix-information tools for MMPretrain',
     long_description=open(osp.join(ROOT, 'README.md'), encoding='utf-8').read(),
     long_description_content_type='text/markdown',
-    packages=find_packages(include=['mmae_plugin', 'mmae_plugin.*']),
+    # The plugin and the comparison tool built on it; studies/ (this
+    # repository's study code) stays in the repository.
+    packages=find_packages(include=['mmae_plugin', 'mmae_plugin.*',
+                                    'mmae_compare', 'mmae_compare.*']),
     cmdclass={'build_py': BuildPyWithMim},
     python_requires='>=3.11',
     install_requires=INSTALL_REQUIRES,

@@ -10,3 +10,8 @@ model = dict(
     feature='cls',
     regularizer=dict(
         type='UniformityLoss', gather='global', loss_weight=0.01 / 8))
+
+# RegularizerSkipHook: reports the steps whose regulariser term was skipped
+# (MMAE's logged reg_skipped code). A named default hook: default_hooks is
+# merged key by key, so the runtime's custom_hooks stay as they are.
+default_hooks = dict(regularizer_skip=dict(type='RegularizerSkipHook'))

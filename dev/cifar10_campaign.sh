@@ -49,7 +49,7 @@ run)
     --eval-config $C/knn_cifar10_resnet.py --poolings mean "$@"
   ;;
 export)
-  "$PY" -c "import sys; from mmae_plugin.comparison.records import \
+  "$PY" -c "import sys; from mmae_compare.records import \
 write_runs; write_runs(sys.argv[1])" "$OUT"
   "$PY" tools/compare.py report --out-dir "$OUT" \
     --title 'Siamese methods on CIFAR-10: linear probe over training'

@@ -19,8 +19,8 @@ from typing import Dict
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from mmae_compare import spec as layout  # noqa: E402
 from mmae_plugin.checkpoint.integrity import file_sha256  # noqa: E402
-from mmae_plugin.comparison import spec as layout  # noqa: E402
 from mmae_plugin.model_zoo import DIGEST_FIELD  # noqa: E402
 
 PRETRAIN_CONFIGS = {
@@ -104,6 +104,7 @@ def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
     import yaml
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
+
     import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.datasets import GzipFashionMNIST
     from mmae_plugin.evaluation import (evaluate_frozen_encoder,

@@ -14,8 +14,8 @@ Usage: python dev/legacy_runs.py docs/study/runs.json docs/results/runs.json
 import json
 import sys
 
-from mmae_plugin.comparison.records import FORMAT
-from mmae_plugin.comparison.spec import Arm, Comparison, Protocol
+from mmae_compare.records import FORMAT
+from mmae_compare.spec import Arm, Comparison, Protocol
 
 FMNIST = 'configs/fashion_mnist/'
 

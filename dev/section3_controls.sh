@@ -72,7 +72,7 @@ run)
     --parallel "${PARALLEL:-1}" --cpus-per-task 1
   ;;
 export)
-  "$PY" -c "import sys; from mmae_plugin.comparison.records import \
+  "$PY" -c "import sys; from mmae_compare.records import \
 write_runs; write_runs(sys.argv[1])" "$OUT"
   mkdir -p "$DOCS"
   cp "$OUT/runs.json" "$DOCS/runs.json"

@@ -40,7 +40,7 @@ export)
   # runs.json (every evaluation and each run's per-epoch hook curves) is
   # rebuilt from the run folders, copied, and the pages are made from the
   # copy alone.
-  "$PY" -c "import sys; from mmae_plugin.comparison.records import \
+  "$PY" -c "import sys; from mmae_compare.records import \
 write_runs; write_runs(sys.argv[1])" "$OUT"
   mkdir -p docs/siamese
   cp "$OUT/runs.json" docs/siamese/runs.json

@@ -1,4 +1,4 @@
-"""The comparison tool (tools/compare.py, mmae_plugin.comparison).
+"""The comparison tool (tools/compare.py, mmae_compare).
 
 Library tests (intervals against closed forms, low-shot subsets, the spec,
 the schedule, the report's tables), the shipped study pages rebuilt from
@@ -19,10 +19,9 @@ import time
 import numpy as np
 import pytest
 
-from mmae_plugin.comparison.intervals import (NO_INTERVAL, mean_std,
-                                              paired_interval, t_interval)
-from mmae_plugin.comparison.spec import (Arm, Comparison, Protocol,
-                                         parse_arm)
+from mmae_compare.intervals import (NO_INTERVAL, mean_std, paired_interval,
+                                    t_interval)
+from mmae_compare.spec import Arm, Comparison, Protocol, parse_arm
 from mmae_plugin.evaluation.lowshot import lowshot_indices
 
 SCRIPT = 'tools/compare.py'
@@ -68,6 +67,24 @@ def test_one_seed_says_no_interval_never_a_zero_width_one():
     assert got.verdict() == 'n/a'
 
 
+@pytest.mark.parametrize('ours, base', [
+    ({0: 80.1, 1: 81.1}, {0: 80.3, 1: 81.3}),  # -0.2 twice, up to rounding
+    ({0: 70.0, 1: 75.0, 2: 71.0}, {0: 70.0, 1: 75.0, 2: 71.0}),
+])
+def test_equal_differences_have_no_interval_and_no_verdict(ours, base):
+    """n >= 2 equal differences have no spread: no zero-width interval, no
+    'lower' or 'higher'."""
+    from mmae_compare.intervals import NO_SPREAD
+    got = paired_interval(ours, base)
+    assert got.n == len(ours) and got.low is None and got.high is None
+    assert got.verdict() == 'n/a'
+    assert got.text() == (f'{got.mean:+.2f} (n={got.n}, {NO_SPREAD})')
+    assert '[' not in got.text()
+    # A spread just above rounding is an interval again.
+    spread = {**ours, 0: ours[0] + 1e-6}
+    assert paired_interval(spread, base).has_interval
+
+
 def test_interval_refuses_bad_input_by_name():
     with pytest.raises(ValueError, match='values must be a non-empty'):
         t_interval([])
@@ -93,7 +110,8 @@ def test_lowshot_subsets_are_fixed_per_seed_and_balanced():
 
 def test_every_pooling_from_cls_mean_features():
     import torch
-    from mmae_plugin.comparison.protocol import split_poolings
+
+    from mmae_compare.protocol import split_poolings
     from mmae_plugin.models.necks import pool_tokens
     tokens = torch.randn(5, 50, 8, generator=torch.Generator().manual_seed(0))
     split = split_poolings(pool_tokens(tokens, 'cls+mean'), 'cls+mean',
@@ -148,7 +166,7 @@ def test_spec_round_trips_through_json_and_refuses_inconsistencies():
 
 def test_a_recorded_comparison_refuses_another_in_its_folder(tmp_path,
                                                              repo_root):
-    from mmae_plugin.comparison.spec import freeze, frozen_config_path, load
+    from mmae_compare.spec import freeze, frozen_config_path, load
     os.chdir(repo_root)
     spec = small_spec()
     assert freeze(str(tmp_path), spec) == spec
@@ -160,14 +178,14 @@ def test_a_recorded_comparison_refuses_another_in_its_folder(tmp_path,
         freeze(str(tmp_path), small_spec(seeds=(0, 1, 2)))
 
 
-def test_restore_takes_up_finished_results_and_refuses_another(tmp_path,
-                                                              repo_root):
+def test_restore_takes_up_finished_results_and_refuses_another(
+        tmp_path, repo_root):
     """A runs.json carried to a fresh folder: its records and curves go
     into the run folders, finished runs are skipped, the rest is pending,
     and values logged afterwards override restored curve points."""
-    from mmae_plugin.comparison import records
-    from mmae_plugin.comparison.jobs import pending_epochs
-    from mmae_plugin.comparison.spec import freeze
+    from mmae_compare import records
+    from mmae_compare.jobs import pending_epochs
+    from mmae_compare.spec import freeze
     os.chdir(repo_root)
     spec = small_spec()
     rows = [{'arm': 'mae', 'seed': 0, 'epoch': e, 'cls/linear_top1': 80.0 + e}
@@ -203,7 +221,7 @@ def test_restore_takes_up_finished_results_and_refuses_another(tmp_path,
 
 
 def test_schedule_is_stretched_to_the_comparison_epochs():
-    from mmae_plugin.comparison.training import fit_schedule
+    from mmae_compare.training import fit_schedule
     schedule = [dict(type='LinearLR', by_epoch=True, begin=0, end=1),
                 dict(type='CosineAnnealingLR', T_max=4, by_epoch=True,
                      begin=1, end=5, eta_min=0.0)]
@@ -221,7 +239,7 @@ def test_schedule_is_stretched_to_the_comparison_epochs():
 # The report's tables
 # ----------------------------------------------------------------------------
 def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
-    from mmae_plugin.comparison.report import results_table, summary_lines
+    from mmae_compare.report import results_table, summary_lines
     spec = small_spec(seeds=(0, 1, 2, 3, 4))
     wobble = (0.3, -0.3, 0.2, -0.2, 0.0)
     rows = []
@@ -249,8 +267,20 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
     assert table[2] == '| mae | 82.00 ± 1.58 | 5 | – |'
 
 
+def test_summary_does_not_call_equal_differences_lower():
+    from mmae_compare.report import summary_lines
+    spec = small_spec(seeds=(0, 1))
+    rows = [{'arm': arm, 'seed': seed, 'epoch': 4,
+             'cls/linear_top1': 80.1 + seed - (0.2 if arm == 'mmae' else 0)}
+            for seed in spec.seeds for arm in ('mae', 'mmae')]
+    (line, ) = [line for line in summary_lines(rows, spec, 4)
+                if 'M-MAE' in line]
+    assert line == ('* **M-MAE, cls**: linear probe top-1 -0.20 (n=2, all '
+                    'equal, no spread: no interval).')
+
+
 def test_option_sweeps_group_arms_differing_in_one_number():
-    from mmae_plugin.comparison.report import option_sweeps
+    from mmae_compare.report import option_sweeps
     arms = [parse_arm('mae=m.py')] + [
         parse_arm(f'm{lam}=x.py a.lam={lam} a.mu=1') for lam in (1, 2, 3)
     ] + [parse_arm(f'u{mu}=x.py a.lam=1 a.mu={mu}') for mu in (2, 3)]
@@ -312,6 +342,35 @@ def test_documented_run_command_gives_the_recorded_comparison(repo_root,
 
 
 # ----------------------------------------------------------------------------
+# Settings refused before any job
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize('options, message', [
+    (['--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
+      '--bank-images', '100', '--shots', '2', '100'],
+     '--shots 2 100: class 8 has only 4 rows in the kNN bank (the first 100 '
+     'training images, --bank-images), so at most 4 labels per class'),
+    (['--eval-config', 'configs/fashion_mnist/knn_fmnist.py',
+      '--bank-images', '100', '--shots', '2'],
+     "--poolings cls cls+mean: the evaluation config "
+     "configs/fashion_mnist/knn_fmnist.py pools 'cls'"),
+])
+def test_a_setting_the_evaluation_refuses_is_refused_before_any_job(
+        repo_root, tmp_path, options, message):
+    """What would fail every job after its training fails at once, and
+    nothing is recorded or submitted."""
+    out_dir = tmp_path / 'cmp'
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, 'run', '--out-dir', str(out_dir), '--arm',
+         'mae=configs/fashion_mnist/mae_fmnist.py', '--arm', 'init=random',
+         '--reference', 'init', '--seeds', '0', '--epochs', '1', *options],
+        cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stderr.startswith('compare.py: error: ' + message), \
+        proc.stderr
+    assert proc.stdout == '' and not out_dir.exists()
+
+
+# ----------------------------------------------------------------------------
 # A quick grid, local and on a real Slurm cluster
 # ----------------------------------------------------------------------------
 #: 2 arms x 2 seeds, 6 iterations per epoch, evaluated at the last epoch.
@@ -329,7 +388,17 @@ QUICK_GRID = [
 REQUEUED = ('mmae', 1)
 
 
+#: Set to 1 to run the real-Slurm tests (.ci/run does): they install Slurm
+#: with apt-get when it is missing and start its daemons, which a test run
+#: must not do unasked.
+SLURM_VARIABLE = 'MMAE_TEST_SLURM'
+
+
 def slurm_unavailable_reason():
+    if os.environ.get(SLURM_VARIABLE) != '1':
+        return (f'starts a local Slurm cluster (dev/slurm/start_cluster.sh: '
+                f'apt-get install, /etc/slurm, daemons); set '
+                f'{SLURM_VARIABLE}=1 to run it')
     if os.geteuid() != 0:
         return 'needs root to start munged, slurmctld and slurmd'
     if not shutil.which('slurmctld') and not shutil.which('apt-get'):
@@ -472,3 +541,9 @@ def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
     assert ('**Not finished**: 1 of 2 evaluations. Missing: broken seed 0 '
             '(0 of 1 evaluations).') in report
     assert '| init | ' in report
+    # submitit's files lie in jobs/, named by job id: no literal %j folder.
+    assert not [p for p in (tmp_path / 'jobs').iterdir()
+                if '%' in p.name], sorted((tmp_path / 'jobs').iterdir())
+    # No upstream warning (mmcv-lite's, setuptools' pkg_resources) in the
+    # tool's own output: tools/train.py does not print them either.
+    assert 'Warning' not in proc.stdout + proc.stderr, proc.stderr[-3000:]

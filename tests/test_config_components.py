@@ -28,3 +28,14 @@ def test_training_config_selects_the_safe_runner_and_hooks(config):
     assert cfg.runner_type == expected_runner
     assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
     assert dict(type='DivergenceHook') in cfg.custom_hooks
+
+
+@pytest.mark.parametrize('config', training_configs())
+def test_regularised_config_selects_the_skip_report(config):
+    """Every config whose model has a regulariser (M-MAE, U-MAE) selects
+    RegularizerSkipHook, which reports the steps its term was skipped."""
+    cfg = Config.fromfile(os.path.join(REPO, config))
+    hooks = [h.get('type') for h in cfg.get('custom_hooks', [])] + [
+        h.get('type') for h in cfg.get('default_hooks', {}).values() if h]
+    has_regularizer = cfg.model.get('regularizer') is not None
+    assert ('RegularizerSkipHook' in hooks) == has_regularizer, hooks

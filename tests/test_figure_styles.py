@@ -63,7 +63,7 @@ def arm_label(legend_label: str) -> str:
 @pytest.fixture(scope='module')
 def figures(tmp_path_factory) -> Dict[str, object]:
     """Every figure of the study page, by file name, laid out."""
-    from mmae_plugin.comparison import report
+    from mmae_compare import report
     out_dir = tmp_path_factory.mktemp('study') / 'study'
     shutil.copytree(STUDY, out_dir, ignore=shutil.ignore_patterns('figures'))
     captured = {}

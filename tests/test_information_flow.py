@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mmae_plugin.comparison import information_flow as flow
-from mmae_plugin.comparison.curves import (curves_from_json, curves_to_json,
-                                           read_epoch_curves)
+from mmae_compare.curves import (curves_from_json, curves_to_json,
+                                 read_epoch_curves)
+from studies import information_flow as flow
 
 
 def log_segment(run_dir, name, records):
@@ -55,6 +55,9 @@ LABELS = {'simclr': 'SimCLR', 'byol': 'BYOL', 'bt': 'Barlow Twins',
           'spec': 'Spectral'}
 SEEDS = range(5)
 NOISE = np.random.default_rng(0).normal(0, 0.01, (5, 4, 31))
+#: The spectrum JS's own noise: drawn with the matrix JS's, their ratio
+#: would be the same on every seed, which has no interval.
+SPECTRUM_NOISE = np.random.default_rng(1).normal(0, 0.01, (5, 4, 31))
 
 
 def make_curves(mi, je, js, sjs, ent=3.0, prefix='minfo_heldout'):
@@ -66,10 +69,11 @@ def make_curves(mi, je, js, sjs, ent=3.0, prefix='minfo_heldout'):
             for name, fn in (('mutual_info', mi), ('joint_entropy', je),
                              ('matrix_js', js), ('spectrum_js', sjs),
                              ('entropy_1', lambda a, e: ent)):
+                noise = SPECTRUM_NOISE if name == 'spectrum_js' else NOISE
                 run[flow.quantity_key(prefix, name)] = {
-                    e: fn(a, e) + (NOISE[seed, a, e] * abs(fn(a, e))
+                    e: fn(a, e) + (noise[seed, a, e] * abs(fn(a, e))
                                    if name.endswith('js') else
-                                   NOISE[seed, a, e]) for e in range(31)}
+                                   noise[seed, a, e]) for e in range(31)}
             curves[(arm, seed)] = run
     return curves
 
@@ -150,6 +154,15 @@ def test_intervals_are_scipys_t_intervals_and_ratios_geometric():
         (math.exp(logs.mean()), math.exp(low), math.exp(high)), rel=1e-12)
 
 
+def test_a_ratio_equal_on_every_seed_has_no_interval_and_no_verdict():
+    curves = {('x', s): {'k/a': {30: 0.02 * (s + 1)}, 'k/b': {30: s + 1.0}}
+              for s in range(5)}
+    ratio = flow.fraction(curves, 'x', 'k/a', 'k/b', 30)
+    assert ratio.n == 5 and not ratio.has_interval
+    assert ratio.mean == pytest.approx(0.02, rel=1e-12)
+    assert flow.below_verdict(ratio, 0.1) == flow.UNDECIDED
+
+
 def test_meeting_needs_the_gap_gone_at_the_end():
     base = lambda a, e: 1 + e / 10  # noqa: E731
     # Apart all along: fails; never apart: cannot tell.
@@ -177,7 +190,7 @@ def variant_rows(curves, variant, suffix):
 def test_each_variant_is_decided_by_the_statements_code():
     """A variant logged under its own key suffix (alpha, kernel) is read
     back as curves and decided statement by statement."""
-    from mmae_plugin.comparison import heldout_variants as hv
+    from studies import heldout_variants as hv
     holding, failing = holding_curves(), failing_curves()
     rows = (variant_rows(holding, 'logged', '_cov') +
             variant_rows(failing, 'alpha2', '_cov_alpha2') +
@@ -238,7 +251,7 @@ def test_a_checkpoint_measured_again_reproduces_its_logged_values(
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    from mmae_plugin.comparison.heldout_variants import measure_checkpoint
+    from studies.heldout_variants import measure_checkpoint
     cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/'
                           'simclr_fmnist.py')
     cfg.merge_from_dict({

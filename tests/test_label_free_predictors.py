@@ -1,4 +1,4 @@
-"""mmae_plugin.comparison.predictors and its command line
+"""studies.predictors and its command line
 tools/analysis/label_free_predictors.py: rank correlations between
 label-free statistics and accuracy, with a bootstrap over seeds."""
 import itertools
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from mmae_plugin.comparison import predictors
+from studies import predictors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, 'tools', 'analysis', 'label_free_predictors.py')

@@ -15,8 +15,9 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401  (registers datasets, models, hooks)
-from mmae_plugin.engine.hooks.matrix_info_hook import (MatrixInfoHook,
-                                                       two_branch_quantities)
+from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
+from mmae_plugin.engine.hooks.matrix_info_measure import \
+    two_branch_quantities
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = os.path.join(REPO, 'configs', 'fashion_mnist')

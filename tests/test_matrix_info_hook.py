@@ -18,8 +18,9 @@ from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401  (registers datasets, models, fixes)
 import mmae_plugin.engine  # noqa: F401  (registers MatrixInfoHook)
-from mmae_plugin.engine.hooks.matrix_info_hook import (
-    FALLBACK_TCR, MatrixInfoHook, one_branch_quantities, two_branch_quantities)
+from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
+from mmae_plugin.engine.hooks.matrix_info_measure import (
+    FALLBACK_TCR, one_branch_quantities, two_branch_quantities)
 from mmae_plugin.matrix_info import (effective_rank, matrix_entropy,
                                      normalized_covariance, rankme)
 
@@ -163,13 +164,13 @@ def test_hook_records_the_same_features_as_the_loss(tmp_path):
     model = runner.model
     batch = next(iter(runner.train_dataloader))
     data = model.data_preprocessor(batch, training=True)
-    hook._armed = True
+    hook.taps.armed = True
     with torch.no_grad():
         model.train()
         model.loss(**data)
         stacked = torch.stack(data['inputs'], 1).flatten(0, 1)
         z = model.neck(model.backbone(stacked))[0]
-    z1, z2 = hook._branch_embeddings()
+    z1, z2 = hook.taps.embeddings()
     torch.testing.assert_close(z1, z[0::2])
     torch.testing.assert_close(z2, z[1::2])
     threads = torch.get_num_threads()
@@ -320,10 +321,10 @@ def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path, regularizer,
     model = runner.model
     data = model.data_preprocessor(next(iter(runner.train_dataloader)),
                                    training=True)
-    hook._armed = True
+    hook.taps.armed = True
     with torch.no_grad():
         losses = model.loss(**data)
-    (z, ) = hook._branch_embeddings()
+    (z, ) = hook.taps.embeddings()
     values = hook.compute([z])
     # The tapped features are the ones the loss term was computed on ...
     assert torch.equal(model.regularizer(z), losses['loss_tcr'])

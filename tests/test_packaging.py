@@ -18,9 +18,10 @@ import zipfile
 import pytest
 
 # dev/ is copied too, so that a setup.py that shipped it would be caught.
+# studies/ likewise: the wheel must not carry the repository's study code.
 COPIED = ('setup.py', 'README.md', 'LICENSE', 'MANIFEST.in',
-          'model-index.yml', 'mmae_plugin', 'configs', 'tools', 'checkpoints',
-          'dev')
+          'model-index.yml', 'mmae_plugin', 'mmae_compare', 'studies',
+          'configs', 'tools', 'checkpoints', 'dev')
 IGNORED = shutil.ignore_patterns('__pycache__', '*.pyc', '.mim', 'work_dirs')
 
 
@@ -54,8 +55,12 @@ def wheel(repo_root, tmp_path_factory):
 
 
 # Tools that only work in a repository checkout (they set up or test its
-# .venv from setup.py / constraints.txt / tests/).
-REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh', 'tools/run_tests.sh')
+# .venv from setup.py / constraints.txt / tests/, or rebuild the study
+# pages from studies/).
+REPO_ONLY = ('tools/quickstart.sh', 'tools/setup_env.sh', 'tools/run_tests.sh',
+             'tools/analysis/information_flow.py',
+             'tools/analysis/heldout_variants.py',
+             'tools/analysis/label_free_predictors.py')
 # What a user runs, in mmpretrain's layout: every file the wheel ships under
 # .mim/tools is one of these (a file or a folder ending in '/').
 USER_TOOLS = ('tools/_cli.py', 'tools/train.py', 'tools/test.py',
@@ -111,6 +116,13 @@ def test_wheel_ships_no_development_script(repo_root, wheel):
     dev = [n for n in names if '/dev/' in n or n.startswith('dev/')
            or any(part in osp.basename(n) for part in DEV_NAMES)]
     assert not dev, dev
+    # The comparison tool is its own package beside the plugin; the
+    # repository's studies are not shipped at all.
+    packages = {n.split('/')[0] for n in names if '.dist-info/' not in n}
+    assert packages == {'mmae_plugin', 'mmae_compare'}, packages
+    assert 'mmae_compare/jobs.py' in names
+    assert not [n for n in names if n.split('/')[:2] == [
+        'mmae_plugin', 'comparison']]
     prefix = 'mmae_plugin/.mim/'
     tools = sorted(n[len(prefix):] for n in names
                    if n.startswith(prefix + 'tools/'))

@@ -21,7 +21,7 @@ import torch
 
 import mmae_plugin  # noqa: F401
 from _helpers_gloo import loss_and_grad, run_gloo_ranks, split_rows
-from mmae_plugin.engine.hooks.matrix_info_hook import gather_rows
+from mmae_plugin.models.utils.gather import gather_rows
 from mmae_plugin.models import TCRLoss, UniformityLoss
 from scipy_matrix_info_reference import (coding_rate, finite_difference_grad,
                                          uniformity)

@@ -14,19 +14,29 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mmae_plugin.comparison import information_flow as flow
-from mmae_plugin.comparison import section3_controls as s3
-from mmae_plugin.comparison.records import read_runs
-from mmae_plugin.comparison.report import correlation_line
+from mmae_compare.records import read_runs
+from mmae_compare.report import correlation_line
+from studies import information_flow as flow
+from studies import section3_controls as s3
 
-ROLES = {'simclr': 'simclr', 'byol': 'byol', 'barlowtwins': 'bt',
-         'spectral': 'spec'}
-LABELS = {'simclr': 'SimCLR', 'byol': 'BYOL', 'bt': 'Barlow Twins',
-          'spec': 'Spectral'}
+ROLES = {
+    'simclr': 'simclr',
+    'byol': 'byol',
+    'barlowtwins': 'bt',
+    'spectral': 'spec'
+}
+LABELS = {
+    'simclr': 'SimCLR',
+    'byol': 'BYOL',
+    'bt': 'Barlow Twins',
+    'spec': 'Spectral'
+}
 NOISE = np.random.default_rng(1).normal(0, 0.01, (5, 4, 31))
 
 
-def synthetic(je, mi=lambda a, e: 1 + e / 10, prefixes=('minfo_heldout', ),
+def synthetic(je,
+              mi=lambda a, e: 1 + e / 10,
+              prefixes=('minfo_heldout', ),
               first_epoch=0):
     """Curves of every role: ``quantity(arm_index, epoch)`` plus noise."""
     curves = {}
@@ -41,7 +51,8 @@ def synthetic(je, mi=lambda a, e: 1 + e / 10, prefixes=('minfo_heldout', ),
                                  ('entropy_1', lambda a, e: 3.0)):
                     run[flow.quantity_key(prefix, name)] = {
                         e: fn(a, e) + NOISE[seed, a, e]
-                        for e in range(start, 31)}
+                        for e in range(start, 31)
+                    }
             curves[(arm, seed)] = run
     return curves
 
@@ -55,21 +66,22 @@ def tost(values, margin):
 
 def beyond(values, margin):
     """The 95 % interval wholly outside (-margin, margin), by scipy."""
-    return (stats.ttest_1samp(values, margin,
-                              alternative='greater').pvalue < 0.025
-            or stats.ttest_1samp(values, -margin,
-                                 alternative='less').pvalue < 0.025)
+    return (
+        stats.ttest_1samp(values, margin, alternative='greater').pvalue < 0.025
+        or
+        stats.ttest_1samp(values, -margin, alternative='less').pvalue < 0.025)
 
 
 def test_equivalence_is_two_one_sided_tests():
     rng = np.random.default_rng(0)
     seen = set()
     for _ in range(300):
-        values = list(rng.normal(rng.uniform(-0.5, 0.5), rng.uniform(0.01,
-                                                                     0.3), 5))
+        values = list(
+            rng.normal(rng.uniform(-0.5, 0.5), rng.uniform(0.01, 0.3), 5))
         iv, verdict = flow.equivalence_verdict(values, 0.2)
-        expected = (flow.HOLDS if tost(values, 0.2) else
-                    flow.FAILS if beyond(values, 0.2) else flow.UNDECIDED)
+        expected = (
+            flow.HOLDS if tost(values, 0.2) else
+            flow.FAILS if beyond(values, 0.2) else flow.UNDECIDED)
         assert verdict == expected, (values, iv)
         low, high = stats.t.interval(0.90, 4, np.mean(values),
                                      stats.sem(values))
@@ -84,11 +96,10 @@ def test_a_small_end_gap_meets_as_equivalence_but_not_as_difference():
     # SimCLR 0.1 nats above the others all along: apart (difference), yet
     # within 5 % of ln 128 (equivalence).
     curves = synthetic(je=lambda a, e: 4 + e / 20 + 0.1 * (a == 0))
-    by_difference = flow.evaluate_statements(curves, ROLES, LABELS, 1, 15,
-                                             30)
+    by_difference = flow.evaluate_statements(curves, ROLES, LABELS, 1, 15, 30)
     margin = flow.MEET_MARGIN_FRACTION * math.log(128)
-    by_equivalence = flow.evaluate_statements(curves, ROLES, LABELS, 1, 15,
-                                              30, meet_margin=margin)
+    by_equivalence = flow.evaluate_statements(
+        curves, ROLES, LABELS, 1, 15, 30, meet_margin=margin)
     assert by_difference[2].number == by_equivalence[2].number == '3'
     assert by_difference[2].verdict == flow.FAILS
     assert by_equivalence[2].verdict == flow.HOLDS
@@ -102,15 +113,17 @@ def test_a_small_end_gap_meets_as_equivalence_but_not_as_difference():
 def test_theorems_are_the_seekers_rise_and_report_the_ceiling_share():
     # BT (a=2) and spectral (a=3) gain joint entropy, the others lose it.
     curves = synthetic(je=lambda a, e: 3 + (1 if a >= 2 else -1) * e / 30)
-    t1, t2 = flow.theorem_statements(curves, ROLES, LABELS, 0, 30,
-                                     ceiling=math.log(128))
+    t1, t2 = flow.theorem_statements(
+        curves, ROLES, LABELS, 0, 30, ceiling=math.log(128))
     assert (t1.number, t1.verdict) == ('T1', flow.HOLDS)
     assert (t2.number, t2.verdict) == ('T2', flow.HOLDS)
     share = [f for f in t2.findings if 'ln d' in f.subject]
-    assert [f.subject.split(':')[0] for f in share] == ['Barlow Twins',
-                                                        'Spectral']
-    bt = [curves[('bt', s)]['minfo_heldout/joint_entropy_cov'][30]
-          for s in range(5)]
+    assert [f.subject.split(':')[0]
+            for f in share] == ['Barlow Twins', 'Spectral']
+    bt = [
+        curves[('bt', s)]['minfo_heldout/joint_entropy_cov'][30]
+        for s in range(5)
+    ]
     assert share[0].interval.mean == pytest.approx(
         np.mean(bt) / math.log(128), rel=1e-12)
     curves = synthetic(je=lambda a, e: 4 - e / 30)
@@ -119,16 +132,15 @@ def test_theorems_are_the_seekers_rise_and_report_the_ceiling_share():
 
 
 def test_the_matrix_marks_a_baseline_that_was_never_logged():
-    curves = synthetic(je=lambda a, e: 4 + e / 20,
-                       prefixes=('minfo_heldout', 'minfo'))
-    matrix = s3.verdict_matrix(curves, ROLES, LABELS, 15, 30,
-                               math.log(128))
+    curves = synthetic(
+        je=lambda a, e: 4 + e / 20, prefixes=('minfo_heldout', 'minfo'))
+    matrix = s3.verdict_matrix(curves, ROLES, LABELS, 15, 30, math.log(128))
     assert len(matrix) == 12
     unlogged = [r for r, st in matrix.items() if not st]
     assert {(r.prefix, r.first) for r in unlogged} == {('minfo', 0)}
     held = matrix[s3.Reading('minfo_heldout', 0, False)]
-    assert [s.number for s in held] == ['1', '2', '3', '4', '5', 'J', 'T1',
-                                        'T2']
+    assert [s.number
+            for s in held] == ['1', '2', '3', '4', '5', 'J', 'T1', 'T2']
     table = s3.matrix_table(matrix, 15)
     assert '| training, from init (0), difference | ' + ' | '.join(
         ['–'] * 8) + ' |' in table
@@ -138,7 +150,9 @@ def test_the_matrix_marks_a_baseline_that_was_never_logged():
 
 def test_roles_are_the_arms_named_after_them():
     assert s3.roles_by_prefix(['simclr90', 'barlowtwins90']) == {
-        'simclr': 'simclr90', 'barlowtwins': 'barlowtwins90'}
+        'simclr': 'simclr90',
+        'barlowtwins': 'barlowtwins90'
+    }
     with pytest.raises(ValueError, match='all start with role'):
         s3.roles_by_prefix(['simclr', 'simclr2', 'barlowtwins'])
     with pytest.raises(ValueError, match="'barlowtwins'"):
@@ -153,12 +167,16 @@ def test_the_controls_page_is_written_from_runs_json(repo_root, tmp_path):
         (tmp_path / name).mkdir()
         shutil.copy(f'{repo_root}/docs/siamese/runs.json', tmp_path / name)
     report = tmp_path / 'controls.md'
-    proc = subprocess.run(
-        [sys.executable, 'tools/analysis/section3_controls.py',
-         '--control', f'base={tmp_path / "base"}:128:projector 128',
-         '--control', f'wide={tmp_path / "wide"}:{10**12}:a wide ceiling',
-         '--report', str(report)], cwd=repo_root, capture_output=True,
-        text=True, timeout=600)
+    proc = subprocess.run([
+        sys.executable, 'tools/analysis/section3_controls.py', '--control',
+        f'base={tmp_path / "base"}:128:projector 128', '--control',
+        f'wide={tmp_path / "wide"}:{10**12}:a wide ceiling', '--report',
+        str(report)
+    ],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = report.read_text()
     assert page.count('| reading | 1 | 2 | 3 | 4 | 5 | J | T1 | T2 |') == 2
@@ -171,10 +189,15 @@ def test_the_controls_page_is_written_from_runs_json(repo_root, tmp_path):
             in wide), wide
     assert (tmp_path / 'siamese_controls' / 'figures' /
             'gaps_over_training.png').stat().st_size > 10_000
-    bad = subprocess.run(
-        [sys.executable, 'tools/analysis/section3_controls.py', '--control',
-         'base=x:wide:t', '--report', str(report)], cwd=repo_root,
-        capture_output=True, text=True, timeout=600)
+    bad = subprocess.run([
+        sys.executable, 'tools/analysis/section3_controls.py', '--control',
+        'base=x:wide:t', '--report',
+        str(report)
+    ],
+                         cwd=repo_root,
+                         capture_output=True,
+                         text=True,
+                         timeout=600)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith(
         'section3_controls.py: error: a control is NAME=DIR:D:TITLE')
@@ -199,16 +222,15 @@ def test_rank_correlations_leave_random_init_out(repo_root):
     assert len(trained) == 20 and abs(r_trained.statistic) < 0.5
 
 
-def test_shipped_controls_page_is_rebuilt_from_runs_json(repo_root,
-                                                         tmp_path):
+def test_shipped_controls_page_is_rebuilt_from_runs_json(repo_root, tmp_path):
     """docs/siamese_controls.md is the page of the committed runs.json
     files: its own command, run on copies of them and of the notes, gives
     every line after the one naming the command and date."""
     import re
     import shlex
     shipped = open(f'{repo_root}/docs/siamese_controls.md').read()
-    command = shlex.split(re.search(r'Generated by `([^`]*)`',
-                                    shipped).group(1))
+    command = shlex.split(
+        re.search(r'Generated by `([^`]*)`', shipped).group(1))
     assert command[:2] == ['python', 'tools/analysis/section3_controls.py']
     args = []
     for flag, value in zip(command[2::2], command[3::2]):
@@ -226,7 +248,9 @@ def test_shipped_controls_page_is_rebuilt_from_runs_json(repo_root,
             value = str(tmp_path / value)
         args += [flag, value]
     proc = subprocess.run([sys.executable, *command[1:2], *args],
-                          cwd=repo_root, capture_output=True, text=True,
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rebuilt = (tmp_path / 'docs' / 'siamese_controls.md').read_text()

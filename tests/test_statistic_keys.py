@@ -14,8 +14,8 @@ import torch
 
 import mmae_plugin  # noqa: F401  (registers the modules)
 import scipy_matrix_info_reference as ref
-from mmae_plugin.engine.hooks.matrix_info_hook import (MatrixInfoHook,
-                                                       to_embeddings)
+from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
+from mmae_plugin.engine.hooks.matrix_info_taps import to_embeddings
 from mmae_plugin.evaluation.metrics import RepresentationStatistics
 from mmae_plugin.evaluation.statistics import representation_statistics
 from mmae_plugin.matrix_info import (POOLINGS, coding_rate, coding_rate_key,

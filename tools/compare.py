@@ -29,9 +29,9 @@ import shlex
 import sys
 from typing import List, Optional, Sequence
 
-from mmae_plugin.comparison import records, spec as layout
-from mmae_plugin.comparison.spec import (Comparison, Protocol, parse_arm,
-                                         parse_options)
+from mmae_compare import records
+from mmae_compare import spec as layout
+from mmae_compare.spec import Comparison, Protocol, parse_arm, parse_options
 
 
 def positive(text: str) -> int:
@@ -162,8 +162,13 @@ def spec_of(args: argparse.Namespace) -> Comparison:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    from mmae_plugin.comparison import jobs
-    spec = layout.freeze(args.out_dir, spec_of(args))
+    from mmae_compare import jobs
+    from mmae_compare.protocol import check_evaluation_settings
+    asked = spec_of(args)
+    # Before anything is recorded or submitted: a setting the evaluation
+    # refuses would otherwise fail every job after its training.
+    check_evaluation_settings(asked.protocol)
+    spec = layout.freeze(args.out_dir, asked)
     if args.restore:
         restored = records.restore_runs(args.out_dir, args.restore)
         print(f'[compare] restored {restored[0]} evaluations and the curves '
@@ -185,7 +190,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 
 
 def report(args: argparse.Namespace, command: str) -> None:
-    from mmae_plugin.comparison.report import write_report
+    from mmae_compare.report import write_report
     path = write_report(args.out_dir, args.report, command, args.title,
                         args.notes)
     print(f'[compare] report written to {path}', flush=True)
@@ -200,17 +205,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.out_dir = osp.abspath(args.out_dir)
+    # The two harmless upstream warnings tools/train.py does not print
+    # either (mmae_plugin.compat.cli_warnings); the jobs' own output goes to
+    # their log files.
+    from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
     try:
-        if args.command == 'status':
-            print(records.status_text(args.out_dir))
-            return 0
-        if args.command == 'report':
-            report(args, reproducing_command(argv))
-            return 0
-        return run(args, reproducing_command(argv))
+        with quiet_known_upstream_warnings():
+            return command_result(args, argv)
     except (ValueError, FileNotFoundError) as error:
         print(f'compare.py: error: {error}', file=sys.stderr)
         return 2
+
+
+def command_result(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run the asked command; its exit status."""
+    if args.command == 'status':
+        print(records.status_text(args.out_dir))
+        return 0
+    if args.command == 'report':
+        report(args, reproducing_command(argv))
+        return 0
+    return run(args, reproducing_command(argv))
 
 
 if __name__ == '__main__':

@@ -8,8 +8,8 @@
 #       work_dirs/simclr_cifar10/epoch_200.pth
 _base_ = ['mmpretrain::_base_/default_runtime.py']
 
-custom_imports = dict(imports=['mmae_plugin.registration'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmae_plugin.registration'], allow_failed_imports=False)
 data_root = 'data/cifar10'
 test_pipeline = [dict(type='PackInputs')]
 
@@ -30,16 +30,24 @@ model = dict(
         num_workers=4,
         sampler=dict(type='DefaultSampler', shuffle=False),
         collate_fn=dict(type='default_collate'),
-        dataset=dict(type='CIFAR10', data_root=data_root, split='train',
-                     download=False, pipeline=test_pipeline)))
+        dataset=dict(
+            type='CIFAR10',
+            data_root=data_root,
+            split='train',
+            download=False,
+            pipeline=test_pipeline)))
 
 test_dataloader = dict(
     batch_size=500,
     num_workers=4,
     sampler=dict(type='DefaultSampler', shuffle=False),
     collate_fn=dict(type='default_collate'),
-    dataset=dict(type='CIFAR10', data_root=data_root, split='test',
-                 download=False, pipeline=test_pipeline))
+    dataset=dict(
+        type='CIFAR10',
+        data_root=data_root,
+        split='test',
+        download=False,
+        pipeline=test_pipeline))
 test_evaluator = [
     dict(type='Accuracy', topk=(1, 5)),
     dict(type='RepresentationStatistics'),

@@ -9,8 +9,9 @@ _base_ = ['byol_fmnist.py']
 
 model = dict(
     neck=dict(hid_channels=2048, out_channels=2048),
-    head=dict(predictor=dict(
-        in_channels=2048, hid_channels=2048, out_channels=2048)))
+    head=dict(
+        predictor=dict(in_channels=2048, hid_channels=2048,
+                       out_channels=2048)))
 
 # A d x d covariance from B images has rank at most B - 1: the held-out
 # batches hold 2048 images (2 of them, 4,096 test images), so the estimate
@@ -19,7 +20,10 @@ model = dict(
 # (256 images) stay rank-limited; every 50 iterations, since a 2048 x 2048
 # eigendecomposition costs several steps.
 custom_hooks = [
-    dict(type='MatrixInfoHook', interval=50, kernel='covariance',
-         heldout=dict(_base_.minfo_heldout, num_batches=2, batch_size=2048)),
+    dict(
+        type='MatrixInfoHook',
+        interval=50,
+        kernel='covariance',
+        heldout=dict(_base_.minfo_heldout, num_batches=2, batch_size=2048)),
     dict(type='DivergenceHook')
 ]

@@ -9,3 +9,8 @@ model = dict(
     regularizer=dict(
         type='TCRLoss', mu=1.0, form='reference', centering=False,
         gather='global', loss_weight=0.01))
+
+# RegularizerSkipHook: reports the steps whose regulariser term was skipped
+# (MMAE's logged reg_skipped code). A named default hook: default_hooks is
+# merged key by key, so the runtime's custom_hooks stay as they are.
+default_hooks = dict(regularizer_skip=dict(type='RegularizerSkipHook'))

@@ -16,7 +16,10 @@ model = dict(neck=dict(hid_channels=2048, out_channels=2048))
 # (256 images) stay rank-limited; every 50 iterations, since a 2048 x 2048
 # eigendecomposition costs several steps.
 custom_hooks = [
-    dict(type='MatrixInfoHook', interval=50, kernel='covariance',
-         heldout=dict(_base_.minfo_heldout, num_batches=2, batch_size=2048)),
+    dict(
+        type='MatrixInfoHook',
+        interval=50,
+        kernel='covariance',
+        heldout=dict(_base_.minfo_heldout, num_batches=2, batch_size=2048)),
     dict(type='DivergenceHook')
 ]

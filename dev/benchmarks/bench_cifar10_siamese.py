@@ -34,8 +34,10 @@ def time_steps(method: str, device: str, batch: int, warmup: int,
     """Mean wall and CPU seconds of ``steps`` training steps."""
     model, optim = build_trainable(f'configs/cifar10/{method}_cifar10.py')
     model = revert_sync_batchnorm(model).to(device)
-    views = [torch.randint(0, 256, (batch, 3, 32, 32), dtype=torch.uint8)
-             for _ in range(2)]
+    views = [
+        torch.randint(0, 256, (batch, 3, 32, 32), dtype=torch.uint8)
+        for _ in range(2)
+    ]
     data = dict(inputs=views, data_samples=None)
     for _ in range(warmup):
         model.train_step(data, optim)
@@ -57,8 +59,8 @@ def main() -> None:
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--steps', type=int, default=3)
     parser.add_argument('--epochs', type=int, default=200)
-    parser.add_argument('--methods', nargs='+', default=list(METHODS),
-                        choices=METHODS)
+    parser.add_argument(
+        '--methods', nargs='+', default=list(METHODS), choices=METHODS)
     args = parser.parse_args()
     # Built models and optimizers log every parameter at INFO.
     MMLogger.get_instance('mmengine', log_level='WARNING')
@@ -72,8 +74,10 @@ def main() -> None:
         wall, cpu = time_steps(method, args.device, args.batch, args.warmup,
                                args.steps)
         epoch_min = wall * steps_per_epoch / 60
-        print(f'| {method} | {wall:.3f} | {cpu:.3f} | {epoch_min:.1f} | '
-              f'{epoch_min * args.epochs / 60:.1f} |', flush=True)
+        print(
+            f'| {method} | {wall:.3f} | {cpu:.3f} | {epoch_min:.1f} | '
+            f'{epoch_min * args.epochs / 60:.1f} |',
+            flush=True)
 
 
 if __name__ == '__main__':

@@ -275,7 +275,7 @@ def timed_run(config: str, iters: int, interval: int,
             original = hook.after_train_iter
 
             def timed(*args, _original=original, _hook=hook, **kwargs):
-                armed = _hook._armed
+                armed = _hook.taps.armed
                 start = time.perf_counter()
                 _original(*args, **kwargs)
                 spent[0] += time.perf_counter() - start

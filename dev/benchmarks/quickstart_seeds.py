@@ -25,8 +25,7 @@ from typing import List, Optional, Sequence
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from mmae_plugin.comparison.intervals import (  # noqa: E402
-    mean_std, paired_interval)
+from mmae_compare.intervals import mean_std, paired_interval  # noqa: E402
 
 CONFIGS = {
     'MAE': 'configs/fashion_mnist/mae_fmnist.py',
@@ -78,7 +77,7 @@ def summarise(runs: dict, seeds: list) -> dict:
     """Mean, std and the paired M-MAE - MAE difference of each metric.
 
     The difference is paired by seed with a 95 % t-interval
-    (:func:`~mmae_plugin.comparison.intervals.paired_interval`); with one
+    (:func:`~mmae_compare.intervals.paired_interval`); with one
     seed, ``ci95`` is ``None`` and ``text`` says "n=1, no interval".
     """
     summary = {}

@@ -5,7 +5,7 @@ Spearman and Kendall (tau-b) rank correlations between each statistic
 comparison (its out dir or a ``runs.json``), with 95 % bootstrap intervals
 over seeds: (a) across arms at a fixed epoch, (b) across epochs within an
 arm, (c) across lambda. The logic is
-``mmae_plugin.comparison.predictors``.
+``studies.predictors``.
 
 Example::
 
@@ -13,10 +13,17 @@ Example::
         --pooling cls --epoch 20 --json /tmp/predictors.json
 """
 import argparse
+import os.path as osp
 import sys
 from typing import Optional, Sequence
 
-from mmae_plugin.comparison import predictors
+# The studies (studies/) are this repository's, not the plugin's: run from a
+# checkout, with its root importable wherever the script is started from.
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from studies import predictors  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

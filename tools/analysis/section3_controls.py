@@ -16,20 +16,30 @@ The first ``--control`` is the base every other is compared with. Roles
 them (``simclr512``).
 """
 import argparse
+import os.path as osp
 import shlex
 import sys
 from typing import Optional, Sequence
+
+# The studies (studies/) are this repository's, not the plugin's: run from a
+# checkout, with its root importable wherever the script is started from.
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--control', action='append', required=True,
-                        metavar='NAME=DIR:D:TITLE',
-                        help='a comparison folder holding runs.json, its '
-                        'embedding width D and what it changes (the first '
-                        'is the base)')
+    parser.add_argument(
+        '--control',
+        action='append',
+        required=True,
+        metavar='NAME=DIR:D:TITLE',
+        help='a comparison folder holding runs.json, its '
+        'embedding width D and what it changes (the first '
+        'is the base)')
     parser.add_argument('--report', required=True, help='markdown page')
     parser.add_argument('--notes', help='markdown appended to the page')
     return parser.parse_args(argv)
@@ -38,14 +48,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from mmae_plugin.comparison.section3_controls import (parse_control,
-                                                          write_controls_page)
+    from studies.section3_controls import parse_control, write_controls_page
     command = 'python tools/analysis/section3_controls.py ' + ' '.join(
         map(shlex.quote, argv))
     try:
         controls = [parse_control(text) for text in args.control]
-        path = write_controls_page(controls, args.report, command,
-                                   args.notes)
+        path = write_controls_page(controls, args.report, command, args.notes)
     except (ValueError, FileNotFoundError) as error:
         print(f'section3_controls.py: error: {error}', file=sys.stderr)
         return 2

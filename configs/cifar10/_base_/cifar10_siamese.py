@@ -9,8 +9,8 @@
 # mmpretrain's CIFAR10 raises "Cannot find CIFAR10 dataset in <folder>".
 # Point it elsewhere with
 #   --cfg-options train_dataloader.dataset.data_root=/path/to/cifar10
-custom_imports = dict(imports=['mmae_plugin.registration'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmae_plugin.registration'], allow_failed_imports=False)
 # default_scope='mmpretrain' comes from mmpretrain's default_runtime.
 
 cifar10_data_root = 'data/cifar10'
@@ -23,18 +23,28 @@ cifar10_data_preprocessor = dict(
 
 # SimCLR's augmentations at 32 x 32 (no blur on CIFAR, as in SimCLR).
 cifar10_view_pipeline = [
-    dict(type='RandomResizedCrop', scale=32, crop_ratio_range=(0.08, 1.0),
-         backend='pillow'),
+    dict(
+        type='RandomResizedCrop',
+        scale=32,
+        crop_ratio_range=(0.08, 1.0),
+        backend='pillow'),
     dict(type='RandomFlip', prob=0.5),
     dict(
         type='RandomApply',
         transforms=[
-            dict(type='ColorJitter', brightness=0.4, contrast=0.4,
-                 saturation=0.4, hue=0.1)
+            dict(
+                type='ColorJitter',
+                brightness=0.4,
+                contrast=0.4,
+                saturation=0.4,
+                hue=0.1)
         ],
         prob=0.8),
-    dict(type='RandomGrayscale', prob=0.2, keep_channels=True,
-         channel_weights=(0.114, 0.587, 0.2989)),
+    dict(
+        type='RandomGrayscale',
+        prob=0.2,
+        keep_channels=True,
+        channel_weights=(0.114, 0.587, 0.2989)),
 ]
 
 cifar10_train_dataloader = dict(
@@ -51,8 +61,10 @@ cifar10_train_dataloader = dict(
         split='train',
         download=False,
         pipeline=[
-            dict(type='MultiView', num_views=2,
-                 transforms=[cifar10_view_pipeline]),
+            dict(
+                type='MultiView',
+                num_views=2,
+                transforms=[cifar10_view_pipeline]),
             dict(type='PackInputs')
         ]))
 
@@ -67,10 +79,20 @@ cifar10_backbone = dict(
 
 cifar10_epochs = 200
 cifar10_param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-4, by_epoch=True, begin=0, end=10,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', T_max=cifar10_epochs - 10, by_epoch=True,
-         begin=10, end=cifar10_epochs, convert_to_iter_based=True)
+    dict(
+        type='LinearLR',
+        start_factor=1e-4,
+        by_epoch=True,
+        begin=0,
+        end=10,
+        convert_to_iter_based=True),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=cifar10_epochs - 10,
+        by_epoch=True,
+        begin=10,
+        end=cifar10_epochs,
+        convert_to_iter_based=True)
 ]
 
 # Paper figures 1-3: quantities of the batch-normalised covariances of the
@@ -92,14 +114,21 @@ cifar10_heldout = dict(
         split='test',
         download=False,
         pipeline=[
-            dict(type='MultiView', num_views=2,
-                 transforms=[cifar10_view_pipeline]),
+            dict(
+                type='MultiView',
+                num_views=2,
+                transforms=[cifar10_view_pipeline]),
             dict(type='PackInputs')
         ]),
     num_batches=2,
     batch_size=2048,
     seed=0,
     mode='train')
-custom_hooks = [dict(type='MatrixInfoHook', interval=50, kernel='covariance',
-                     heldout=cifar10_heldout),
-                dict(type='DivergenceHook')]
+custom_hooks = [
+    dict(
+        type='MatrixInfoHook',
+        interval=50,
+        kernel='covariance',
+        heldout=cifar10_heldout),
+    dict(type='DivergenceHook')
+]

@@ -1,8 +1,6 @@
 """M-MAE and U-MAE: MAE with a regulariser on the encoder's batch features."""
-import logging
 from typing import Dict, List, Optional, Union
 
-from mmengine.logging import MessageHub, print_log
 from mmpretrain.models import MAE
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
@@ -13,12 +11,12 @@ from mmae_plugin.matrix_info.pooling import (POOLINGS, check_pooling_name,
 from mmae_plugin.utils.validation import (check_bool, check_config,
                                           check_init_cfg, check_real)
 from ..losses import FeatureRegularizer
-from ..losses.feature_regularizer import SKIP_GATHER_REFUSED
 
 #: The regularised feature: one of the plugin's token poolings.
 FEATURES = POOLINGS
 #: Logged every step with a regulariser: its ``skip_code``, 0 when applied
-#: (no ``'loss'`` in the name, so mmengine logs it without adding it).
+#: (no ``'loss'`` in the name, so mmengine logs it without adding it);
+#: ``RegularizerSkipHook`` reports it.
 SKIP_KEY = 'reg_skipped'
 
 
@@ -28,17 +26,19 @@ class MMAE(MAE):
 
     With ``regularizer=dict(type='TCRLoss')`` this is M-MAE (Zhang et al.,
     matrix information theory for SSL); with ``UniformityLoss`` it is U-MAE;
-    with ``None`` its loss is mmpretrain's ``MAE`` loss, bit for bit. The
-    reconstruction and the regulariser are returned as separate keys
-    (``loss_rec`` and the regulariser's ``loss_name``) so logs show both; the
-    runner sums them. With a regulariser, ``reg_skipped`` is logged too: the
-    regulariser's :attr:`~FeatureRegularizer.skip_code`, 0 when the term was
-    applied. A step whose features were unusable (NaN/Inf on any rank) gets
-    a zero term on every rank and one warning naming the iteration, issued
-    at the next step from the value mmengine has already read for its log
-    (so the training step itself reads nothing on the host). A step whose
-    gather left some rank's features out (they no longer fit the layout
-    agreed at the first step) raises at the next step, on every rank alike.
+    with ``None`` it computes mmpretrain's ``MAE`` loss (the same value and
+    gradients, so the same training), logged under another key: the
+    reconstruction is returned as ``loss_rec``, not MAE's ``loss``, and the
+    regulariser as its ``loss_name``, so logs show both terms; mmengine
+    sums every ``loss*`` key into the ``loss`` it optimises and logs. With a
+    regulariser, ``reg_skipped`` is logged too: the regulariser's
+    :attr:`~FeatureRegularizer.skip_code`, 0 when the term was applied. A
+    step whose features were unusable (NaN/Inf on any rank) gets a zero term
+    on every rank. The model only logs the code; ``RegularizerSkipHook``
+    (:mod:`mmae_plugin.engine.hooks.regularizer_skip_hook`), which the
+    shipped M-MAE / U-MAE configs select, warns about such a step and raises
+    when a gather left some rank's features out (they no longer fit the
+    layout agreed at the first step).
 
     The encoder's ``mask_ratio`` (a parameter of mmpretrain's ``MAEViT``,
     which accepts any value) is checked at build: it must mask at least one
@@ -88,8 +88,6 @@ class MMAE(MAE):
         self._check_feature_is_defined()
         self._check_mask_ratio()
         self.regularizer = self._build_regularizer(regularizer)
-        #: Runner iteration of the last regularised step not yet checked.
-        self._unchecked_iter: Optional[int] = None
 
     def _check_feature_is_defined(self) -> None:
         """Refuse settings whose pooled feature cannot be computed."""
@@ -169,39 +167,7 @@ class MMAE(MAE):
         pred = self.neck(latent, ids_restore)
         losses = dict(loss_rec=self.head.loss(pred, inputs, mask))
         if self.regularizer is not None:
-            self._warn_if_last_step_was_skipped()
             losses[self.regularizer.loss_name] = self.regularizer(
                 self.pool(latent))
             losses[SKIP_KEY] = self.regularizer.skip_code
         return losses
-
-    def _warn_if_last_step_was_skipped(self) -> None:
-        """Warn about the previous iteration's skipped regulariser.
-
-        mmengine's ``RuntimeInfoHook`` has read every logged value of the
-        previous iteration into the message hub (a host float by now), so
-        this costs no device sync, unlike a check in the step itself.
-        """
-        hub = MessageHub.get_current_instance()
-        iteration = hub.get_info('iter')
-        previous, self._unchecked_iter = self._unchecked_iter, iteration
-        buffer = hub.log_scalars.get(f'train/{SKIP_KEY}')
-        if iteration is None or previous is None or previous == iteration \
-                or buffer is None:
-            return
-        code = int(buffer.current())
-        if code == SKIP_GATHER_REFUSED:
-            # Every rank logged the same code from the same gathered
-            # headers, so every rank raises here, before any collective.
-            raise RuntimeError(
-                f'{self.regularizer.loss_name} could not gather the features '
-                f'of every rank at training iteration {previous + 1}: '
-                f'{self.regularizer.skip_reason(code)}')
-        if code:
-            everywhere = ('this rank' if self.regularizer.gather == 'local'
-                          else 'every rank')
-            print_log(
-                f'{self.regularizer.loss_name} was skipped (a zero with zero '
-                f'gradient) at training iteration {previous + 1} on '
-                f'{everywhere}: {self.regularizer.skip_reason(code)}',
-                logger='current', level=logging.WARNING)

@@ -38,8 +38,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from .records import checked_runs, read_runs
-from .spec import read_json
+from mmae_compare.records import checked_runs, read_runs
+from mmae_compare.spec import read_json
 
 #: The statistics the study logs for every evaluation (prefix ``repr/``).
 STATISTICS = ('erank_cov', 'erank_gram', 'rankme_raw', 'tcr_reference_mu1')
@@ -108,7 +108,7 @@ def load_rows(path: str) -> List[dict]:
 
     Args:
         path: A comparison's out dir (read by
-            :func:`mmae_plugin.comparison.records.read_runs`, which first
+            :func:`mmae_compare.records.read_runs`, which first
             rebuilds its ``runs.json`` from the run folders if they are
             there), a ``runs.json`` file (read as it is, under any name),
             or a JSON list of records.
@@ -202,12 +202,11 @@ class RecordIndex:
             return epoch
         return epochs[0] if len(epochs) == 1 else None
 
-    def pairs(self, arm: str, seed: int, epoch: Optional[int],
-              stat_key: str, acc_key: str
-              ) -> Tuple[Optional[float], Optional[float]]:
+    def pairs(self, arm: str, seed: int, epoch: Optional[int], stat_key: str,
+              acc_key: str) -> Tuple[Optional[float], Optional[float]]:
         """``(statistic, accuracy)`` of one evaluation (None if missing)."""
-        return (self.value(arm, seed, epoch, stat_key),
-                self.value(arm, seed, epoch, acc_key))
+        return (self.value(arm, seed, epoch,
+                           stat_key), self.value(arm, seed, epoch, acc_key))
 
 
 def lambda_arms(rows: List[dict], reference: str) -> Dict[str, float]:
@@ -245,8 +244,7 @@ def default_epoch(index: RecordIndex, reference: str) -> int:
     return max(common or {row['epoch'] for row in index.rows})
 
 
-def fixed_epoch(rows: List[dict], epoch: Optional[int],
-                reference: str) -> int:
+def fixed_epoch(rows: List[dict], epoch: Optional[int], reference: str) -> int:
     """``epoch``, or :func:`default_epoch` when it is None."""
     return default_epoch(RecordIndex(rows), reference) if epoch is None \
         else epoch
@@ -280,9 +278,9 @@ def rank_correlation(x: Sequence[float], y: Sequence[float],
     raise ValueError(f'method must be one of {METHODS}, got {method!r}')
 
 
-def bootstrap(seeds: Sequence[int], estimate: Callable[[List[int]], float],
-              resamples: int, rng: np.random.Generator
-              ) -> Tuple[float, float, int]:
+def bootstrap(seeds: Sequence[int], estimate: Callable[[List[int]],
+                                                       float], resamples: int,
+              rng: np.random.Generator) -> Tuple[float, float, int]:
     """Percentile interval of ``estimate`` over seed resamples.
 
     Args:
@@ -298,8 +296,8 @@ def bootstrap(seeds: Sequence[int], estimate: Callable[[List[int]], float],
         ``(low, high, undefined)``: the 2.5 % and 97.5 % percentiles of the
         defined resamples and how many were undefined.
     """
-    draws = np.sort(rng.choice(np.asarray(seeds),
-                               size=(resamples, len(seeds))), axis=1)
+    draws = np.sort(
+        rng.choice(np.asarray(seeds), size=(resamples, len(seeds))), axis=1)
     distinct, inverse = np.unique(draws, axis=0, return_inverse=True)
     once = np.array([estimate([int(s) for s in draw]) for draw in distinct])
     values = once[np.ravel(inverse)]
@@ -331,11 +329,14 @@ def within_arm(index: RecordIndex, arm: str, stat_key: str, acc_key: str,
     """(b): per-seed correlation over the epochs, averaged over seeds."""
     per_seed = []
     for seed in seeds:
-        pairs = [index.pairs(arm, seed, e, stat_key, acc_key)
-                 for e in index.epochs(arm)]
+        pairs = [
+            index.pairs(arm, seed, e, stat_key, acc_key)
+            for e in index.epochs(arm)
+        ]
         pairs = [p for p in pairs if None not in p]
-        per_seed.append(rank_correlation([p[0] for p in pairs],
-                                         [p[1] for p in pairs], method))
+        per_seed.append(
+            rank_correlation([p[0] for p in pairs], [p[1] for p in pairs],
+                             method))
     per_seed = [r for r in per_seed if not math.isnan(r)]
     return float(np.mean(per_seed)) if per_seed else math.nan
 
@@ -365,29 +366,37 @@ def arm_settings(index: RecordIndex, epoch: int) -> List[Setting]:
     groups = [(f'{len(arms)} arms', arms)]
     if 1 < len(trained) < len(arms):
         groups.append((f'{len(trained)} trained arms', trained))
-    return [Setting(f'(a) {label} at epoch {epoch}', len(names),
-                    lambda s, a, m, seeds, names=names: across_arms(
-                        index, names, epoch, s, a, m, seeds))
-            for label, names in groups]
+    return [
+        Setting(
+            f'(a) {label} at epoch {epoch}',
+            len(names),
+            lambda s, a, m, seeds, names=names: across_arms(
+                index, names, epoch, s, a, m, seeds))
+        for label, names in groups
+    ]
 
 
 def epoch_settings(index: RecordIndex) -> List[Setting]:
     """(b): one setting per arm evaluated at more than one epoch."""
-    return [Setting(
-        f'(b) {arm}, epochs {",".join(map(str, index.epochs(arm)))}',
-        len(index.epochs(arm)),
-        lambda s, a, m, seeds, arm=arm: within_arm(index, arm, s, a, m,
-                                                   seeds),
-        controls=(EPOCH_CONTROL,))
-        for arm in index.arms if index.trained(arm)]
+    return [
+        Setting(
+            f'(b) {arm}, epochs {",".join(map(str, index.epochs(arm)))}',
+            len(index.epochs(arm)),
+            lambda s, a, m, seeds, arm=arm: within_arm(index, arm, s, a, m,
+                                                       seeds),
+            controls=(EPOCH_CONTROL, )) for arm in index.arms
+        if index.trained(arm)
+    ]
 
 
 def lambdas_at(index: RecordIndex, epoch: int,
                reference: str) -> Dict[str, float]:
     """``{arm: lambda}`` of the lambda arms that enter at ``epoch``."""
-    return {arm: lam
-            for arm, lam in lambda_arms(index.rows, reference).items()
-            if index.arm_epoch(arm, epoch) is not None}
+    return {
+        arm: lam
+        for arm, lam in lambda_arms(index.rows, reference).items()
+        if index.arm_epoch(arm, epoch) is not None
+    }
 
 
 def lambda_settings(index: RecordIndex, epoch: int,
@@ -400,12 +409,15 @@ def lambda_settings(index: RecordIndex, epoch: int,
     head = (f'(c) lambda {", ".join(f"{lambdas[n]:g}" for n in names)} at '
             f'epoch {epoch}')
     return [
-        Setting(f'{head}, arm means', len(names),
-                lambda s, a, m, seeds: across_arms(
-                    index, names, epoch, s, a, m, seeds)),
-        Setting(f'{head}, every run', len(names) * len(index.seeds),
-                lambda s, a, m, seeds: pooled_runs(
-                    index, names, epoch, s, a, m, seeds))]
+        Setting(
+            f'{head}, arm means',
+            len(names), lambda s, a, m, seeds: across_arms(
+                index, names, epoch, s, a, m, seeds)),
+        Setting(
+            f'{head}, every run',
+            len(names) * len(index.seeds), lambda s, a, m, seeds: pooled_runs(
+                index, names, epoch, s, a, m, seeds))
+    ]
 
 
 def settings(rows: List[dict], epoch: int, reference: str) -> List[Setting]:
@@ -449,11 +461,14 @@ def inapplicable(rows: List[dict], epoch: int, reference: str) -> List[str]:
     return lines
 
 
-def correlations(rows: List[dict], pooling: str = 'cls',
-                 accuracy: str = 'linear_top1', epoch: Optional[int] = None,
+def correlations(rows: List[dict],
+                 pooling: str = 'cls',
+                 accuracy: str = 'linear_top1',
+                 epoch: Optional[int] = None,
                  reference: str = 'mae',
                  statistics: Sequence[str] = STATISTICS,
-                 resamples: int = 10000, seed: int = 0) -> List[Correlation]:
+                 resamples: int = 10000,
+                 seed: int = 0) -> List[Correlation]:
     """Every setting x statistic x method, with bootstrap intervals; each
     setting's controls follow its statistics.
 
@@ -480,14 +495,15 @@ def correlations(rows: List[dict], pooling: str = 'cls',
             stat_key = 'epoch' if name == EPOCH_CONTROL else \
                 f'{pooling}/repr/{name}'
             for method in METHODS:
-                out.append(correlate(setting, name, stat_key, acc_key,
-                                     method, index.seeds, resamples, seed))
+                out.append(
+                    correlate(setting, name, stat_key, acc_key, method,
+                              index.seeds, resamples, seed))
     return out
 
 
-def correlate(setting: Setting, statistic: str, stat_key: str,
-              acc_key: str, method: str, seeds: Sequence[int],
-              resamples: int, seed: int) -> Correlation:
+def correlate(setting: Setting, statistic: str, stat_key: str, acc_key: str,
+              method: str, seeds: Sequence[int], resamples: int,
+              seed: int) -> Correlation:
     """One setting's correlation on all seeds, with its interval.
 
     Args:
@@ -503,13 +519,14 @@ def correlate(setting: Setting, statistic: str, stat_key: str,
     Returns:
         The correlation.
     """
+
     def estimate(draw: Sequence[int]) -> float:
         return setting.estimate(stat_key, acc_key, method, draw)
 
     low, high, undefined = bootstrap(seeds, estimate, resamples,
                                      np.random.default_rng(seed))
-    return Correlation(setting.name, statistic, method, estimate(seeds),
-                       low, high, setting.points, len(seeds), undefined)
+    return Correlation(setting.name, statistic, method, estimate(seeds), low,
+                       high, setting.points, len(seeds), undefined)
 
 
 # ----------------------------------------------------------------------------
@@ -517,11 +534,13 @@ def correlate(setting: Setting, statistic: str, stat_key: str,
 # ----------------------------------------------------------------------------
 def markdown_table(results: List[Correlation]) -> List[str]:
     """One row per setting and statistic: Spearman and Kendall cells."""
-    lines = ['| setting | points | statistic | Spearman ρ [95 % CI] | '
-             'Kendall τ-b [95 % CI] |', '|---|---|---|---|---|']
+    lines = [
+        '| setting | points | statistic | Spearman ρ [95 % CI] | '
+        'Kendall τ-b [95 % CI] |', '|---|---|---|---|---|'
+    ]
     by_key = {(r.setting, r.statistic, r.method): r for r in results}
-    for setting, statistic in dict.fromkeys(
-            (r.setting, r.statistic) for r in results):
+    settings = dict.fromkeys((r.setting, r.statistic) for r in results)
+    for setting, statistic in settings:
         rho = by_key[(setting, statistic, 'spearman')]
         tau = by_key[(setting, statistic, 'kendall')]
         lines.append(f'| {setting} | {rho.points} | {statistic} | '
@@ -529,8 +548,11 @@ def markdown_table(results: List[Correlation]) -> List[str]:
     return lines
 
 
-def report_lines(rows: List[dict], results: List[Correlation],
-                 pooling: str, accuracy: str, resamples: int,
+def report_lines(rows: List[dict],
+                 results: List[Correlation],
+                 pooling: str,
+                 accuracy: str,
+                 resamples: int,
                  notes: Sequence[str] = ()) -> List[str]:
     """The text the command line prints.
 
@@ -545,9 +567,11 @@ def report_lines(rows: List[dict], results: List[Correlation],
     Returns:
         A summary line, a blank line, the table and then the notes.
     """
-    lines = [f'{pooling} features, {accuracy}, {len(rows)} evaluations, '
-             f'{len(seeds_of(rows))} seeds, {resamples} bootstrap '
-             f'resamples over seeds', '']
+    lines = [
+        f'{pooling} features, {accuracy}, {len(rows)} evaluations, '
+        f'{len(seeds_of(rows))} seeds, {resamples} bootstrap '
+        f'resamples over seeds', ''
+    ]
     lines += markdown_table(results)
     return lines + ([''] + list(notes) if notes else [])
 
@@ -555,5 +579,4 @@ def report_lines(rows: List[dict], results: List[Correlation],
 def write_json(path: str, results: List[Correlation]) -> None:
     """The correlations as a JSON list of :class:`Correlation` fields."""
     with open(path, 'w') as handle:
-        json.dump([dataclasses.asdict(r) for r in results], handle,
-                  indent=1)
+        json.dump([dataclasses.asdict(r) for r in results], handle, indent=1)

@@ -16,19 +16,39 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from mmengine.hooks import Hook
 
-from . import spec as layout
+from mmae_compare import spec as layout
 
 #: Variant name -> changes to the Siamese configs' hook (``heldout`` keys
 #: go to its held-out settings). ``logged`` repeats the hook as configured
 #: (it must reproduce the logged curve, a check of the whole path).
 VARIANTS: Dict[str, dict] = {
     'logged': {},
-    'alpha2': {'alpha': 2.0},
-    'gram_kernel': {'kernel': 'gram'},
-    'batch128': {'heldout': {'batch_size': 128, 'num_batches': 8}},
-    'batch1024': {'heldout': {'batch_size': 1024, 'num_batches': 1}},
-    'eval_bn': {'heldout': {'mode': 'eval'}},
-    'backbone': {'branches': 'backbone'},
+    'alpha2': {
+        'alpha': 2.0
+    },
+    'gram_kernel': {
+        'kernel': 'gram'
+    },
+    'batch128': {
+        'heldout': {
+            'batch_size': 128,
+            'num_batches': 8
+        }
+    },
+    'batch1024': {
+        'heldout': {
+            'batch_size': 1024,
+            'num_batches': 1
+        }
+    },
+    'eval_bn': {
+        'heldout': {
+            'mode': 'eval'
+        }
+    },
+    'backbone': {
+        'branches': 'backbone'
+    },
 }
 
 
@@ -47,8 +67,10 @@ def backbone_branches(model_type: str) -> List[dict]:
     interleaved; the others call the encoder once per view (BYOL: its
     online encoder)."""
     if model_type == 'SimCLR':
-        return [dict(module='backbone', call=0, rows='even'),
-                dict(module='backbone', call=0, rows='odd')]
+        return [
+            dict(module='backbone', call=0, rows='even'),
+            dict(module='backbone', call=0, rows='odd')
+        ]
     return [dict(module='backbone', call=0), dict(module='backbone', call=1)]
 
 
@@ -96,14 +118,16 @@ def measure_checkpoint(config: str, checkpoint: str, variant: Mapping,
     runner = Runner.from_cfg(cfg)
     runner.register_hook(StopBeforeTrainingHook(), priority='LOWEST')
     runner.train()
-    measured = [h for h in runner.hooks if type(h).__name__ ==
-                'MatrixInfoHook']
+    measured = [
+        h for h in runner.hooks if type(h).__name__ == 'MatrixInfoHook'
+    ]
     history = measured[0].heldout_history
-    return {k: v for k, v in history[0].items()
-            if k not in ('epoch', 'step')}
+    return {k: v for k, v in history[0].items() if k not in ('epoch', 'step')}
 
 
-def measure_variants(out_dir: str, arms: Sequence[str], seeds: Sequence[int],
+def measure_variants(out_dir: str,
+                     arms: Sequence[str],
+                     seeds: Sequence[int],
                      epochs: Sequence[int],
                      variants: Optional[Sequence[str]] = None,
                      log=print) -> List[dict]:
@@ -135,9 +159,13 @@ def measure_variants(out_dir: str, arms: Sequence[str], seeds: Sequence[int],
                             osp.join(run, 'variants', f'epoch{epoch}_'
                                      f'{name}'))
                         layout.write_json_atomic(path, values)
-                    rows.append({'arm': arm, 'seed': seed, 'epoch': epoch,
-                                 'variant': name,
-                                 **layout.read_json(path)})
+                    rows.append({
+                        'arm': arm,
+                        'seed': seed,
+                        'epoch': epoch,
+                        'variant': name,
+                        **layout.read_json(path)
+                    })
     return rows
 
 
@@ -159,7 +187,8 @@ def quantity_of(key: str, prefix: str) -> Optional[str]:
     return next((q for q in QUANTITIES if name.startswith(q + '_')), None)
 
 
-def variant_curves(rows: Sequence[dict], variant: str,
+def variant_curves(rows: Sequence[dict],
+                   variant: str,
                    prefix: str = 'minfo_heldout') -> dict:
     """One variant's measurements as the comparison's curves.
 
@@ -176,8 +205,9 @@ def variant_curves(rows: Sequence[dict], variant: str,
         for key, value in row.items():
             quantity = quantity_of(key, prefix)
             if quantity:
-                run.setdefault(quantity_key(prefix, quantity, VARIANT_KERNEL),
-                               {})[row['epoch']] = value
+                run.setdefault(
+                    quantity_key(prefix, quantity, VARIANT_KERNEL),
+                    {})[row['epoch']] = value
     return curves
 
 
@@ -186,7 +216,9 @@ def variants_of(rows: Sequence[dict]) -> List[str]:
     return list(dict.fromkeys(row['variant'] for row in rows))
 
 
-def variant_table(rows: Sequence[dict], first: int, last: int,
+def variant_table(rows: Sequence[dict],
+                  first: int,
+                  last: int,
                   labels: Mapping[str, str],
                   quantities: Sequence[str] = ('mutual_info', 'joint_entropy',
                                                'matrix_js'),
@@ -200,35 +232,40 @@ def variant_table(rows: Sequence[dict], first: int, last: int,
         return quantity_key(prefix, name, VARIANT_KERNEL)
 
     head = ' | '.join(f'{q}: epoch {last} - {first}' for q in quantities)
-    lines = [f'| variant | method | {head} | spectrum JS / matrix JS at '
-             f'epoch {last} |', '|---|---|' + '---|' * (len(quantities) + 1)]
+    lines = [
+        f'| variant | method | {head} | spectrum JS / matrix JS at '
+        f'epoch {last} |', '|---|---|' + '---|' * (len(quantities) + 1)
+    ]
     for variant in variants_of(rows):
         curves = variant_curves(rows, variant, prefix)
         for arm in dict.fromkeys(row['arm'] for row in rows):
             cells = []
             for quantity in quantities:
                 iv = rise(curves, arm, key(quantity), first, last)
-                cells.append('–' if not iv else
-                             f'{iv.text(3)} ({sign_verdict(iv)})')
-            ratio = fraction(curves, arm, key('spectrum_js'),
-                             key('matrix_js'), last)
-            cells.append('–' if not ratio else
-                         ratio.text(3).replace('+', ''))
+                cells.append(
+                    '–' if not iv else f'{iv.text(3)} ({sign_verdict(iv)})')
+            ratio = fraction(curves, arm, key('spectrum_js'), key('matrix_js'),
+                             last)
+            cells.append('–' if not ratio else ratio.text(3).replace('+', ''))
             lines.append(f'| {variant} | {labels.get(arm, arm)} | ' +
                          ' | '.join(cells) + ' |')
     return lines
 
 
-def variant_statements(rows: Sequence[dict], arms: Mapping[str, str],
-                       labels: Mapping[str, str], first: int, mid: int,
-                       last: int, prefix: str = 'minfo_heldout') -> dict:
+def variant_statements(rows: Sequence[dict],
+                       arms: Mapping[str, str],
+                       labels: Mapping[str, str],
+                       first: int,
+                       mid: int,
+                       last: int,
+                       prefix: str = 'minfo_heldout') -> dict:
     """Statements 1-5 and J decided on each variant's measurements.
 
     Args:
         rows: :func:`measure_variants` records at ``first``, ``mid`` and
             ``last``.
         arms: Role -> arm name
-            (:func:`~mmae_plugin.comparison.information_flow.resolve_roles`).
+            (:func:`~studies.information_flow.resolve_roles`).
         labels: Arm name -> label.
         first, mid, last: The epochs of a rise and of "meet at the end".
         prefix: The hook's key prefix.
@@ -237,32 +274,39 @@ def variant_statements(rows: Sequence[dict], arms: Mapping[str, str],
         Variant -> its statements, in order.
     """
     from .information_flow import evaluate_statements
-    return {variant: evaluate_statements(
-        variant_curves(rows, variant, prefix), arms, labels, first, mid,
-        last, prefix, VARIANT_KERNEL) for variant in variants_of(rows)}
+    return {
+        variant: evaluate_statements(
+            variant_curves(rows, variant, prefix), arms, labels, first, mid,
+            last, prefix, VARIANT_KERNEL)
+        for variant in variants_of(rows)
+    }
 
 
 def verdict_matrix(statements: Mapping[str, Sequence]) -> List[str]:
     """Markdown: one row per variant, one verdict per statement."""
     numbers = [st.number for st in next(iter(statements.values()))]
-    lines = ['| variant | ' + ' | '.join(numbers) + ' |',
-             '|---|' + '---|' * len(numbers)]
+    lines = [
+        '| variant | ' + ' | '.join(numbers) + ' |',
+        '|---|' + '---|' * len(numbers)
+    ]
     for variant, decided in statements.items():
-        lines.append(f'| {variant} | ' +
-                     ' | '.join(st.verdict for st in decided) + ' |')
+        lines.append(f'| {variant} | ' + ' | '.join(st.verdict
+                                                    for st in decided) + ' |')
     return lines
 
 
 def variant_legend(variants: Sequence[str]) -> List[str]:
     """Markdown: what each variant changes in the hook."""
-    return [f'- **{name}**: ' + (f'`{VARIANTS[name]}`' if VARIANTS[name]
-                                 else 'the hook as the run logged it')
-            for name in variants]
+    return [
+        f'- **{name}**: ' + (f'`{VARIANTS[name]}`' if VARIANTS[name] else
+                             'the hook as the run logged it')
+        for name in variants
+    ]
 
 
 def variant_report(rows: Sequence[dict], arms: Mapping[str, str],
-                   labels: Mapping[str, str], first: int,
-                   mid: Optional[int], last: int) -> List[str]:
+                   labels: Mapping[str, str], first: int, mid: Optional[int],
+                   last: int) -> List[str]:
     """The markdown a variants run writes: with a ``mid`` epoch, each
     statement's verdict under each variant and every variant's findings;
     then each quantity's rise per variant and method."""
@@ -271,8 +315,10 @@ def variant_report(rows: Sequence[dict], arms: Mapping[str, str],
     lines += variant_legend(variants_of(rows)) + ['']
     if mid is not None:
         decided = variant_statements(rows, arms, labels, first, mid, last)
-        lines += [f'Verdicts per estimator (rises epoch {last} - {first}; '
-                  f'"meet" epoch {mid} against {last}):', '']
+        lines += [
+            f'Verdicts per estimator (rises epoch {last} - {first}; '
+            f'"meet" epoch {mid} against {last}):', ''
+        ]
         lines += verdict_matrix(decided) + ['']
         for variant, statements in decided.items():
             lines += [f'<details><summary>{variant}: findings</summary>', '']

@@ -30,8 +30,8 @@ import dataclasses
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .curves import Curves
-from .intervals import PairedInterval, t_interval
+from mmae_compare.curves import Curves
+from mmae_compare.intervals import PairedInterval, t_interval
 
 #: (arm, seed) -> that run's curves.
 RunCurves = Mapping[Tuple[str, int], Curves]
@@ -53,7 +53,6 @@ MEET_MARGIN_FRACTION = 0.05
 #: Equivalence is two one-sided 5 % tests: the 90 % interval in the margin.
 EQUIVALENCE_LEVEL = 0.90
 
-
 #: The methods a statement names, as roles an arm is mapped to.
 ROLES = ('simclr', 'byol', 'barlowtwins', 'spectral')
 
@@ -63,8 +62,8 @@ def quantity_key(prefix: str, name: str, kernel: str = 'cov') -> str:
     return f'{prefix}/{name}_{kernel}'
 
 
-def resolve_roles(names: Sequence[str],
-                  given: Mapping[str, str]) -> Dict[str, str]:
+def resolve_roles(names: Sequence[str], given: Mapping[str,
+                                                       str]) -> Dict[str, str]:
     """Role -> arm name: ``given``, else the arm named like the role.
 
     Args:
@@ -92,15 +91,19 @@ def resolve_roles(names: Sequence[str],
 def values_at(curves: RunCurves, arm: str, key: str,
               epoch: int) -> Dict[int, float]:
     """Seed -> the arm's value of ``key`` at ``epoch`` (runs that have it)."""
-    return {seed: run[key][epoch] for (name, seed), run in curves.items()
-            if name == arm and epoch in run.get(key, {})}
+    return {
+        seed: run[key][epoch]
+        for (name, seed), run in curves.items()
+        if name == arm and epoch in run.get(key, {})
+    }
 
 
 def paired(first: Mapping[int, float], second: Mapping[int, float],
            combine) -> List[float]:
     """``combine(first[s], second[s])`` over the seeds both have."""
-    return [combine(first[s], second[s])
-            for s in sorted(set(first) & set(second))]
+    return [
+        combine(first[s], second[s]) for s in sorted(set(first) & set(second))
+    ]
 
 
 def interval_of(values: Sequence[float]) -> Optional[PairedInterval]:
@@ -157,13 +160,14 @@ class Statement:
 def rise(curves: RunCurves, arm: str, key: str, first: int,
          last: int) -> Optional[PairedInterval]:
     """``key`` at ``last`` minus at ``first``, paired by seed."""
-    return interval_of(paired(values_at(curves, arm, key, last),
-                              values_at(curves, arm, key, first),
-                              lambda a, b: a - b))
+    return interval_of(
+        paired(
+            values_at(curves, arm, key, last),
+            values_at(curves, arm, key, first), lambda a, b: a - b))
 
 
-def rise_finding(curves: RunCurves, arm: str, label: str, key: str,
-                 first: int, last: int) -> Finding:
+def rise_finding(curves: RunCurves, arm: str, label: str, key: str, first: int,
+                 last: int) -> Finding:
     interval = rise(curves, arm, key, first, last)
     return Finding(f'{label}: epoch {last} - epoch {first}', interval,
                    sign_verdict(interval))
@@ -192,8 +196,8 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
     name = f'{labels[0]} - {labels[1]}'
     mid_iv, last_iv = interval_of(list(at_mid.values())), \
         interval_of(list(at_last.values()))
-    shrink_iv = interval_of(paired(at_mid, at_last,
-                                   lambda m, l: abs(m) - abs(l)))
+    shrink_iv = interval_of(
+        paired(at_mid, at_last, lambda mid, last: abs(mid) - abs(last)))
     apart_at_end = sign_verdict(last_iv) != UNDECIDED
     apart_mid = sign_verdict(mid_iv) != UNDECIDED
     if last_iv is None or not last_iv.has_interval:
@@ -209,18 +213,16 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
                 'apart' if apart_mid else 'not apart'),
         Finding(f'{name} at epoch {last}', last_iv,
                 'apart' if apart_at_end else 'not apart'),
-        Finding(f'abs(gap) at epoch {mid} - abs(gap) at epoch {last}',
-                shrink_iv,
-                'shrinks' if sign_verdict(shrink_iv) == HOLDS else
-                'grows' if sign_verdict(shrink_iv) == FAILS else
-                'no clear change'),
+        Finding(
+            f'abs(gap) at epoch {mid} - abs(gap) at epoch {last}', shrink_iv,
+            'shrinks' if sign_verdict(shrink_iv) == HOLDS else 'grows'
+            if sign_verdict(shrink_iv) == FAILS else 'no clear change'),
     ]
     return findings, verdict
 
 
 def equivalence_verdict(values: Sequence[float],
-                        margin: float) -> Tuple[Optional[PairedInterval],
-                                                str]:
+                        margin: float) -> Tuple[Optional[PairedInterval], str]:
     """Whether a paired difference is equivalent to 0 within ``margin``.
 
     Two one-sided tests at 5 %: holds when the 90 % interval lies inside
@@ -252,33 +254,33 @@ def equivalence_meeting(curves: RunCurves, arm_a: str, arm_b: str,
     """
     at_last = gap(curves, arm_a, arm_b, key, last)
     iv, verdict = equivalence_verdict(list(at_last.values()), margin)
-    return [Finding(f'{labels[0]} - {labels[1]} at epoch {last} (90 % CI; '
-                    f'margin +-{margin:.3f})', iv,
-                    'within margin' if verdict == HOLDS else
-                    'beyond margin' if verdict == FAILS else
-                    'cannot tell')], verdict
+    return [
+        Finding(
+            f'{labels[0]} - {labels[1]} at epoch {last} (90 % CI; '
+            f'margin +-{margin:.3f})', iv, 'within margin' if verdict == HOLDS
+            else 'beyond margin' if verdict == FAILS else 'cannot tell')
+    ], verdict
 
 
 def fraction(curves: RunCurves, arm: str, num_key: str, den_key: str,
              epoch: int) -> Optional[PairedInterval]:
     """``num / den`` at ``epoch`` over seeds, its interval on the log
     scale (a ratio's spread is multiplicative), returned as ratios."""
-    logs = paired(values_at(curves, arm, num_key, epoch),
-                  values_at(curves, arm, den_key, epoch),
-                  lambda n, d: math.log(n / d) if n > 0 and d > 0
-                  else float('nan'))
+    logs = paired(
+        values_at(curves, arm, num_key, epoch),
+        values_at(curves, arm, den_key, epoch), lambda n, d: math.log(n / d)
+        if n > 0 and d > 0 else float('nan'))
     logs = [x for x in logs if math.isfinite(x)]
     if not logs:
         return None
     iv = t_interval(logs)
     if not iv.has_interval:
-        return PairedInterval(math.exp(iv.mean), None, None, 1, iv.level)
-    return PairedInterval(math.exp(iv.mean), math.exp(iv.low),
-                          math.exp(iv.high), iv.n, iv.level)
+        return PairedInterval(math.exp(iv.mean), None, None, iv.n, iv.level)
+    return PairedInterval(
+        math.exp(iv.mean), math.exp(iv.low), math.exp(iv.high), iv.n, iv.level)
 
 
-def below_verdict(interval: Optional[PairedInterval],
-                  threshold: float) -> str:
+def below_verdict(interval: Optional[PairedInterval], threshold: float) -> str:
     """Holds if the interval lies below ``threshold``, fails if above."""
     if interval is None or not interval.has_interval:
         return UNDECIDED
@@ -289,12 +291,16 @@ def below_verdict(interval: Optional[PairedInterval],
     return UNDECIDED
 
 
-def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
-                        labels: Mapping[str, str], first: int, mid: int,
-                        last: int, prefix: str = 'minfo_heldout',
-                        kernel: str = 'cov',
-                        meet_margin: Optional[float] = None
-                        ) -> List[Statement]:
+def evaluate_statements(
+        curves: RunCurves,
+        arms: Mapping[str, str],
+        labels: Mapping[str, str],
+        first: int,
+        mid: int,
+        last: int,
+        prefix: str = 'minfo_heldout',
+        kernel: str = 'cov',
+        meet_margin: Optional[float] = None) -> List[Statement]:
     """Statements 1-5 and the joint-entropy hypothesis J, decided.
 
     Args:
@@ -316,9 +322,11 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
     Returns:
         The statements in order, each with its findings and verdict.
     """
-    key = {name: quantity_key(prefix, name, kernel) for name in (
-        'mutual_info', 'joint_entropy', 'matrix_js', 'spectrum_js',
-        'entropy_1')}
+    key = {
+        name: quantity_key(prefix, name, kernel)
+        for name in ('mutual_info', 'joint_entropy', 'matrix_js',
+                     'spectrum_js', 'entropy_1')
+    }
     paper = [arms[r] for r in ('simclr', 'byol', 'barlowtwins') if r in arms]
     simclr, barlow = arms['simclr'], arms['barlowtwins']
     pair = (labels[simclr], labels[barlow])
@@ -327,53 +335,67 @@ def evaluate_statements(curves: RunCurves, arms: Mapping[str, str],
         if meet_margin is None:
             return meeting_findings(curves, simclr, barlow, pair,
                                     key[quantity], mid, last)
-        return equivalence_meeting(curves, simclr, barlow, pair,
-                                   key[quantity], last, meet_margin)
+        return equivalence_meeting(curves, simclr, barlow, pair, key[quantity],
+                                   last, meet_margin)
 
     def rises(quantity: str) -> List[Finding]:
-        return [rise_finding(curves, arm, labels[arm], key[quantity],
-                             first, last) for arm in paper]
+        return [
+            rise_finding(curves, arm, labels[arm], key[quantity], first, last)
+            for arm in paper
+        ]
 
     statements = []
     findings = rises('mutual_info')
-    statements.append(Statement(
-        '1', 'The matrix mutual information rises during training '
-        '(SimCLR, BYOL, Barlow Twins).', findings,
-        all_of([f.verdict for f in findings])))
+    statements.append(
+        Statement(
+            '1', 'The matrix mutual information rises during training '
+            '(SimCLR, BYOL, Barlow Twins).', findings,
+            all_of([f.verdict for f in findings])))
     findings, verdict = meeting('mutual_info')
-    statements.append(Statement(
-        '2', "SimCLR's and Barlow Twins' mutual information meet at the "
-        'end of training.', findings, verdict))
+    statements.append(
+        Statement(
+            '2', "SimCLR's and Barlow Twins' mutual information meet at the "
+            'end of training.', findings, verdict))
     rising = rises('joint_entropy')
     meet, meet_verdict = meeting('joint_entropy')
-    statements.append(Statement(
-        '3', "The matrix joint entropy rises during training, and SimCLR's "
-        "and Barlow Twins' meet at the end.", rising + meet,
-        all_of([f.verdict for f in rising] + [meet_verdict])))
+    statements.append(
+        Statement(
+            '3',
+            "The matrix joint entropy rises during training, and SimCLR's "
+            "and Barlow Twins' meet at the end.", rising + meet,
+            all_of([f.verdict for f in rising] + [meet_verdict])))
     small = []
     for arm in paper:
         iv = fraction(curves, arm, key['matrix_js'], key['entropy_1'], last)
-        small.append(Finding(
-            f'{labels[arm]}: matrix JS / branch entropy at epoch {last}',
-            iv, below_verdict(iv, SMALL_JS_FRACTION), ratio=True))
+        small.append(
+            Finding(
+                f'{labels[arm]}: matrix JS / branch entropy at epoch {last}',
+                iv,
+                below_verdict(iv, SMALL_JS_FRACTION),
+                ratio=True))
     rising = rises('matrix_js')
-    statements.append(Statement(
-        '4', 'The matrix JS divergence between the branches is small and '
-        'rises during training.', small + rising,
-        all_of([f.verdict for f in small + rising])))
+    statements.append(
+        Statement(
+            '4', 'The matrix JS divergence between the branches is small and '
+            'rises during training.', small + rising,
+            all_of([f.verdict for f in small + rising])))
     findings = []
     for arm in paper:
-        iv = fraction(curves, arm, key['spectrum_js'], key['matrix_js'],
-                      last)
-        findings.append(Finding(
-            f'{labels[arm]}: spectrum JS / matrix JS at epoch {last}', iv,
-            below_verdict(iv, MUCH_SMALLER_RATIO), ratio=True))
-    statements.append(Statement(
-        '5', 'The JS divergence of the eigenvalue distributions is much '
-        'smaller than the matrix JS divergence.', findings,
-        all_of([f.verdict for f in findings])))
-    statements.append(joint_entropy_objective(curves, arms, labels, last,
-                                              key['joint_entropy']))
+        iv = fraction(curves, arm, key['spectrum_js'], key['matrix_js'], last)
+        findings.append(
+            Finding(
+                f'{labels[arm]}: spectrum JS / matrix JS at epoch {last}',
+                iv,
+                below_verdict(iv, MUCH_SMALLER_RATIO),
+                ratio=True))
+    statements.append(
+        Statement(
+            '5', 'The JS divergence of the eigenvalue distributions is much '
+            'smaller than the matrix JS divergence.', findings,
+            all_of([f.verdict for f in findings])))
+    statements.append(
+        joint_entropy_objective(curves, arms, labels, last,
+                                key['joint_entropy']))
     return statements
 
 
@@ -388,21 +410,24 @@ def joint_entropy_objective(curves: RunCurves, arms: Mapping[str, str],
     findings = []
     for high in maximisers:
         for low in others:
-            iv = interval_of(list(gap(curves, high, low, key,
-                                      last).values()))
-            findings.append(Finding(
-                f'{labels[high]} - {labels[low]} at epoch {last}', iv,
-                sign_verdict(iv)))
+            iv = interval_of(list(gap(curves, high, low, key, last).values()))
+            findings.append(
+                Finding(f'{labels[high]} - {labels[low]} at epoch {last}', iv,
+                        sign_verdict(iv)))
     return Statement(
         'J', 'Our hypothesis from Theorem 2, not a claim of the paper: '
         'Barlow Twins and spectral contrastive learning, which seek maximal '
-        'joint entropy, end with more of it than SimCLR and BYOL.',
-        findings, all_of([f.verdict for f in findings]))
+        'joint entropy, end with more of it than SimCLR and BYOL.', findings,
+        all_of([f.verdict for f in findings]))
 
 
-def theorem_statements(curves: RunCurves, arms: Mapping[str, str],
-                       labels: Mapping[str, str], first: int, last: int,
-                       prefix: str = 'minfo_heldout', kernel: str = 'cov',
+def theorem_statements(curves: RunCurves,
+                       arms: Mapping[str, str],
+                       labels: Mapping[str, str],
+                       first: int,
+                       last: int,
+                       prefix: str = 'minfo_heldout',
+                       kernel: str = 'cov',
                        ceiling: Optional[float] = None) -> List[Statement]:
     """The paper's Theorems 1 and 2 as they are stated: Barlow Twins and
     spectral contrastive learning *seek* maximal mutual information (T1)
@@ -425,28 +450,36 @@ def theorem_statements(curves: RunCurves, arms: Mapping[str, str],
     """
     seekers = [arms[r] for r in ('barlowtwins', 'spectral') if r in arms]
     statements = []
-    for number, quantity, name in (('T1', 'mutual_info',
-                                    'mutual information'),
+    for number, quantity, name in (('T1', 'mutual_info', 'mutual information'),
                                    ('T2', 'joint_entropy', 'joint entropy')):
         key = quantity_key(prefix, quantity, kernel)
-        findings = [rise_finding(curves, arm, labels[arm], key, first, last)
-                    for arm in seekers]
+        findings = [
+            rise_finding(curves, arm, labels[arm], key, first, last)
+            for arm in seekers
+        ]
         verdict = all_of([f.verdict for f in findings])
         if ceiling is not None:
             for arm in seekers:
-                values = [v / ceiling for v in
-                          values_at(curves, arm, key, last).values()]
-                findings.append(Finding(
-                    f'{labels[arm]}: {name} / ln d at epoch {last}',
-                    interval_of(values), 'of the ceiling', ratio=True))
-        statements.append(Statement(
-            number, f'Theorem {number[1]}: Barlow Twins and spectral '
-            f'contrastive learning seek maximal {name} (it rises during '
-            'training).', findings, verdict))
+                values = [
+                    v / ceiling
+                    for v in values_at(curves, arm, key, last).values()
+                ]
+                findings.append(
+                    Finding(
+                        f'{labels[arm]}: {name} / ln d at epoch {last}',
+                        interval_of(values),
+                        'of the ceiling',
+                        ratio=True))
+        statements.append(
+            Statement(
+                number, f'Theorem {number[1]}: Barlow Twins and spectral '
+                f'contrastive learning seek maximal {name} (it rises during '
+                'training).', findings, verdict))
     return statements
 
 
-def format_interval(interval: Optional[PairedInterval], digits: int = 3,
+def format_interval(interval: Optional[PairedInterval],
+                    digits: int = 3,
                     ratio: bool = False) -> str:
     """``+0.123 [+0.050, +0.196] (n=5)`` (a ratio: ``0.012 [0.008,
     0.017] (n=5)``), or why there is no interval."""
@@ -458,14 +491,15 @@ def format_interval(interval: Optional[PairedInterval], digits: int = 3,
 
 def verdict_table(statements: Sequence[Statement]) -> List[str]:
     """Markdown rows: statement, finding, mean [95 % CI] (n), verdict."""
-    lines = ['| # | statement | measured | mean [95 % CI] (n) | finding | '
-             'verdict |', '|---|---|---|---|---|---|']
+    lines = [
+        '| # | statement | measured | mean [95 % CI] (n) | finding | '
+        'verdict |', '|---|---|---|---|---|---|'
+    ]
     for st in statements:
         for i, f in enumerate(st.findings):
-            lines.append(
-                f'| {st.number if i == 0 else ""} | '
-                f'{st.text if i == 0 else ""} | {f.subject} | '
-                f'{format_interval(f.interval, ratio=f.ratio)} | '
-                f'{f.verdict} | '
-                f'{"**" + st.verdict + "**" if i == 0 else ""} |')
+            lines.append(f'| {st.number if i == 0 else ""} | '
+                         f'{st.text if i == 0 else ""} | {f.subject} | '
+                         f'{format_interval(f.interval, ratio=f.ratio)} | '
+                         f'{f.verdict} | '
+                         f'{"**" + st.verdict + "**" if i == 0 else ""} |')
     return lines

@@ -2,9 +2,10 @@
 
 Every comparison the report makes is a paired difference: ``a[seed] -
 b[seed]`` over the seeds both arms have, its mean, and a two-sided
-Student-t interval of that mean. With a single common seed there is no
-interval, and the text says so instead of printing a zero-width
-``[mean, mean]``.
+Student-t interval of that mean (scipy's ``ttest_1samp``). With a single
+common seed, or with differences that are all equal (no spread to estimate
+the error from), there is no interval, and the text says so instead of
+printing a zero-width ``[mean, mean]`` that would read as significant.
 """
 import dataclasses
 import math
@@ -15,6 +16,13 @@ from scipy import stats
 
 #: The text of a difference measured on one seed only.
 NO_INTERVAL = 'n=1, no interval'
+#: The text of n >= 2 differences that are all equal: their sample standard
+#: deviation is 0, so the t-interval would have zero width whatever n is.
+NO_SPREAD = 'all equal, no spread: no interval'
+#: Differences closer than this (relative to their size, or absolutely for
+#: differences near 0) count as equal: recorded metrics are float64 sums,
+#: so equal results can differ by rounding (~1e-14 of the values).
+EQUAL_TOLERANCE = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +31,9 @@ class PairedInterval:
 
     Attributes:
         mean: Mean of the per-seed differences.
-        low: Lower end of the interval; ``None`` when ``n == 1``.
-        high: Upper end of the interval; ``None`` when ``n == 1``.
+        low: Lower end of the interval; ``None`` when ``n == 1`` or the
+            differences are all equal.
+        high: Upper end of the interval; ``None`` likewise.
         n: Number of paired seeds.
         level: Confidence level, e.g. 0.95.
     """
@@ -54,9 +63,12 @@ class PairedInterval:
         return 'no sig. difference'
 
     def text(self, digits: int = 2) -> str:
-        """``+0.12 [-0.30, +0.54] (n=5)``, or ``+0.12 (n=1, no interval)``."""
+        """``+0.12 [-0.30, +0.54] (n=5)``, ``+0.12 (n=1, no interval)`` or
+        ``-0.20 (n=2, all equal, no spread: no interval)``."""
         if not self.has_interval:
-            return f'{self.mean:+.{digits}f} ({NO_INTERVAL})'
+            if self.n == 1:
+                return f'{self.mean:+.{digits}f} ({NO_INTERVAL})'
+            return f'{self.mean:+.{digits}f} (n={self.n}, {NO_SPREAD})'
         return (f'{self.mean:+.{digits}f} [{self.low:+.{digits}f}, '
                 f'{self.high:+.{digits}f}] (n={self.n})')
 
@@ -64,8 +76,7 @@ class PairedInterval:
         return dataclasses.asdict(self)
 
 
-def t_interval(values: Sequence[float],
-               level: float = 0.95) -> PairedInterval:
+def t_interval(values: Sequence[float], level: float = 0.95) -> PairedInterval:
     """Mean of ``values`` with its two-sided Student-t interval.
 
     Args:
@@ -73,7 +84,9 @@ def t_interval(values: Sequence[float],
         level: Confidence level in (0, 1).
 
     Returns:
-        The :class:`PairedInterval`; without ends for a single value.
+        The :class:`PairedInterval` (scipy's ``ttest_1samp`` interval);
+        without ends for a single value or for values that are all equal
+        (to :data:`EQUAL_TOLERANCE`).
 
     Raises:
         ValueError: If ``values`` is empty, not finite, or ``level`` is
@@ -88,15 +101,30 @@ def t_interval(values: Sequence[float],
     if not np.isfinite(x).all():
         raise ValueError(f'values must be finite, got {x.tolist()}')
     mean = float(x.mean())
-    if x.size == 1:
-        return PairedInterval(mean, None, None, 1, level)
-    sem = float(x.std(ddof=1)) / math.sqrt(x.size)
-    quantile = float(stats.t.ppf(0.5 + level / 2, x.size - 1))
-    return PairedInterval(mean, mean - quantile * sem, mean + quantile * sem,
+    if x.size == 1 or all_equal(x):
+        return PairedInterval(mean, None, None, int(x.size), level)
+    interval = stats.ttest_1samp(
+        x, 0.0).confidence_interval(confidence_level=level)
+    return PairedInterval(mean, float(interval.low), float(interval.high),
                           int(x.size), level)
 
 
-def paired_interval(ours: Mapping[int, float], base: Mapping[int, float],
+def all_equal(values: np.ndarray) -> bool:
+    """Whether ``values`` differ by no more than rounding.
+
+    Args:
+        values: Finite float64 values.
+
+    Returns:
+        True when their range is within :data:`EQUAL_TOLERANCE` of their
+        largest magnitude (or of 1, for values near 0).
+    """
+    scale = max(1.0, float(np.abs(values).max()))
+    return float(np.ptp(values)) <= EQUAL_TOLERANCE * scale
+
+
+def paired_interval(ours: Mapping[int, float],
+                    base: Mapping[int, float],
                     level: float = 0.95) -> Optional[PairedInterval]:
     """``ours - base`` paired by seed, over the seeds both have.
 

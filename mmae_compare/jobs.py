@@ -88,8 +88,10 @@ def log_event(directory: str, **event) -> None:
 def pending_epochs(out_dir: str, spec: Comparison, arm: str,
                    seed: int) -> List[int]:
     """Evaluation epochs of a run that have no record yet."""
-    return [epoch for epoch in spec.arm_eval_epochs(spec.arm(arm))
-            if not osp.isfile(layout.eval_path(out_dir, arm, seed, epoch))]
+    return [
+        epoch for epoch in spec.arm_eval_epochs(spec.arm(arm))
+        if not osp.isfile(layout.eval_path(out_dir, arm, seed, epoch))
+    ]
 
 
 def make_checkpoint(out_dir: str, spec: Comparison, arm: str, seed: int,
@@ -108,8 +110,9 @@ def make_checkpoint(out_dir: str, spec: Comparison, arm: str, seed: int,
             raise FileNotFoundError(
                 f'{path} is missing but the run is already at epoch '
                 f'{trained}; delete {directory} to retrain it')
-        train_segment(layout.frozen_config_path(out_dir, arm), spec, config,
-                      seed, directory, epoch, launcher)
+        train_segment(
+            layout.frozen_config_path(out_dir, arm), spec, config, seed,
+            directory, epoch, launcher)
     elif rank() == 0:
         save_random_init(out_dir, arm, seed, path)
     return path
@@ -121,12 +124,19 @@ def save_random_init(out_dir: str, arm: str, seed: int, path: str) -> None:
 
     from mmae_plugin.checkpoint.atomic_write import open_atomically
     from .protocol import random_init_state
-    state = random_init_state(layout.frozen_config_path(out_dir, 'eval'),
-                              seed)
+    state = random_init_state(layout.frozen_config_path(out_dir, 'eval'), seed)
     os.makedirs(osp.dirname(path), exist_ok=True)
     with open_atomically(path) as f:
-        torch.save({'state_dict': state,
-                    'meta': {'comparison': {'arm': arm, 'seed': seed}}}, f)
+        torch.save(
+            {
+                'state_dict': state,
+                'meta': {
+                    'comparison': {
+                        'arm': arm,
+                        'seed': seed
+                    }
+                }
+            }, f)
 
 
 def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,
@@ -136,22 +146,34 @@ def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,
     start = time.time()
     checkpoint = layout.checkpoint_path(out_dir, arm, seed, epoch)
     protocol = spec.protocol
-    record = {'arm': arm, 'seed': seed, 'epoch': epoch,
-              'checkpoint': osp.relpath(checkpoint, out_dir)}
+    record = {
+        'arm': arm,
+        'seed': seed,
+        'epoch': epoch,
+        'checkpoint': osp.relpath(checkpoint, out_dir)
+    }
     eval_file = layout.eval_path(out_dir, arm, seed, epoch)
     if protocol.eval_config is not None:
-        record.update(evaluate_checkpoint(
-            layout.frozen_config_path(out_dir, 'eval'), checkpoint, seed,
-            protocol.poolings, protocol.shots, protocol.bank_images,
-            protocol.test_images, protocol.weight_decay,
-            features_out=eval_file[:-5] + '_test_features.pt'))
+        record.update(
+            evaluate_checkpoint(
+                layout.frozen_config_path(out_dir, 'eval'),
+                checkpoint,
+                seed,
+                protocol.poolings,
+                protocol.shots,
+                protocol.bank_images,
+                protocol.test_images,
+                protocol.weight_decay,
+                features_out=eval_file[:-5] + '_test_features.pt'))
     for name, _ in protocol.test_configs:
         metrics = test_config_metrics(
             layout.frozen_config_path(out_dir, f'test_{name}'), checkpoint,
-            osp.join(layout.run_dir(out_dir, arm, seed), 'test',
-                     f'{name}_epoch{epoch}'))
-        record.update({f'{name}/{key}': value
-                       for key, value in metrics.items()})
+            osp.join(
+                layout.run_dir(out_dir, arm, seed), 'test',
+                f'{name}_epoch{epoch}'))
+        record.update(
+            {f'{name}/{key}': value
+             for key, value in metrics.items()})
     # Timings under time/: they differ from run to run, the numbers don't.
     record['time/eval_s'] = round(time.time() - start, 1)
     layout.write_json_atomic(eval_file, record)
@@ -160,12 +182,16 @@ def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,
 
 def barrier() -> None:
     """Wait for every rank of a multi-GPU job (no-op otherwise)."""
-    from mmengine.dist import barrier as dist_barrier, is_distributed
+    from mmengine.dist import barrier as dist_barrier
+    from mmengine.dist import is_distributed
     if is_distributed():
         dist_barrier()
 
 
-def run(out_dir: str, arm: str, seed: int, launcher: str = 'none',
+def run(out_dir: str,
+        arm: str,
+        seed: int,
+        launcher: str = 'none',
         threads: Optional[int] = None) -> Dict[str, object]:
     """Everything one (arm, seed) still needs, in order.
 
@@ -188,10 +214,13 @@ def run(out_dir: str, arm: str, seed: int, launcher: str = 'none',
     directory = layout.run_dir(out_dir, arm, seed)
     todo = pending_epochs(out_dir, spec, arm, seed)
     if rank() == 0:
-        log_event(directory, event='start', pending=todo,
-                  trained_epoch=layout.last_checkpoint_epoch(directory),
-                  job=os.environ.get('SLURM_JOB_ID', 'local'),
-                  restarts=int(os.environ.get('SLURM_RESTART_COUNT', '0')))
+        log_event(
+            directory,
+            event='start',
+            pending=todo,
+            trained_epoch=layout.last_checkpoint_epoch(directory),
+            job=os.environ.get('SLURM_JOB_ID', 'local'),
+            restarts=int(os.environ.get('SLURM_RESTART_COUNT', '0')))
     done = []
     for epoch in todo:
         make_checkpoint(out_dir, spec, arm, seed, epoch, launcher)
@@ -207,7 +236,10 @@ class RunJob(submitit.helpers.Checkpointable):
     """The submitit job of one (arm, seed): :func:`run`, requeued with the
     same arguments on preemption or timeout (``Checkpointable``)."""
 
-    def __call__(self, out_dir: str, arm: str, seed: int,
+    def __call__(self,
+                 out_dir: str,
+                 arm: str,
+                 seed: int,
                  launcher: str = 'none',
                  threads: Optional[int] = None) -> Dict[str, object]:
         return run(out_dir, arm, seed, launcher, threads)
@@ -216,18 +248,24 @@ class RunJob(submitit.helpers.Checkpointable):
 # ----------------------------------------------------------------------------
 # Submitting and waiting
 # ----------------------------------------------------------------------------
-def make_executor(out_dir: str, resources: Resources
-                  ) -> submitit.AutoExecutor:
+def make_executor(out_dir: str, resources: Resources) -> submitit.AutoExecutor:
     """submitit's executor for ``resources``; its files go to
-    ``<out-dir>/jobs/``."""
-    executor = submitit.AutoExecutor(folder=osp.join(out_dir, 'jobs', '%j'),
-                                     cluster=resources.cluster)
+    ``<out-dir>/jobs/``, named by job id.
+
+    The folder has no ``%j`` part: submitit's local executor would create
+    it literally (a ``jobs/%j`` folder beside the jobs' own).
+    """
+    executor = submitit.AutoExecutor(
+        folder=osp.join(out_dir, 'jobs'), cluster=resources.cluster)
     # One task per GPU only where MMEngine's slurm launcher joins them;
     # a local job is one process (on the first of its GPUs).
     tasks = resources.gpus if resources.launcher == 'slurm' else 1
     executor.update_parameters(
-        name='mmae-compare', timeout_min=resources.time_min, nodes=1,
-        tasks_per_node=tasks, cpus_per_task=resources.cpus_per_task,
+        name='mmae-compare',
+        timeout_min=resources.time_min,
+        nodes=1,
+        tasks_per_node=tasks,
+        cpus_per_task=resources.cpus_per_task,
         gpus_per_node=resources.gpus)
     if resources.cluster == 'slurm':
         executor.update_parameters(slurm_partition=resources.partition)
@@ -239,7 +277,8 @@ def slurm_job_gone(job_id: str) -> bool:
     cancelled). The state comes from squeue: a cluster without an
     accounting database has no sacct, which submitit's own check uses."""
     proc = subprocess.run(['squeue', '-h', '-j', job_id, '-o', '%T'],
-                          capture_output=True, text=True)
+                          capture_output=True,
+                          text=True)
     return proc.returncode != 0 or not proc.stdout.strip()
 
 
@@ -260,15 +299,18 @@ def job_failure(job: submitit.Job, name: str) -> Optional[str]:
             job.result()
             return None
         except Exception as error:  # the job's own exception, re-raised
-            raised = [line.strip() for line in str(error).splitlines()
-                      if re.match(r'\s*[\w.]+(Error|Exception)\b', line)]
+            raised = [
+                line.strip() for line in str(error).splitlines()
+                if re.match(r'\s*[\w.]+(Error|Exception)\b', line)
+            ]
             detail = raised[-1] if raised else type(error).__name__
     else:
         detail = 'ended without a result (killed or cancelled)'
     return f'{name} (job {job.job_id}): {detail}; see {job.paths.stderr}'
 
 
-def wait(jobs: Sequence[Tuple[str, submitit.Job]], poll_s: float = 2.0,
+def wait(jobs: Sequence[Tuple[str, submitit.Job]],
+         poll_s: float = 2.0,
          log=print) -> List[str]:
     """Wait for every job.
 
@@ -284,8 +326,8 @@ def wait(jobs: Sequence[Tuple[str, submitit.Job]], poll_s: float = 2.0,
                 still.append((name, job))
                 continue
             failure = job_failure(job, name)
-            log(f'[compare] {name}: ' + ('done' if failure is None
-                                         else 'FAILED'))
+            log(f'[compare] {name}: ' +
+                ('done' if failure is None else 'FAILED'))
             if failure:
                 failures.append(failure)
         pending = still
@@ -294,9 +336,11 @@ def wait(jobs: Sequence[Tuple[str, submitit.Job]], poll_s: float = 2.0,
     return failures
 
 
-def submit(out_dir: str, spec: Comparison, resources: Resources,
-           runs: Sequence[Tuple[str, int]], log=print
-           ) -> List[Tuple[str, submitit.Job]]:
+def submit(out_dir: str,
+           spec: Comparison,
+           resources: Resources,
+           runs: Sequence[Tuple[str, int]],
+           log=print) -> List[Tuple[str, submitit.Job]]:
     """Submit one :class:`RunJob` per run.
 
     Slurm takes them all at once (its scheduler decides); the local
@@ -315,8 +359,8 @@ def submit(out_dir: str, spec: Comparison, resources: Resources,
                 running = [(n, j) for n, j in running if not j.done()]
                 time.sleep(0 if len(running) < resources.parallel else 1)
         name = f'{arm} seed {seed}'
-        job = executor.submit(RunJob(), out_dir, arm, seed,
-                              resources.launcher, threads)
+        job = executor.submit(RunJob(), out_dir, arm, seed, resources.launcher,
+                              threads)
         log(f'[compare] {name}: submitted as job {job.job_id}')
         submitted.append((name, job))
         running.append((name, job))
@@ -327,4 +371,3 @@ def unfinished_runs(out_dir: str, spec: Comparison) -> List[Tuple[str, int]]:
     """Runs with an evaluation record missing, seed-major."""
     return [(arm, seed) for arm, seed in spec.runs()
             if pending_epochs(out_dir, spec, arm, seed)]
-

@@ -57,9 +57,10 @@ class Arm:
             object.__setattr__(self, 'label', self.name)
         # JSON-normal values (tuples as lists): the recorded spec read back
         # equals the one asked for.
-        object.__setattr__(self, 'options', tuple(
-            (str(key), json.loads(json.dumps(value)))
-            for key, value in self.options))
+        object.__setattr__(
+            self, 'options',
+            tuple((str(key), json.loads(json.dumps(value)))
+                  for key, value in self.options))
 
     @property
     def trains(self) -> bool:
@@ -94,8 +95,9 @@ class Protocol:
     def __post_init__(self):
         object.__setattr__(self, 'poolings', tuple(self.poolings))
         object.__setattr__(self, 'shots', tuple(self.shots))
-        object.__setattr__(self, 'test_configs', tuple(
-            (name, config) for name, config in self.test_configs))
+        object.__setattr__(
+            self, 'test_configs',
+            tuple((name, config) for name, config in self.test_configs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +129,10 @@ class Comparison:
     def __post_init__(self):
         for name in ('arms', 'seeds', 'eval_epochs'):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, 'cfg_options', tuple(
-            (str(key), json.loads(json.dumps(value)))
-            for key, value in self.cfg_options))
+        object.__setattr__(
+            self, 'cfg_options',
+            tuple((str(key), json.loads(json.dumps(value)))
+                  for key, value in self.cfg_options))
         check_comparison(self)
 
     def arm(self, name: str) -> Arm:
@@ -265,8 +268,9 @@ def checkpoint_epochs(directory: str) -> List[int]:
     """Epochs of the ``epoch_<e>.pth`` files in a run directory."""
     if not osp.isdir(directory):
         return []
-    found = (re.fullmatch(r'epoch_(\d+)\.pth', name)
-             for name in os.listdir(directory))
+    found = (
+        re.fullmatch(r'epoch_(\d+)\.pth', name)
+        for name in os.listdir(directory))
     return sorted(int(m.group(1)) for m in found if m)
 
 
@@ -320,8 +324,10 @@ def configs_to_freeze(spec: Comparison) -> Dict[str, str]:
     wanted = {arm.name: arm.config for arm in spec.arms if arm.trains}
     if spec.protocol.eval_config is not None:
         wanted['eval'] = spec.protocol.eval_config
-    wanted.update({f'test_{name}': config
-                   for name, config in spec.protocol.test_configs})
+    wanted.update({
+        f'test_{name}': config
+        for name, config in spec.protocol.test_configs
+    })
     return wanted
 
 
@@ -343,6 +349,7 @@ def freeze(out_dir: str, spec: Comparison) -> Comparison:
                 'rerun with the recorded settings or use a new --out-dir')
         return recorded
     from mmengine.config import Config
+
     import mmae_plugin.registration  # noqa: F401  (the plugin's modules)
     for name, config in configs_to_freeze(spec).items():
         target = frozen_config_path(out_dir, name)

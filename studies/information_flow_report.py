@@ -1,11 +1,12 @@
 """The information-flow page of a comparison: figures 1-3 and verdicts.
 
 Reads ``runs.json`` (the per-epoch curves ``MatrixInfoHook`` logged, see
-:mod:`.curves`) and draws the paper's figures as it draws them, one curve
-per method over training epochs, here the mean over seeds with the range
-of the seeds shaded; then decides the paper's statements
+:mod:`mmae_compare.curves`) and draws the paper's figures as it draws them,
+one curve per method over training epochs, here the mean over seeds with
+the range of the seeds shaded; then decides the paper's statements
 (:mod:`.information_flow`) and writes a markdown page. Arms keep the
-colour and marker of the comparison report (:func:`.report.arm_style`).
+colour and marker of the comparison report
+(:func:`mmae_compare.report.arm_style`).
 """
 import datetime
 import math
@@ -14,24 +15,24 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from mmae_compare.records import read_curves, read_runs
+from mmae_compare.report import (_pyplot, arm_style, legend_outside, save,
+                                 write_page)
+from mmae_compare.spec import Comparison
 from . import information_flow as flow
 from .information_flow import RunCurves
-from .records import read_curves, read_runs
-from .report import _pyplot, arm_style, legend_outside, save, write_page
-from .spec import Comparison
 
 #: The figures: file stem -> (title, [(quantity, panel title)]).
 FIGURES = {
-    'figure1_mutual_information': (
-        'Figure 1: matrix mutual information between the branches',
-        [('mutual_info', 'mutual information (nats)')]),
-    'figure2_joint_entropy': (
-        'Figure 2: matrix joint entropy of the branches',
-        [('joint_entropy', 'joint entropy (nats)')]),
-    'figure3_js_divergence': (
-        'Figure 3: JS divergence between the branches (log scale)',
-        [('matrix_js', '(a) matrix JS divergence (nats)'),
-         ('spectrum_js', '(b) JS divergence of the eigenvalues (nats)')]),
+    'figure1_mutual_information':
+    ('Figure 1: matrix mutual information between the branches',
+     [('mutual_info', 'mutual information (nats)')]),
+    'figure2_joint_entropy': ('Figure 2: matrix joint entropy of the branches',
+                              [('joint_entropy', 'joint entropy (nats)')]),
+    'figure3_js_divergence':
+    ('Figure 3: JS divergence between the branches (log scale)',
+     [('matrix_js', '(a) matrix JS divergence (nats)'),
+      ('spectrum_js', '(b) JS divergence of the eigenvalues (nats)')]),
 }
 #: Quantities bounded by ln d: their panels draw the ceiling.
 BOUNDED_BY_LN_D = ('mutual_info', 'joint_entropy')
@@ -54,16 +55,20 @@ def seed_curves(curves: RunCurves, arm: str,
     return dict(sorted(by_epoch.items()))
 
 
-def plot_quantities(curves: RunCurves, spec: Comparison,
-                    panels: Sequence[tuple], prefix: str, kernel: str,
-                    title: str, path: str,
+def plot_quantities(curves: RunCurves,
+                    spec: Comparison,
+                    panels: Sequence[tuple],
+                    prefix: str,
+                    kernel: str,
+                    title: str,
+                    path: str,
                     ceiling: Optional[float] = None) -> str:
     """One panel per quantity: per arm the mean over seeds, the seeds'
     range shaded, epoch 0 the initialisation; the ceiling ``ln d`` on the
     panels of quantities bounded by it, JS divergences on a log scale."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), squeeze=False,
-                             figsize=(4.8 * len(panels), 3.8))
+    fig, axes = plt.subplots(
+        1, len(panels), squeeze=False, figsize=(4.8 * len(panels), 3.8))
     for ax, (quantity, label) in zip(axes[0], panels):
         key = flow.quantity_key(prefix, quantity, kernel)
         for arm in spec.arms:
@@ -73,15 +78,26 @@ def plot_quantities(curves: RunCurves, spec: Comparison,
             epochs = list(points)
             runs = max(len(v) for v in points.values())
             style = arm_style(spec, arm)
-            ax.fill_between(epochs, [min(v) for v in points.values()],
-                            [max(v) for v in points.values()],
-                            color=style['color'], alpha=0.2, lw=0)
-            ax.plot(epochs, [float(np.mean(v)) for v in points.values()],
-                    markevery=max(1, len(epochs) // 10), ms=4, **style,
-                    label=f'{arm.label} (n={runs})')
+            ax.fill_between(
+                epochs, [min(v) for v in points.values()],
+                [max(v) for v in points.values()],
+                color=style['color'],
+                alpha=0.2,
+                lw=0)
+            ax.plot(
+                epochs, [float(np.mean(v)) for v in points.values()],
+                markevery=max(1,
+                              len(epochs) // 10),
+                ms=4,
+                **style,
+                label=f'{arm.label} (n={runs})')
         if ceiling is not None and quantity in BOUNDED_BY_LN_D:
-            ax.axhline(ceiling, color='0.3', ls='--', lw=1,
-                       label=f'ceiling ln d = {ceiling:.2f}')
+            ax.axhline(
+                ceiling,
+                color='0.3',
+                ls='--',
+                lw=1,
+                label=f'ceiling ln d = {ceiling:.2f}')
         if quantity in LOG_SCALE:
             ax.set_yscale('log')
         ax.set_xlabel('training epoch (0: initialisation)')
@@ -96,37 +112,43 @@ def plot_quantities(curves: RunCurves, spec: Comparison,
     return save(fig, path)
 
 
-def value_table(curves: RunCurves, spec: Comparison, prefix: str,
-                kernel: str, epochs: Sequence[int]) -> List[str]:
+def value_table(curves: RunCurves, spec: Comparison, prefix: str, kernel: str,
+                epochs: Sequence[int]) -> List[str]:
     """Mean ± std over seeds of each quantity at a few epochs."""
-    quantities = ['mutual_info', 'joint_entropy', 'matrix_js',
-                  'spectrum_js', 'entropy_1']
-    lines = ['| method | epoch | ' + ' | '.join(quantities) + ' |',
-             '|---|---|' + '---|' * len(quantities)]
+    quantities = [
+        'mutual_info', 'joint_entropy', 'matrix_js', 'spectrum_js', 'entropy_1'
+    ]
+    lines = [
+        '| method | epoch | ' + ' | '.join(quantities) + ' |',
+        '|---|---|' + '---|' * len(quantities)
+    ]
     for arm in spec.arms:
         for epoch in epochs:
             cells = []
             for quantity in quantities:
                 key = flow.quantity_key(prefix, quantity, kernel)
-                got = list(flow.values_at(curves, arm.name, key,
-                                          epoch).values())
+                got = list(
+                    flow.values_at(curves, arm.name, key, epoch).values())
                 digits = 4 if quantity.endswith('js') else 3
                 spread = (f' ± {np.std(got, ddof=1):.{digits}f}'
                           if len(got) > 1 else '')
-                cells.append('–' if not got else
-                             f'{np.mean(got):.{digits}f}{spread} '
-                             f'(n={len(got)})')
+                cells.append(
+                    '–' if not got else f'{np.mean(got):.{digits}f}{spread} '
+                    f'(n={len(got)})')
             if any(c != '–' for c in cells):
                 lines.append(f'| {arm.label} | {epoch} | ' +
                              ' | '.join(cells) + ' |')
     return lines
 
 
-def write_information_flow_page(out_dir: str, report: str,
-                                arms: Mapping[str, str], command: str = '',
-                                first: int = 1, mid: Optional[int] = None,
-                                prefixes: Sequence[str] = (
-                                    'minfo_heldout', 'minfo'),
+def write_information_flow_page(out_dir: str,
+                                report: str,
+                                arms: Mapping[str, str],
+                                command: str = '',
+                                first: int = 1,
+                                mid: Optional[int] = None,
+                                prefixes: Sequence[str] = ('minfo_heldout',
+                                                           'minfo'),
                                 kernel: str = 'cov',
                                 notes: Optional[str] = None,
                                 feature_dim: int = 128) -> str:
@@ -164,40 +186,48 @@ def write_information_flow_page(out_dir: str, report: str,
     report = osp.abspath(report)
     fig_dir = osp.join(osp.abspath(out_dir), 'figures')
     link = lambda path: osp.relpath(path, osp.dirname(report))  # noqa: E731
-    counts = {a.label: len({s for (n, s) in curves if n == a.name})
-              for a in spec.arms if a.trains}
-    lines = ['# Information flow in Siamese methods: figures 1-3 and the '
-             "paper's statements", '',
-             f'Generated by `{command}` on '
-             f'{datetime.date.today().isoformat()} from the per-epoch '
-             'MatrixInfoHook curves in `' +
-             link(osp.join(osp.abspath(out_dir), 'runs.json')) + '` (runs '
-             'per method: ' + ', '.join(f'{k} {v}' for k, v in
-                                        counts.items()) + ').', '',
-             f'Rises are epoch {last} minus epoch {first}, paired by seed; '
-             f'"meet at the end" compares the gap at epoch {mid} with the '
-             f'gap at epoch {last}; ratios are geometric means over seeds '
-             'with the interval taken on the log scale. Every interval is '
-             'a two-sided 95 % Student-t interval over seeds. "Small" (4) '
-             f'means below {flow.SMALL_JS_FRACTION:g} of the branch '
-             f'entropy, "much smaller" (5) below {flow.MUCH_SMALLER_RATIO:g}'
-             ' times the matrix JS divergence.', '']
+    counts = {
+        a.label: len({s
+                      for (n, s) in curves if n == a.name})
+        for a in spec.arms if a.trains
+    }
+    lines = [
+        '# Information flow in Siamese methods: figures 1-3 and the '
+        "paper's statements", '', f'Generated by `{command}` on '
+        f'{datetime.date.today().isoformat()} from the per-epoch '
+        'MatrixInfoHook curves in `' +
+        link(osp.join(osp.abspath(out_dir), 'runs.json')) + '` (runs '
+        'per method: ' + ', '.join(f'{k} {v}'
+                                   for k, v in counts.items()) + ').', '',
+        f'Rises are epoch {last} minus epoch {first}, paired by seed; '
+        f'"meet at the end" compares the gap at epoch {mid} with the '
+        f'gap at epoch {last}; ratios are geometric means over seeds '
+        'with the interval taken on the log scale. Every interval is '
+        'a two-sided 95 % Student-t interval over seeds. "Small" (4) '
+        f'means below {flow.SMALL_JS_FRACTION:g} of the branch '
+        f'entropy, "much smaller" (5) below {flow.MUCH_SMALLER_RATIO:g}'
+        ' times the matrix JS divergence.', ''
+    ]
     for prefix in prefixes:
-        statements = flow.evaluate_statements(curves, arms, labels, first,
-                                              mid, last, prefix, kernel)
+        statements = flow.evaluate_statements(curves, arms, labels, first, mid,
+                                              last, prefix, kernel)
         where = ('the fixed held-out batches' if prefix.endswith('_heldout')
                  else 'the training batches (mean over each epoch)')
-        lines += [f'## Verdicts on {where} (`{prefix}/*_{kernel}`)', '',
-                  '| # | verdict |', '|---|---|',
-                  *[f'| {s.number} | {s.verdict} |' for s in statements],
-                  '', *flow.verdict_table(statements), '']
+        lines += [
+            f'## Verdicts on {where} (`{prefix}/*_{kernel}`)', '',
+            '| # | verdict |', '|---|---|',
+            *[f'| {s.number} | {s.verdict} |'
+              for s in statements], '', *flow.verdict_table(statements), ''
+        ]
         for stem, (title, panels) in FIGURES.items():
             stem += FIGURE_SUFFIX.get(prefix, '_' + prefix)
-            path = plot_quantities(curves, spec, panels, prefix, kernel,
-                                   title, osp.join(fig_dir, stem + '.png'),
+            path = plot_quantities(curves, spec, panels, prefix, kernel, title,
+                                   osp.join(fig_dir, stem + '.png'),
                                    math.log(feature_dim))
             lines += [f'![{title}, {where}]({link(path)})', '']
-        lines += [f'Values (mean ± std over seeds, `{prefix}`):', '',
-                  *value_table(curves, spec, prefix, kernel,
-                               sorted({0, first, mid, last})), '']
+        lines += [
+            f'Values (mean ± std over seeds, `{prefix}`):', '', *value_table(
+                curves, spec, prefix, kernel, sorted({0, first, mid, last})),
+            ''
+        ]
     return write_page(report, lines, notes)

@@ -14,7 +14,7 @@ epoch.
 import copy
 import os
 import os.path as osp
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 from mmengine.hooks import Hook
 
@@ -113,8 +113,12 @@ def training_options(spec: Comparison, arm: Arm, seed: int) -> Dict[str, Any]:
     return options
 
 
-def train_segment(config: str, spec: Comparison, arm: Arm, seed: int,
-                  work_dir: str, stop_epoch: int,
+def train_segment(config: str,
+                  spec: Comparison,
+                  arm: Arm,
+                  seed: int,
+                  work_dir: str,
+                  stop_epoch: int,
                   launcher: str = 'none') -> None:
     """Train (or resume) one run up to ``stop_epoch``.
 
@@ -136,8 +140,8 @@ def train_segment(config: str, spec: Comparison, arm: Arm, seed: int,
                          f'{stop_epoch}')
     cfg = Config.fromfile(config)
     old_epochs = cfg.train_cfg.get('max_epochs', spec.epochs)
-    cfg.param_scheduler = fit_schedule(cfg.get('param_scheduler') or [],
-                                       old_epochs, spec.epochs)
+    cfg.param_scheduler = fit_schedule(
+        cfg.get('param_scheduler') or [], old_epochs, spec.epochs)
     cfg.merge_from_dict(training_options(spec, arm, seed))
     cfg.work_dir = work_dir
     cfg.launcher = launcher
@@ -147,6 +151,6 @@ def train_segment(config: str, spec: Comparison, arm: Arm, seed: int,
     # are per-name instances, and segments run in one process.
     cfg.experiment_name = f'{arm.name}_seed{seed}_to_epoch{stop_epoch}'
     runner = Runner.from_cfg(cfg)
-    runner.register_hook(StopAtEpochHook(stop_epoch, spec.eval_epochs),
-                         priority='LOWEST')
+    runner.register_hook(
+        StopAtEpochHook(stop_epoch, spec.eval_epochs), priority='LOWEST')
     runner.train()

@@ -23,11 +23,9 @@ from torch import Tensor
 from mmae_plugin.evaluation.frozen import accuracy, extract_features
 from mmae_plugin.evaluation.knn import knn_class_scores
 from mmae_plugin.evaluation.linear_probe import fit_linear_probe
+from mmae_plugin.evaluation.lowshot import fit_lowshot_probe, lowshot_indices
 from mmae_plugin.evaluation.statistics import representation_statistics
-
-from mmae_plugin.evaluation.lowshot import (fit_lowshot_probe,
-                                            lowshot_indices)
-
+from .spec import Protocol, resolve_config
 
 #: Test queries classified at once: bounds the float64 similarity matrix at
 #: QUERY_CHUNK x (training images) (250 MB for 60,000).
@@ -40,7 +38,8 @@ def knn_scores(test_x: Tensor, train_x: Tensor, train_y: Tensor,
     return torch.cat([
         knn_class_scores(test_x[start:start + QUERY_CHUNK], train_x, train_y,
                          num_classes, k, temperature)
-        for start in range(0, test_x.shape[0], QUERY_CHUNK)])
+        for start in range(0, test_x.shape[0], QUERY_CHUNK)
+    ])
 
 
 def split_poolings(features: Tensor, pooling: str,
@@ -69,14 +68,22 @@ def split_poolings(features: Tensor, pooling: str,
         raise ValueError('expected (N, 2C) cls+mean features, got shape '
                          f'{tuple(features.shape)}')
     half = features.shape[1] // 2
-    parts = {'cls': features[:, :half], 'mean': features[:, half:],
-             'cls+mean': features}
+    parts = {
+        'cls': features[:, :half],
+        'mean': features[:, half:],
+        'cls+mean': features
+    }
     return {name: parts[name] for name in wanted}
 
 
-def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
-                    test_y: Tensor, num_classes: int, seed: int,
-                    shots: Sequence[int] = (10, 100), k: int = 20,
+def feature_metrics(train_x: Tensor,
+                    train_y: Tensor,
+                    test_x: Tensor,
+                    test_y: Tensor,
+                    num_classes: int,
+                    seed: int,
+                    shots: Sequence[int] = (10, 100),
+                    k: int = 20,
                     temperature: float = 0.07,
                     weight_decay: float = 1e-4) -> Dict[str, float]:
     """kNN, linear, low-shot and statistics of one pooling's features.
@@ -99,10 +106,11 @@ def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
         ``lowshot<k>_top1`` per shot, and ``repr/<statistic>``.
     """
     train_x, test_x = train_x.double(), test_x.double()
-    scores = knn_scores(test_x, train_x, train_y, num_classes, k,
-                        temperature)
-    metrics = {'knn_top1': accuracy(scores, test_y, 1),
-               'knn_top5': accuracy(scores, test_y, 5)}
+    scores = knn_scores(test_x, train_x, train_y, num_classes, k, temperature)
+    metrics = {
+        'knn_top1': accuracy(scores, test_y, 1),
+        'knn_top5': accuracy(scores, test_y, 5)
+    }
     probe = fit_linear_probe(train_x, train_y, num_classes, weight_decay)
     metrics['linear_top1'] = accuracy(probe.logits(test_x), test_y)
     metrics['linear_train_top1'] = accuracy(probe.logits(train_x), train_y)
@@ -112,19 +120,23 @@ def feature_metrics(train_x: Tensor, train_y: Tensor, test_x: Tensor,
         low = fit_lowshot_probe(train_x, train_y, rows, num_classes,
                                 weight_decay)
         metrics[f'lowshot{shot}_top1'] = accuracy(low.logits(test_x), test_y)
-    metrics.update({f'repr/{key}': value for key, value in
-                    representation_statistics(test_x).items()})
+    metrics.update({
+        f'repr/{key}': value
+        for key, value in representation_statistics(test_x).items()
+    })
     return metrics
 
 
-def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
-                        poolings: Sequence[str] = ('cls', 'cls+mean'),
-                        shots: Sequence[int] = (10, 100),
-                        bank_images: Optional[int] = None,
-                        test_images: Optional[int] = None,
-                        weight_decay: float = 1e-4,
-                        features_out: Optional[str] = None
-                        ) -> Dict[str, float]:
+def evaluate_checkpoint(
+        eval_config: str,
+        checkpoint: str,
+        seed: int,
+        poolings: Sequence[str] = ('cls', 'cls+mean'),
+        shots: Sequence[int] = (10, 100),
+        bank_images: Optional[int] = None,
+        test_images: Optional[int] = None,
+        weight_decay: float = 1e-4,
+        features_out: Optional[str] = None) -> Dict[str, float]:
     """Frozen-feature metrics of a checkpoint's encoder on each pooling.
 
     Args:
@@ -156,9 +168,11 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
 
     init_default_scope('mmpretrain')
     cfg = Config.fromfile(eval_config)
-    options = {'model.prototype.num_workers': 0,
-               'test_dataloader.num_workers': 0,
-               'test_dataloader.persistent_workers': False}
+    options = {
+        'model.prototype.num_workers': 0,
+        'test_dataloader.num_workers': 0,
+        'test_dataloader.persistent_workers': False
+    }
     if bank_images is not None:
         options['model.prototype.dataset.indices'] = bank_images
     if test_images is not None:
@@ -173,16 +187,19 @@ def evaluate_checkpoint(eval_config: str, checkpoint: str, seed: int,
     pooling = getattr(model, 'pooling', 'cls')
     if features_out is not None:
         save_features(features_out, test_x, test_y, pooling)
-    metrics = {'train_images': int(train_x.shape[0]),
-               'test_images': int(test_x.shape[0])}
+    metrics = {
+        'train_images': int(train_x.shape[0]),
+        'test_images': int(test_x.shape[0])
+    }
     train = split_poolings(train_x, pooling, poolings)
     test = split_poolings(test_x, pooling, poolings)
     for name in poolings:
-        values = feature_metrics(
-            train[name], train_y, test[name], test_y, model.num_classes,
-            seed, shots, model.k, model.temperature, weight_decay)
-        metrics.update({f'{name}/{key}': value
-                        for key, value in values.items()})
+        values = feature_metrics(train[name], train_y, test[name], test_y,
+                                 model.num_classes, seed, shots, model.k,
+                                 model.temperature, weight_decay)
+        metrics.update(
+            {f'{name}/{key}': value
+             for key, value in values.items()})
     return metrics
 
 
@@ -192,8 +209,10 @@ def save_features(path: str, features: Tensor, labels: Tensor,
     from mmae_plugin.checkpoint.atomic_write import open_atomically
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     with open_atomically(path) as f:
-        torch.save({pooling: features.float().cpu(), 'labels': labels.cpu()},
-                   f)
+        torch.save({
+            pooling: features.float().cpu(),
+            'labels': labels.cpu()
+        }, f)
 
 
 def test_config_metrics(test_config: str, checkpoint: str,
@@ -216,8 +235,10 @@ def test_config_metrics(test_config: str, checkpoint: str,
     cfg.load_from = checkpoint
     cfg.resume = False
     metrics = Runner.from_cfg(cfg).test()
-    return {key: float(value) for key, value in metrics.items()
-            if isinstance(value, (int, float))}
+    return {
+        key: float(value)
+        for key, value in metrics.items() if isinstance(value, (int, float))
+    }
 
 
 def random_init_state(eval_config: str, seed: int) -> Dict[str, Tensor]:
@@ -237,5 +258,63 @@ def random_init_state(eval_config: str, seed: int) -> Dict[str, Tensor]:
     set_random_seed(seed)
     model = build_model(Config.fromfile(eval_config))
     model.init_weights()
-    return {f'backbone.{key}': value.detach().cpu().clone()
-            for key, value in model.image_encoder.state_dict().items()}
+    return {
+        f'backbone.{key}': value.detach().cpu().clone()
+        for key, value in model.image_encoder.state_dict().items()
+    }
+
+
+def check_evaluation_settings(protocol: Protocol) -> None:
+    """Refuse, before any job is submitted, a protocol the evaluation of a
+    trained checkpoint would refuse.
+
+    Checks what fails only after training otherwise: the poolings against
+    the evaluation config's pooling (:func:`split_poolings`) and every
+    ``--shots`` against the rows per class of the kNN bank (the first
+    ``bank_images`` training images; :func:`~mmae_plugin.evaluation.lowshot.
+    lowshot_indices`). Reads the bank's labels, not its images.
+
+    Args:
+        protocol: The comparison's protocol (its config paths as given on
+            the command line).
+
+    Raises:
+        ValueError: Naming the setting, its value and what is allowed.
+    """
+    if protocol.eval_config is None:
+        return
+    import copy
+
+    import numpy as np
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import DATASETS
+
+    import mmae_plugin.registration  # noqa: F401  (the plugin's datasets)
+    init_default_scope('mmpretrain')
+    cfg = Config.fromfile(resolve_config(protocol.eval_config))
+    pooling = cfg.model.get('pooling', 'cls')
+    if pooling != 'cls+mean' and list(protocol.poolings) != [pooling]:
+        raise ValueError(
+            f'--poolings {" ".join(protocol.poolings)}: the evaluation '
+            f'config {protocol.eval_config} pools {pooling!r} and gives '
+            f'only --poolings {pooling} (a cls+mean config gives every '
+            'pooling)')
+    if not protocol.shots:
+        return
+    bank = copy.deepcopy(cfg.model.prototype.dataset)
+    if protocol.bank_images is not None:
+        bank['indices'] = protocol.bank_images
+    classes, counts = np.unique(
+        DATASETS.build(bank).get_gt_labels(), return_counts=True)
+    fewest = int(counts.min())
+    too_many = [shot for shot in protocol.shots if shot > fewest]
+    if too_many:
+        scarce = int(classes[counts.argmin()])
+        images = ('all' if protocol.bank_images is None else
+                  f'the first {protocol.bank_images}')
+        raise ValueError(
+            f'--shots {" ".join(map(str, protocol.shots))}: class {scarce} '
+            f'has only {fewest} rows in the kNN bank ({images} training '
+            f'images, --bank-images), so at most {fewest} labels per class '
+            f'are possible; lower --shots or raise --bank-images')

@@ -35,8 +35,8 @@ def is_hook_quantity(key: str) -> bool:
 def scalar_files(run_dir: str) -> Iterable[str]:
     """The run's ``scalars.json`` files, oldest segment first (mmengine
     names each segment's folder by its start time, ``%Y%m%d_%H%M%S``)."""
-    return sorted(glob.glob(osp.join(run_dir, '*', 'vis_data',
-                                     'scalars.json')))
+    return sorted(
+        glob.glob(osp.join(run_dir, '*', 'vis_data', 'scalars.json')))
 
 
 def read_epoch_curves(run_dir: str) -> Curves:
@@ -72,9 +72,12 @@ def read_epoch_curves(run_dir: str) -> Curves:
     curves = restored_curves(run_dir)
     for key, by in sums.items():
         curves.setdefault(key, {}).update(
-            {epoch: sum(v) / len(v) for epoch, v in by.items()})
-    return {key: dict(sorted(by.items()))
-            for key, by in sorted(curves.items())}
+            {epoch: sum(v) / len(v)
+             for epoch, v in by.items()})
+    return {
+        key: dict(sorted(by.items()))
+        for key, by in sorted(curves.items())
+    }
 
 
 def restored_curves(run_dir: str) -> Curves:
@@ -88,11 +91,16 @@ def restored_curves(run_dir: str) -> Curves:
 
 def curves_to_json(curves: Curves) -> Dict[str, list]:
     """``{quantity: [[epoch, value], ...]}`` (JSON keys are strings)."""
-    return {key: [[epoch, value] for epoch, value in by.items()]
-            for key, by in curves.items()}
+    return {
+        key: [[epoch, value] for epoch, value in by.items()]
+        for key, by in curves.items()
+    }
 
 
 def curves_from_json(data: Dict[str, list]) -> Curves:
     """Inverse of :func:`curves_to_json`."""
-    return {key: {int(epoch): float(value) for epoch, value in pairs}
-            for key, pairs in data.items()}
+    return {
+        key: {int(epoch): float(value)
+              for epoch, value in pairs}
+        for key, pairs in data.items()
+    }

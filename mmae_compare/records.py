@@ -25,8 +25,9 @@ FORMAT = 1
 def gather_records(out_dir: str, spec: Comparison) -> List[dict]:
     """Every finished evaluation in the run folders, in spec order."""
     rows = []
-    for arm, seed in sorted(spec.runs(), key=lambda run: (
-            [a.name for a in spec.arms].index(run[0]), run[1])):
+    order = [a.name for a in spec.arms]
+    runs = sorted(spec.runs(), key=lambda run: (order.index(run[0]), run[1]))
+    for arm, seed in runs:
         for epoch in spec.arm_eval_epochs(spec.arm(arm)):
             path = layout.eval_path(out_dir, arm, seed, epoch)
             if osp.isfile(path):
@@ -40,8 +41,11 @@ def gather_curves(out_dir: str, spec: Comparison) -> List[dict]:
     for arm, seed in spec.runs():
         curves = read_epoch_curves(layout.run_dir(out_dir, arm, seed))
         if curves:
-            found.append({'arm': arm, 'seed': seed,
-                          'curves': curves_to_json(curves)})
+            found.append({
+                'arm': arm,
+                'seed': seed,
+                'curves': curves_to_json(curves)
+            })
     return found
 
 
@@ -53,10 +57,13 @@ def write_runs(out_dir: str) -> str:
     """
     spec = layout.load(out_dir)
     path = osp.join(out_dir, RUNS_FILE)
-    layout.write_json_atomic(path, {
-        'format': FORMAT, 'comparison': spec.as_dict(),
-        'runs': gather_records(out_dir, spec),
-        'curves': gather_curves(out_dir, spec)})
+    layout.write_json_atomic(
+        path, {
+            'format': FORMAT,
+            'comparison': spec.as_dict(),
+            'runs': gather_records(out_dir, spec),
+            'curves': gather_curves(out_dir, spec)
+        })
     return path
 
 
@@ -131,14 +138,13 @@ def restore_runs(out_dir: str, source: str) -> Tuple[int, int]:
                          'differ): nothing restored')
     records = curves = 0
     for row in data['runs']:
-        path = layout.eval_path(out_dir, row['arm'], row['seed'],
-                                row['epoch'])
+        path = layout.eval_path(out_dir, row['arm'], row['seed'], row['epoch'])
         if not osp.isfile(path):
             layout.write_json_atomic(path, row)
             records += 1
     for item in data.get('curves', []):
-        path = osp.join(layout.run_dir(out_dir, item['arm'], item['seed']),
-                        CURVES_FILE)
+        path = osp.join(
+            layout.run_dir(out_dir, item['arm'], item['seed']), CURVES_FILE)
         if not osp.isfile(path):
             layout.write_json_atomic(path, item['curves'])
             curves += 1
@@ -176,8 +182,10 @@ def status_text(out_dir: str) -> str:
         epochs = spec.arm_eval_epochs(arm)
         trained = layout.last_checkpoint_epoch(
             layout.run_dir(out_dir, arm_name, seed)) if arm.trains else None
-        done = [r['epoch'] for r in rows
-                if r['arm'] == arm_name and r['seed'] == seed]
+        done = [
+            r['epoch'] for r in rows
+            if r['arm'] == arm_name and r['seed'] == seed
+        ]
         lines.append(
             f'{arm_name:<24} {seed:>4}  '
             f'{"-" if trained is None else f"{trained}/{spec.epochs}":>9}  '

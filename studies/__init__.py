@@ -1,0 +1,11 @@
+"""This repository's own studies, behind the pages in ``docs/``.
+
+Not part of mmae-plugin and not in its wheel: the computations behind the
+pages that ``tools/analysis/`` rebuilds from a finished comparison
+(``mmae_compare``). ``predictors`` (do label-free statistics rank runs as
+accuracy does?), ``information_flow`` (the information-flow paper's
+statements on the logged curves), ``information_flow_report`` (its figures
+and page) and ``heldout_variants`` (the held-out quantities of kept
+checkpoints under other estimators). Run from the repository root (the
+scripts in ``tools/analysis/`` put it on ``sys.path``).
+"""
