@@ -15,7 +15,6 @@ import os
 import os.path as osp
 import re
 import shutil
-
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
@@ -39,13 +38,14 @@ _IGNORE_BUILD_LEFTOVERS = shutil.ignore_patterns('__pycache__', '*.pyc',
 
 
 def mim_ignore(folder: str, names: list) -> set:
-    """``shutil.copytree`` filter: build leftovers and repository-only tools."""
+    """``shutil.copytree`` filter: build leftovers, repository-only tools."""
     ignored = set(_IGNORE_BUILD_LEFTOVERS(folder, names))
     relative = osp.relpath(folder, ROOT)
     for name in names:
         if osp.normpath(osp.join(relative, name)) in MIM_REPO_ONLY:
             ignored.add(name)
     return ignored
+
 
 INSTALL_REQUIRES = [
     # torch 2.4 is the first with torch.serialization.add_safe_globals, which
@@ -67,19 +67,28 @@ EXTRAS_REQUIRE = {
     'lite': ['mmcv-lite>=2.1.0,<2.4'],  # mmpretrain 1.2 wants mmcv < 2.4
     # tests read TensorBoard event files written by MatrixInfoHook runs and
     # check the checkpoint converter against timm's ViT.
-    'tests': ['pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
-              'timm>=1.0.31,<2'],
+    'tests': [
+        'pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
+        'timm>=1.0.31,<2'
+    ],
     'analysis': ['matplotlib>=3.11,<4', 'tensorboard>=2.21,<3'],
     # tools/compare.py (the mmae_compare package, shipped beside the plugin,
     # which never imports it): jobs through submitit (local processes or
     # Slurm), paired t-intervals (scipy), figures.
-    'compare': ['submitit>=1.5.4,<2', 'scipy>=1.17,<2',
-                'matplotlib>=3.11,<4'],
+    'compare': ['submitit>=1.5.4,<2', 'scipy>=1.17,<2', 'matplotlib>=3.11,<4'],
+    # .pre-commit-config.yaml's hooks run these installed tools (no hook
+    # repository is fetched, so CI runs them offline); versions as
+    # mmpretrain's pre-commit configuration where it names them.
+    'lint': [
+        'pre-commit>=4,<5', 'pre-commit-hooks>=4.6,<5', 'flake8>=7.5,<8',
+        'isort>=5.11.5,<6', 'yapf>=0.32,<0.33'
+    ],
 }
 # `all` leaves mmcv alone: `pip install 'mmae-plugin[all]'` into an
 # environment with full mmcv must not lay mmcv-lite over it.
 EXTRAS_REQUIRE['all'] = sorted({
-    req for extra, reqs in EXTRAS_REQUIRE.items() if extra != 'lite'
+    req
+    for extra, reqs in EXTRAS_REQUIRE.items() if extra != 'lite'
     for req in reqs
 })
 
@@ -90,8 +99,9 @@ def read_version() -> str:
     Read as text: importing the package would import torch and mmengine,
     which a build environment need not have.
     """
-    with open(osp.join(ROOT, 'mmae_plugin', '__init__.py'),
-              encoding='utf-8') as f:
+    with open(
+            osp.join(ROOT, 'mmae_plugin', '__init__.py'),
+            encoding='utf-8') as f:
         match = re.search(r"^__version__ = '([^']+)'$", f.read(), re.M)
     if match is None:
         raise RuntimeError('mmae_plugin/__init__.py has no '
@@ -151,12 +161,14 @@ setup(
     name='mmae-plugin',
     version=read_version(),
     description='M-MAE, U-MAE and matrix-information tools for MMPretrain',
-    long_description=open(osp.join(ROOT, 'README.md'), encoding='utf-8').read(),
+    long_description=open(osp.join(ROOT, 'README.md'),
+                          encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     # The plugin and the comparison tool built on it; studies/ (this
     # repository's study code) stays in the repository.
-    packages=find_packages(include=['mmae_plugin', 'mmae_plugin.*',
-                                    'mmae_compare', 'mmae_compare.*']),
+    packages=find_packages(include=[
+        'mmae_plugin', 'mmae_plugin.*', 'mmae_compare', 'mmae_compare.*'
+    ]),
     cmdclass={'build_py': BuildPyWithMim},
     python_requires='>=3.11',
     install_requires=INSTALL_REQUIRES,

@@ -3,8 +3,8 @@
 # M-MAE evaluation protocol fine-tunes for 100, so the schedule is restated.
 _base_ = 'mmpretrain::mae/benchmarks/vit-large-p16_8xb128-coslr-50e_in1k.py'
 
-custom_imports = dict(imports=['mmae_plugin.registration'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmae_plugin.registration'], allow_failed_imports=False)
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'
@@ -41,8 +41,7 @@ train_cfg = dict(by_epoch=True, max_epochs=100)
 # workers persist across epochs. The preprocessor is mmpretrain's, bit for
 # bit, with that copy and the BGR -> RGB swap on the device.
 train_dataloader = dict(
-    batch_size=128, num_workers=8, pin_memory=True,
-    persistent_workers=True)
+    batch_size=128, num_workers=8, pin_memory=True, persistent_workers=True)
 val_dataloader = dict(num_workers=8, pin_memory=True)
 test_dataloader = dict(num_workers=8, pin_memory=True)
 data_preprocessor = dict(type='NonBlockingClsDataPreprocessor')

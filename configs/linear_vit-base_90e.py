@@ -3,10 +3,11 @@
 # LARS, 90 epochs) at the reference batch of 8192 = 8 GPUs x 1024.
 #   tools/dist_train.sh configs/linear_vit-base_90e.py 8 \
 #       --cfg-options model.backbone.init_cfg.checkpoint=PRETRAINED.pth
-_base_ = 'mmpretrain::mae/benchmarks/vit-base-p16_8xb2048-linear-coslr-90e_in1k.py'
+_base_ = ('mmpretrain::mae/benchmarks/'
+          'vit-base-p16_8xb2048-linear-coslr-90e_in1k.py')
 
-custom_imports = dict(imports=['mmae_plugin.registration'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmae_plugin.registration'], allow_failed_imports=False)
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'
@@ -20,14 +21,15 @@ custom_hooks = [dict(type='DivergenceHook')]
 # workers persist across epochs. The preprocessor is mmpretrain's, bit for
 # bit, with that copy and the BGR -> RGB swap on the device.
 train_dataloader = dict(
-    batch_size=1024, num_workers=8, pin_memory=True,
-    persistent_workers=True)
+    batch_size=1024, num_workers=8, pin_memory=True, persistent_workers=True)
 val_dataloader = dict(num_workers=8, pin_memory=True)
 test_dataloader = dict(num_workers=8, pin_memory=True)
 data_preprocessor = dict(type='NonBlockingClsDataPreprocessor')
 # bfloat16 autocast for the frozen encoder (see mae_vit-base_200e.py; on
 # GPUs without bfloat16: --cfg-options optim_wrapper.dtype=float16).
 optim_wrapper = dict(
-    type='MixedPrecisionOptimWrapper', loss_scale='auto',  # no scaler in bf16
-    dtype='bfloat16', optimizer=dict(lr=0.1 * 8192 / 256))  # blr 0.1
+    type='MixedPrecisionOptimWrapper',
+    loss_scale='auto',  # no scaler in bf16
+    dtype='bfloat16',
+    optimizer=dict(lr=0.1 * 8192 / 256))  # blr 0.1
 auto_scale_lr = dict(base_batch_size=8192)

@@ -5,8 +5,8 @@
 #   tools/dist_train.sh configs/mae_vit-base_200e.py 8
 _base_ = 'mmpretrain::mae/mae_vit-base-p16_8xb512-amp-coslr-300e_in1k.py'
 
-custom_imports = dict(imports=['mmae_plugin.registration'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmae_plugin.registration'], allow_failed_imports=False)
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'

@@ -34,7 +34,6 @@ PROBE_CONFIG = 'configs/fashion_mnist/linear_fmnist.py'
 ZOO_ARMS = {'mae': 'mae', 'umae': 'umae_lam0.01', 'mmae': 'mmae_lam0.01_mu1'}
 COMMAND = 'python dev/export_zoo.py'
 
-
 ZOO_DIR = osp.join(REPO, 'checkpoints', 'fmnist')
 ZOO_METAFILE = osp.join(REPO, 'configs', 'fashion_mnist', 'metafile.yml')
 
@@ -91,7 +90,8 @@ def model_complexity(config: str) -> Dict[str, int]:
     return {'FLOPs': int(flops), 'Parameters': int(parameter_count(model)[''])}
 
 
-def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
+def export_zoo(out_dir: str,
+               zoo_dir: str = ZOO_DIR,
                metafile: str = ZOO_METAFILE) -> None:
     """Write the zoo checkpoints and the Fashion-MNIST metafile.
 
@@ -125,48 +125,85 @@ def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
         print(f'[zoo] exporting {name} (evaluating on all data)')
         metrics, probe, encoder = evaluate_frozen_encoder(
             Config.fromfile(osp.join(REPO, KNN_CONFIG)), checkpoint)
-        provenance = dict(arm=arm, seed=seed, images=spec.images,
-                          epochs=spec.epochs)
-        state = torch.load(checkpoint, map_location='cpu',
-                           weights_only=True)['state_dict']
+        provenance = dict(
+            arm=arm, seed=seed, images=spec.images, epochs=spec.epochs)
+        state = torch.load(
+            checkpoint, map_location='cpu', weights_only=True)['state_dict']
         encoder_file = osp.join(zoo_dir, f'{name}.pth')
-        torch.save({'state_dict': state,
-                    'meta': dict(mmae_zoo=provenance)}, encoder_file)
+        torch.save({
+            'state_dict': state,
+            'meta': dict(mmae_zoo=provenance)
+        }, encoder_file)
 
         def metadata(config: str, weights_file: str) -> Dict:
-            return {'Epochs': spec.epochs, 'Batch Size': 256,
-                    **model_complexity(config),
-                    'Training Resources': training_resources(),
-                    'Training Data': f'Fashion-MNIST (first {spec.images} '
-                    'training images)', 'Seed': seed,
-                    'Results Source': f'measured by {COMMAND}',
-                    DIGEST_FIELD: file_sha256(weights_file)}
+            return {
+                'Epochs':
+                spec.epochs,
+                'Batch Size':
+                256,
+                **model_complexity(config), 'Training Resources':
+                training_resources(),
+                'Training Data':
+                f'Fashion-MNIST (first {spec.images} '
+                'training images)',
+                'Seed':
+                seed,
+                'Results Source':
+                f'measured by {COMMAND}',
+                DIGEST_FIELD:
+                file_sha256(weights_file)
+            }
+
         weights = f'mmae-zoo://fmnist/{name}.pth'
-        models += [
-            {'Name': name, 'In Collection': COLLECTIONS[method],
-             'Metadata': metadata(PRETRAIN_CONFIGS[method], encoder_file),
-             'Results': None,
-             'Weights': weights, 'Config': PRETRAIN_CONFIGS[method]},
-            {'Name': f'{name}_knn', 'In Collection': COLLECTIONS[method],
-             'Metadata': dict(metadata(KNN_CONFIG, encoder_file),
-                              **{'kNN': 'k=20, T=0.07, 60,000 neighbours'}),
-             'Results': [result(metrics['knn/top1'])],
-             'Weights': weights, 'Config': KNN_CONFIG}]
+        models += [{
+            'Name': name,
+            'In Collection': COLLECTIONS[method],
+            'Metadata': metadata(PRETRAIN_CONFIGS[method], encoder_file),
+            'Results': None,
+            'Weights': weights,
+            'Config': PRETRAIN_CONFIGS[method]
+        }, {
+            'Name':
+            f'{name}_knn',
+            'In Collection':
+            COLLECTIONS[method],
+            'Metadata':
+            dict(
+                metadata(KNN_CONFIG, encoder_file),
+                **{'kNN': 'k=20, T=0.07, 60,000 neighbours'}),
+            'Results': [result(metrics['knn/top1'])],
+            'Weights':
+            weights,
+            'Config':
+            KNN_CONFIG
+        }]
         if method == 'mmae':
             linear = f'{name}_linear'
-            torch.save({'state_dict': linear_probe_state_dict(probe, encoder),
-                        'meta': dict(mmae_zoo=provenance,
-                                     dataset_meta=dataset_meta)},
-                       osp.join(zoo_dir, f'{linear}.pth'))
-            models.append(
-                {'Name': linear, 'In Collection': COLLECTIONS[method],
-                 'Metadata': dict(metadata(
-                     PROBE_CONFIG, osp.join(zoo_dir, f'{linear}.pth')), **{
-                     'Probe': 'BatchNorm + linear fitted on cached features '
-                     'of all 60,000 training images'}),
-                 'Results': [result(metrics['linear/top1'])],
-                 'Weights': f'mmae-zoo://fmnist/{linear}.pth',
-                 'Config': PROBE_CONFIG})
+            torch.save(
+                {
+                    'state_dict': linear_probe_state_dict(probe, encoder),
+                    'meta': dict(
+                        mmae_zoo=provenance, dataset_meta=dataset_meta)
+                }, osp.join(zoo_dir, f'{linear}.pth'))
+            models.append({
+                'Name':
+                linear,
+                'In Collection':
+                COLLECTIONS[method],
+                'Metadata':
+                dict(
+                    metadata(PROBE_CONFIG, osp.join(zoo_dir, f'{linear}.pth')),
+                    **{
+                        'Probe':
+                        'BatchNorm + linear fitted on cached features '
+                        'of all 60,000 training images'
+                    }),
+                'Results': [result(metrics['linear/top1'])],
+                'Weights':
+                f'mmae-zoo://fmnist/{linear}.pth',
+                'Config':
+                PROBE_CONFIG
+            })
     header = ('# Fashion-MNIST models, written by\n'
               f'#   {COMMAND} --out-dir <the sweep of docs/results/notes.md>\n'
               "# from the sweep's seed-0 runs; results measured on the "
@@ -178,14 +215,16 @@ def export_zoo(out_dir: str, zoo_dir: str = ZOO_DIR,
               'a file that differs.\n')
     with open(metafile, 'w') as f:
         f.write(header)
-        yaml.safe_dump({'Models': models}, f, sort_keys=False,
+        yaml.safe_dump({'Models': models},
+                       f,
+                       sort_keys=False,
                        allow_unicode=True)
     add_to_model_index(metafile)
     print(f'[zoo] wrote {metafile} and {zoo_dir}')
 
 
 def add_to_model_index(metafile: str) -> None:
-    """List ``metafile`` in the repository's model-index.yml if it is inside."""
+    """List ``metafile`` in the repository's model-index.yml if inside."""
     index = osp.join(REPO, 'model-index.yml')
     relative = osp.relpath(osp.abspath(metafile), REPO)
     if relative.startswith('..'):
@@ -201,14 +240,21 @@ COLLECTIONS = {'mae': 'MAE', 'umae': 'U-MAE', 'mmae': 'M-MAE'}
 
 
 def result(top1: float) -> dict:
-    return {'Task': 'Image Classification', 'Dataset': 'Fashion-MNIST',
-            'Metrics': {'Top 1 Accuracy': round(top1, 2)}}
+    return {
+        'Task': 'Image Classification',
+        'Dataset': 'Fashion-MNIST',
+        'Metrics': {
+            'Top 1 Accuracy': round(top1, 2)
+        }
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--out-dir', required=True,
-                        help='the finished comparison (tools/compare.py)')
+    parser.add_argument(
+        '--out-dir',
+        required=True,
+        help='the finished comparison (tools/compare.py)')
     parser.add_argument('--zoo-dir', default=ZOO_DIR)
     parser.add_argument('--zoo-metafile', default=ZOO_METAFILE)
     args = parser.parse_args()

@@ -29,32 +29,42 @@ def mmae(name: str, lam: float, mu: float) -> Arm:
 def study_spec() -> Comparison:
     """The long study: 60,000 images, 20 epochs, 5 seeds, two controls."""
     arms = (Arm('random_init', 'random', label='random init (control)'),
-            Arm('mae', FMNIST + 'mae_fmnist.py', label='MAE'),
-            mmae('mmae_lam0.01_mu1', 0.01, 1.0),
+            Arm('mae', FMNIST + 'mae_fmnist.py',
+                label='MAE'), mmae('mmae_lam0.01_mu1', 0.01, 1.0),
             mmae('mmae_lam0.00125_mu1', 0.00125, 1.0),
-            Arm('supervised', FMNIST + 'supervised_fmnist.py',
+            Arm('supervised',
+                FMNIST + 'supervised_fmnist.py',
                 label='supervised (control)'))
-    return Comparison(arms, 'mae', (0, 1, 2, 3, 4), 20, (5, 10, 15, 20),
-                      Protocol(FMNIST + 'knn_fmnist_clsmean.py',
-                               ('cls', 'cls+mean'), (10, 100)),
-                      cfg_options=(('default_hooks.logger.interval', 50), ))
+    return Comparison(
+        arms,
+        'mae', (0, 1, 2, 3, 4),
+        20, (5, 10, 15, 20),
+        Protocol(FMNIST + 'knn_fmnist_clsmean.py', ('cls', 'cls+mean'),
+                 (10, 100)),
+        cfg_options=(('default_hooks.logger.interval', 50), ))
 
 
 def sweep_spec() -> Comparison:
     """The lambda / mu sweep: 7,680 images, 3 epochs, 3 seeds, CLS."""
     lambdas = (0.001, 0.00125, 0.01, 0.1)
     arms = [Arm('mae', FMNIST + 'mae_fmnist.py', label='MAE')]
-    arms += [Arm(f'umae_lam{lam:g}', FMNIST + 'umae_fmnist.py',
-                 (('model.regularizer.loss_weight', lam), ),
-                 f'U-MAE λ={lam:g}') for lam in lambdas]
+    arms += [
+        Arm(f'umae_lam{lam:g}', FMNIST + 'umae_fmnist.py',
+            (('model.regularizer.loss_weight', lam), ), f'U-MAE λ={lam:g}')
+        for lam in lambdas
+    ]
     arms += [mmae(f'mmae_lam{lam:g}_mu1', lam, 1.0) for lam in lambdas]
-    arms += [mmae(f'mmae_lam0.01_mu{mu:g}', 0.01, mu)
-             for mu in (0.1, 0.3, 3.0, 10.0)]
-    return Comparison(tuple(arms), 'mae', (0, 1, 2), 3, (3, ),
-                      Protocol(FMNIST + 'knn_fmnist.py', ('cls', ), (),
-                               bank_images=10000),
-                      images=7680,
-                      cfg_options=(('default_hooks.logger.interval', 10), ))
+    arms += [
+        mmae(f'mmae_lam0.01_mu{mu:g}', 0.01, mu)
+        for mu in (0.1, 0.3, 3.0, 10.0)
+    ]
+    return Comparison(
+        tuple(arms),
+        'mae', (0, 1, 2),
+        3, (3, ),
+        Protocol(FMNIST + 'knn_fmnist.py', ('cls', ), (), bank_images=10000),
+        images=7680,
+        cfg_options=(('default_hooks.logger.interval', 10), ))
 
 
 def study_row(row: dict) -> dict:
@@ -63,10 +73,15 @@ def study_row(row: dict) -> dict:
     return row
 
 
-SWEEP_KEYS = {'cell': 'arm', 'pretrain_s': 'time/train_s',
-              'eval_s': 'time/eval_s', 'knn/top1': 'cls/knn_top1',
-              'knn/top5': 'cls/knn_top5', 'linear/top1': 'cls/linear_top1',
-              'linear/train_top1': 'cls/linear_train_top1'}
+SWEEP_KEYS = {
+    'cell': 'arm',
+    'pretrain_s': 'time/train_s',
+    'eval_s': 'time/eval_s',
+    'knn/top1': 'cls/knn_top1',
+    'knn/top5': 'cls/knn_top5',
+    'linear/top1': 'cls/linear_top1',
+    'linear/train_top1': 'cls/linear_train_top1'
+}
 
 
 def sweep_row(row: dict) -> dict:
@@ -92,8 +107,15 @@ def convert(path: str) -> None:
     order = [a.name for a in spec.arms]
     rows.sort(key=lambda r: (order.index(r['arm']), r['seed'], r['epoch']))
     with open(path, 'w') as f:
-        json.dump({'format': FORMAT, 'comparison': spec.as_dict(),
-                   'runs': rows}, f, indent=1, ensure_ascii=False)
+        json.dump(
+            {
+                'format': FORMAT,
+                'comparison': spec.as_dict(),
+                'runs': rows
+            },
+            f,
+            indent=1,
+            ensure_ascii=False)
     print(f'{path}: {len(rows)} records converted')
 
 

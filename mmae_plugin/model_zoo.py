@@ -1,4 +1,4 @@
-"""The plugin's models in mmpretrain's model zoo (``list_models``, ``get_model``).
+"""The plugin's models in mmpretrain's zoo (``list_models``, ``get_model``).
 
 ``model-index.yml`` (shipped beside the configs, mmpretrain's layout) lists a
 metafile per algorithm. Importing ``mmae_plugin`` registers it with
@@ -54,7 +54,8 @@ _PACKAGE_DIR = osp.dirname(osp.abspath(__file__))
 
 
 def resource_roots() -> List[str]:
-    """Folders that may hold ``model-index.yml``, ``configs/``, ``checkpoints/``.
+    """Folders that may hold ``model-index.yml``, ``configs/`` and
+    ``checkpoints/``.
 
     The installed package's ``.mim`` folder first (wheel installs), then the
     repository checkout the package was imported from (editable installs).
@@ -128,8 +129,8 @@ def load_from_zoo(filename: str, map_location=None, logger=None) -> dict:
             what to pass to ``get_model`` instead.
     """
     if filename.startswith(UNPUBLISHED):
-        raise ValueError(unpublished_weights_message(
-            filename[len(UNPUBLISHED):]))
+        raise ValueError(
+            unpublished_weights_message(filename[len(UNPUBLISHED):]))
     path = verify_zoo_checkpoint(filename)
     return torch.load(path, map_location=map_location, weights_only=True)
 
@@ -162,8 +163,10 @@ def metafile_paths() -> List[str]:
     with open(index, encoding='utf-8') as file:
         imports = (yaml.safe_load(file) or {}).get('Import') or []
     root = osp.dirname(index)
-    return [osp.join(root, path) for path in imports
-            if osp.isfile(osp.join(root, path))]
+    return [
+        osp.join(root, path) for path in imports
+        if osp.isfile(osp.join(root, path))
+    ]
 
 
 def _add_digest(digests: Dict[str, RecordedDigest], entry: dict,
@@ -240,8 +243,8 @@ def verify_zoo_checkpoint(filename: str) -> str:
             'path instead.')
     actual = file_sha256(path)
     if actual != recorded.sha256:
-        raise CorruptCheckpointError(damaged_zoo_message(
-            file, path, actual, recorded))
+        raise CorruptCheckpointError(
+            damaged_zoo_message(file, path, actual, recorded))
     return path
 
 
@@ -297,7 +300,8 @@ def _point_weightless_entries_at_refusal(index_path: str) -> None:
     index_dir = osp.dirname(osp.abspath(index_path))
     for name, metainfo in ModelHub._models_dict.items():
         filepath = osp.abspath(getattr(metainfo, 'filepath', '') or '')
-        if metainfo.weights is None and filepath.startswith(index_dir + os.sep):
+        if metainfo.weights is None and filepath.startswith(index_dir +
+                                                            os.sep):
             metainfo.weights = UNPUBLISHED + name
 
 

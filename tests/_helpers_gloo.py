@@ -19,8 +19,10 @@ import torch.multiprocessing as mp
 
 def _gloo_rank(rank: int, body: Callable[[int, int], Any], world: int,
                port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
-                      CUDA_VISIBLE_DEVICES='')
+    os.environ.update(
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port),
+        CUDA_VISIBLE_DEVICES='')
     dist.init_process_group('gloo', rank=rank, world_size=world)
     try:
         results = body(rank, world)
@@ -30,8 +32,10 @@ def _gloo_rank(rank: int, body: Callable[[int, int], Any], world: int,
         dist.destroy_process_group()
 
 
-def run_gloo_ranks(body: Callable[[int, int], Any], world: int,
-                   out_dir: str, timeout: float = 300) -> List[Any]:
+def run_gloo_ranks(body: Callable[[int, int], Any],
+                   world: int,
+                   out_dir: str,
+                   timeout: float = 300) -> List[Any]:
     """``body(rank, world)`` of every rank, run in ``world`` gloo processes.
 
     Args:
@@ -47,8 +51,11 @@ def run_gloo_ranks(body: Callable[[int, int], Any], world: int,
     """
     from conftest import pick_free_port
     context = mp.start_processes(
-        _gloo_rank, args=(body, world, pick_free_port(), str(out_dir)),
-        nprocs=world, join=False, start_method='spawn')
+        _gloo_rank,
+        args=(body, world, pick_free_port(), str(out_dir)),
+        nprocs=world,
+        join=False,
+        start_method='spawn')
     for process in context.processes:
         process.join(timeout=timeout)
     alive = [p for p in context.processes if p.is_alive()]
@@ -68,8 +75,8 @@ def split_rows(counts: Sequence[int], width: int,
                seed: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """All rows of one call (float64, seeded) and each rank's share."""
     generator = torch.Generator().manual_seed(seed)
-    rows = torch.randn(sum(counts), width, generator=generator,
-                       dtype=torch.float64)
+    rows = torch.randn(
+        sum(counts), width, generator=generator, dtype=torch.float64)
     return rows, list(rows.split(list(counts)))
 
 

@@ -35,16 +35,17 @@ import torch
 
 torch.set_num_threads(1)  # forked children: no OpenMP pool to inherit
 
-import mmae_plugin.registration  # noqa: E402,F401
 from mmengine.hooks import Hook  # noqa: E402
+
+import mmae_plugin.registration  # noqa: E402,F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_fault_tools import toy_runner  # noqa: E402
 
 #: Syscalls that create, write, sync, rename or delete files.
 SYSCALLS = ('openat', 'write', 'pwrite64', 'close', 'fsync', 'fdatasync',
-            'fchmod', 'fchown', 'fsetxattr', 'rename', 'renameat',
-            'renameat2', 'unlink', 'unlinkat', 'mkdir', 'ftruncate')
+            'fchmod', 'fchown', 'fsetxattr', 'rename', 'renameat', 'renameat2',
+            'unlink', 'unlinkat', 'mkdir', 'ftruncate')
 SAVE_EPOCH = 1  # 0-based: attach during the second epoch's save
 
 
@@ -59,8 +60,10 @@ class AttachStrace(Hook):
     def after_train_epoch(self, runner):
         if runner.epoch != SAVE_EPOCH:
             return
-        command = ['strace', '-qq', '-o', self.log, '-p', str(os.getpid()),
-                   '-e', 'trace=' + ','.join(SYSCALLS)]
+        command = [
+            'strace', '-qq', '-o', self.log, '-p',
+            str(os.getpid()), '-e', 'trace=' + ','.join(SYSCALLS)
+        ]
         if self.inject:
             command += ['-e', f'inject={self.inject}']
         self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
@@ -118,8 +121,11 @@ def in_child(function):
 
 def train_with_strace(work_dir, log, inject=None):
     attach = AttachStrace(log, inject)
-    runner = toy_runner(work_dir, max_epochs=2, upstream=UPSTREAM,
-                        custom_hooks=[attach, DetachStrace(attach)])
+    runner = toy_runner(
+        work_dir,
+        max_epochs=2,
+        upstream=UPSTREAM,
+        custom_hooks=[attach, DetachStrace(attach)])
     runner.train()
 
 
@@ -152,9 +158,12 @@ class RecordStart(Hook):
 
 
 def resume_to_the_end(work_dir, result_file):
-    runner = toy_runner(work_dir, max_epochs=3, resume=True,
-                        upstream=UPSTREAM,
-                        custom_hooks=[RecordStart(result_file)])
+    runner = toy_runner(
+        work_dir,
+        max_epochs=3,
+        resume=True,
+        upstream=UPSTREAM,
+        custom_hooks=[RecordStart(result_file)])
     runner.train()
 
 
@@ -195,28 +204,38 @@ def sweep(root, every=1, only=None):
                 start = json.load(f)['start_epoch']
         files = sorted(os.listdir(work_dir)) if os.path.isdir(work_dir) \
             else []
-        results.append(dict(
-            syscall=name, invocation=n, killed=killed, ended=list(ended),
-            resume_ended=list(resumed), start_epoch=start,
-            survived=resumed == ('exit', 0) and start is not None
-            and start >= 1,
-            files=[f for f in files if not f.startswith('2')]))
+        results.append(
+            dict(
+                syscall=name,
+                invocation=n,
+                killed=killed,
+                ended=list(ended),
+                resume_ended=list(resumed),
+                start_epoch=start,
+                survived=resumed == ('exit', 0) and start is not None
+                and start >= 1,
+                files=[f for f in files if not f.startswith('2')]))
     return dict(
-        syscall_counts=dict(counts), points=len(results),
+        syscall_counts=dict(counts),
+        points=len(results),
         killed=sum(r['killed'] for r in results),
         survived=sum(r['survived'] for r in results),
         killed_and_survived=sum(r['killed'] and r['survived']
                                 for r in results),
-        failures=[r for r in results if not r['survived']], results=results)
+        failures=[r for r in results if not r['survived']],
+        results=results)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('out')
-    parser.add_argument('--every', type=int, default=1,
-                        help='kill at every K-th syscall only (faster)')
-    parser.add_argument('--points', default='',
-                        help='explicit points, e.g. write:1,rename:2')
+    parser.add_argument(
+        '--every',
+        type=int,
+        default=1,
+        help='kill at every K-th syscall only (faster)')
+    parser.add_argument(
+        '--points', default='', help='explicit points, e.g. write:1,rename:2')
     parser.add_argument('--upstream-retention', action='store_true')
     args = parser.parse_args()
     if args.upstream_retention:

@@ -78,9 +78,14 @@ def make_cpu_dist_env(**extra: str) -> Dict[str, str]:
         ``MASTER_ADDR=127.0.0.1``), and ``PYTHON`` set to this interpreter.
     """
     port = str(pick_free_port())
-    return dict(os.environ, CUDA_VISIBLE_DEVICES='', PYTHON=sys.executable,
-                PORT=port, MASTER_ADDR='127.0.0.1', MASTER_PORT=port,
-                **extra)
+    return dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES='',
+        PYTHON=sys.executable,
+        PORT=port,
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=port,
+        **extra)
 
 
 @pytest.fixture
@@ -170,10 +175,15 @@ class ToyDataset(torch.utils.data.Dataset):
         return dict(inputs=x, labels=x.sum())
 
 
-def make_toy_runner(work_dir: Any, max_epochs: int = 1, *,
-                    runner_class: Type = Runner, dataset_length: int = 4,
-                    lr: float = 0.01, momentum: float = 0.0,
-                    batch_size: int = 2, **kwargs: Any) -> Runner:
+def make_toy_runner(work_dir: Any,
+                    max_epochs: int = 1,
+                    *,
+                    runner_class: Type = Runner,
+                    dataset_length: int = 4,
+                    lr: float = 0.01,
+                    momentum: float = 0.0,
+                    batch_size: int = 2,
+                    **kwargs: Any) -> Runner:
     """A real Runner training :class:`ToyModel` with SGD, batch size 2.
 
     Args:
@@ -194,15 +204,17 @@ def make_toy_runner(work_dir: Any, max_epochs: int = 1, *,
     kwargs.setdefault('log_level', 'WARNING')
     kwargs.setdefault('experiment_name', f'toy_{uuid.uuid4().hex[:12]}')
     return runner_class(
-        model=ToyModel(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=ToyDataset(dataset_length),
-                              batch_size=batch_size,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False),
-                              num_workers=0),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=lr,
-                                          momentum=momentum)),
-        train_cfg=dict(by_epoch=True, max_epochs=max_epochs), **kwargs)
+        model=ToyModel(),
+        work_dir=str(work_dir),
+        train_dataloader=dict(
+            dataset=ToyDataset(dataset_length),
+            batch_size=batch_size,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            num_workers=0),
+        optim_wrapper=dict(
+            optimizer=dict(type='SGD', lr=lr, momentum=momentum)),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+        **kwargs)
 
 
 def state_of(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
@@ -222,8 +234,10 @@ def small_disk(tmp_path):
     mount_point = tmp_path / 'small_disk'
     mount_point.mkdir()
     mounted = subprocess.run(
-        ['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(mount_point)],
-        capture_output=True, text=True)
+        ['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs',
+         str(mount_point)],
+        capture_output=True,
+        text=True)
     if mounted.returncode != 0:
         pytest.skip(f'cannot mount a tmpfs here: {mounted.stderr.strip()}')
     try:

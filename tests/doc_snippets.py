@@ -44,8 +44,8 @@ def doc_config(repo_root: str, name: str, folder) -> str:
         The path of the written config.
     """
     base_dir = osp.join(repo_root, 'configs', 'fashion_mnist')
-    text = doc_block(repo_root, name).replace(
-        "_base_ = ['", f"_base_ = ['{base_dir}/", 1)
+    text = doc_block(repo_root, name).replace("_base_ = ['",
+                                              f"_base_ = ['{base_dir}/", 1)
     path = folder / f'{name}.py'
     path.write_text(text)
     return str(path)

@@ -19,14 +19,16 @@ from typing import Dict
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FullOptimStateDictConfig
+from torch.distributed.fsdp import (FullOptimStateDictConfig,
+                                    FullStateDictConfig)
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+from torch.distributed.fsdp import StateDictType
 
 STEPS = 2
 
 
-def full_optimizer_state(model: FSDP, optimizer,
+def full_optimizer_state(model: FSDP,
+                         optimizer,
                          plugin_fix: bool = False) -> Dict[str, dict]:
     """The optimizer state as mmengine's ``state_dict_cfg='full'`` saves it.
 
@@ -63,24 +65,34 @@ def main() -> None:
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
     for _ in range(STEPS):
         batch = torch.randn(5, 8)
-        for net, optim in ((model, optimizer),
-                           (reference, reference_optimizer)):
+        for net, optim in ((model, optimizer), (reference,
+                                                reference_optimizer)):
             net(batch).square().sum().backward()
             optim.step()
             optim.zero_grad()
     state = full_optimizer_state(model, optimizer, plugin_fix)
-    expected = {name: reference_optimizer.state[param]
-                for name, param in reference.named_parameters()}
+    expected = {
+        name: reference_optimizer.state[param]
+        for name, param in reference.named_parameters()
+    }
     if dist.get_rank() == 0:
-        print(json.dumps({
-            name: dict(
-                moments_equal=bool(torch.equal(moments['exp_avg'],
-                                               moments['exp_avg_sq'])),
-                matches_reference={
-                    key: bool(torch.allclose(moments[key], expected[name][key],
-                                             rtol=1e-5, atol=1e-8))
-                    for key in ('exp_avg', 'exp_avg_sq')})
-            for name, moments in state.items()}))
+        print(
+            json.dumps({
+                name: dict(
+                    moments_equal=bool(
+                        torch.equal(moments['exp_avg'],
+                                    moments['exp_avg_sq'])),
+                    matches_reference={
+                        key: bool(
+                            torch.allclose(
+                                moments[key],
+                                expected[name][key],
+                                rtol=1e-5,
+                                atol=1e-8))
+                        for key in ('exp_avg', 'exp_avg_sq')
+                    })
+                for name, moments in state.items()
+            }))
     dist.destroy_process_group()
 
 

@@ -21,10 +21,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
 
-import mmae_plugin.registration  # noqa: E402,F401
-from checkpoint_fault_tools import (InfiniteUpdate,  # noqa: E402
-                                    make_toy_runner)
+from checkpoint_fault_tools import InfiniteUpdate  # noqa: E402
+from checkpoint_fault_tools import make_toy_runner
 from mmengine.hooks import Hook  # noqa: E402
+
+import mmae_plugin.registration  # noqa: E402,F401
 from mmae_plugin.engine.hooks import DivergenceHook  # noqa: E402
 from mmae_plugin.engine.runners import MMAERunner  # noqa: E402
 
@@ -46,11 +47,16 @@ def run(work_dir: str, mode: str) -> None:
     hooks, length = ([InfiniteUpdate(2)], 4) if mode == 'update' else \
         ([NaNBatchOnRank1(), DivergenceHook()], 8)
     make_toy_runner(
-        work_dir, 3, runner_class=MMAERunner, dataset_length=length,
-        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
-        experiment_name='nonfinite', custom_hooks=hooks,
-        default_hooks=dict(checkpoint=dict(type='SafeCheckpointHook',
-                                           interval=1))).train()
+        work_dir,
+        3,
+        runner_class=MMAERunner,
+        dataset_length=length,
+        launcher='pytorch',
+        env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        experiment_name='nonfinite',
+        custom_hooks=hooks,
+        default_hooks=dict(
+            checkpoint=dict(type='SafeCheckpointHook', interval=1))).train()
 
 
 def main() -> None:

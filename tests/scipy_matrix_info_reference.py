@@ -46,7 +46,8 @@ def mutual(K1: np.ndarray, K2: np.ndarray, alpha: float) -> float:
 
 
 def kl(K1: np.ndarray, K2: np.ndarray, eps: float) -> float:
-    """``tr[K1 (logm(K1 + eps I) - logm(K2 + eps I))]``, traces rescaled to n."""
+    """``tr[K1 (logm(K1 + eps I) - logm(K2 + eps I))]``, traces scaled to n.
+    """
     n = K1.shape[0]
     eye = np.eye(n)
     k1 = n * density(K1)
@@ -66,7 +67,7 @@ def spectrum_js(K1: np.ndarray, K2: np.ndarray) -> float:
     """scipy's Jensen-Shannon of the descending normalised spectra."""
     p1 = np.sort(np.clip(np.linalg.eigvalsh(density(K1)), 0, None))[::-1]
     p2 = np.sort(np.clip(np.linalg.eigvalsh(density(K2)), 0, None))[::-1]
-    return float(jensenshannon(p1, p2) ** 2)
+    return float(jensenshannon(p1, p2)**2)
 
 
 def tcr(z: np.ndarray, mu: float) -> float:
@@ -111,12 +112,14 @@ def normalized_gram(z: np.ndarray) -> np.ndarray:
 def pool(tokens: np.ndarray, pooling: str) -> np.ndarray:
     """'cls': token 0; 'mean': mean of tokens 1:; 'cls+mean': both."""
     cls_token, patch_mean = tokens[:, 0], tokens[:, 1:].mean(axis=1)
-    return {'cls': cls_token, 'mean': patch_mean,
-            'cls+mean': np.concatenate([cls_token, patch_mean], 1)}[pooling]
+    return {
+        'cls': cls_token,
+        'mean': patch_mean,
+        'cls+mean': np.concatenate([cls_token, patch_mean], 1)
+    }[pooling]
 
 
-def coding_rate(z: np.ndarray, form: str, mu: float,
-                centering: bool) -> float:
+def coding_rate(z: np.ndarray, form: str, mu: float, centering: bool) -> float:
     """TCR of unit rows, optionally centred; reference or paper form."""
     zn = z / np.linalg.norm(z, axis=1, keepdims=True)
     if centering:
@@ -157,11 +160,14 @@ def renyi_of_spectrum(K: np.ndarray, alpha: float) -> float:
     p = p[p > 1e-14]
     if alpha == 1:
         return float(-(p * np.log(p)).sum())
-    return float(np.log((p ** alpha).sum()) / (1 - alpha))
+    return float(np.log((p**alpha).sum()) / (1 - alpha))
 
 
-def named_statistics(z: np.ndarray, alpha: float = 1.0, form='reference',
-                     mu: float = 1.0, centering: bool = False) -> dict:
+def named_statistics(z: np.ndarray,
+                     alpha: float = 1.0,
+                     form='reference',
+                     mu: float = 1.0,
+                     centering: bool = False) -> dict:
     """Every one-branch key of both kernels, from its definition."""
     values = {}
     for kernel, matrix in (('gram', normalized_gram(z)),

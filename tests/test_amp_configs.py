@@ -14,12 +14,12 @@ import os
 
 import pytest
 import torch
+from conftest import ToyModel
 from mmengine.config import Config, DictAction
 from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 from mmengine.registry import init_default_scope
 
 import mmae_plugin  # noqa: F401
-from conftest import ToyModel
 from mmae_plugin.engine.optimizers.mixed_precision_wrapper import (
     MixedPrecisionOptimWrapper, needs_loss_scaler)
 

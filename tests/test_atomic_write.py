@@ -9,9 +9,9 @@ import errno
 import os
 
 import pytest
+from checkpoint_fault_tools import toy_runner
 
 import mmae_plugin  # noqa: F401
-from checkpoint_fault_tools import toy_runner
 from mmae_plugin.checkpoint.atomic_write import (atomic_write_target,
                                                  write_atomically,
                                                  writer_identity)
@@ -53,17 +53,22 @@ def own_temporary(name, pid, suffix='abcdefgh'):
 
 def test_orphan_temporaries_removed_at_start_and_on_next_write(tmp_path):
     dead = 999999999  # above Linux's pid_max: no such process
-    orphans = [own_temporary('.epoch_1.pth.sha256', dead, 'k2j4_x9a'),
-               own_temporary('last_checkpoint', dead)]
+    orphans = [
+        own_temporary('.epoch_1.pth.sha256', dead, 'k2j4_x9a'),
+        own_temporary('last_checkpoint', dead)
+    ]
     host, boot, namespace = writer_identity().rsplit('-', 2)
     kept = [
-        '.hidden.tmp', f'epoch_0.pth.{dead}.abcdefgh.tmp', 'notes.txt',
+        '.hidden.tmp',
+        f'epoch_0.pth.{dead}.abcdefgh.tmp',
+        'notes.txt',
         own_temporary('epoch_1.pth', os.getpid()),  # a live writer: us
         # Writers whose pids this process cannot see: another host on the
         # shared filesystem, another boot, another pid namespace.
         f'.epoch_1.pth.otherhost-{boot}-{namespace}.{dead}.abcdefgh.tmp',
         f'.epoch_1.pth.{host}-00000000-{namespace}.{dead}.abcdefgh.tmp',
-        f'.epoch_1.pth.{host}-{boot}-1.{dead}.abcdefgh.tmp']
+        f'.epoch_1.pth.{host}-{boot}-1.{dead}.abcdefgh.tmp'
+    ]
     for name in orphans + kept:
         (tmp_path / name).write_bytes(b'half')
     toy_runner(tmp_path, max_epochs=1).train()

@@ -22,8 +22,8 @@ def test_identity_attention_has_zero_distance_full_nmi_zero_entropy():
     torch.testing.assert_close(
         query_key_normalized_mutual_information(identity),
         torch.ones(2, 4, dtype=torch.float64))
-    torch.testing.assert_close(attention_entropy(identity),
-                               torch.zeros(2, 4, dtype=torch.float64))
+    torch.testing.assert_close(
+        attention_entropy(identity), torch.zeros(2, 4, dtype=torch.float64))
 
 
 def test_uniform_attention_distance_closed_form_on_2x2_grid():
@@ -78,16 +78,16 @@ def test_recomputed_probabilities_reproduce_mmpretrain_attention(qk_scale):
     from mmae_plugin.engine.hooks.attention_locality_hook import \
         attention_probabilities
     torch.manual_seed(0)
-    module = MultiheadAttention(embed_dims=32, num_heads=4,
-                                qk_scale=qk_scale).eval()
+    module = MultiheadAttention(
+        embed_dims=32, num_heads=4, qk_scale=qk_scale).eval()
     x = torch.randn(3, 10, 32)
     probs = attention_probabilities(module, x)
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4, 10))
     # Rebuild the module's output from the captured probabilities.
     v = module.qkv(x).reshape(3, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)[2]
     mixed = (probs @ v).transpose(1, 2).reshape(3, 10, 32)
-    torch.testing.assert_close(module.proj(mixed), module(x), atol=1e-5,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        module.proj(mixed), module(x), atol=1e-5, rtol=1e-4)
 
 
 def test_measure_on_vit_backbones_shapes_and_ranges():
@@ -95,14 +95,17 @@ def test_measure_on_vit_backbones_shapes_and_ranges():
     from mmpretrain.models.selfsup import MAEViT
 
     from mmae_plugin.engine.hooks import AttentionLocalityHook
-    arch = dict(embed_dims=32, num_layers=2, num_heads=2,
-                feedforward_channels=64)
+    arch = dict(
+        embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
     hook = AttentionLocalityHook()
     images = torch.randn(4, 1, 16, 16)
-    for backbone in (VisionTransformer(arch=arch, img_size=16, patch_size=4,
-                                       in_channels=1),
-                     MAEViT(arch=arch, img_size=16, patch_size=4,
-                            patch_cfg=dict(in_channels=1))):
+    for backbone in (VisionTransformer(
+            arch=arch, img_size=16, patch_size=4, in_channels=1),
+                     MAEViT(
+                         arch=arch,
+                         img_size=16,
+                         patch_size=4,
+                         patch_cfg=dict(in_channels=1))):
         backbone.init_weights()
         backbone.train()
         stats = hook.measure(backbone, images)
@@ -152,8 +155,8 @@ def _read_scalars(work_dir):
     return records, text
 
 
-@pytest.mark.skipif(not osp.isdir(FMNIST_ROOT),
-                    reason='Fashion-MNIST not installed')
+@pytest.mark.skipif(
+    not osp.isdir(FMNIST_ROOT), reason='Fashion-MNIST not installed')
 @pytest.mark.parametrize('config', [
     'configs/fashion_mnist/mae_fmnist_attention.py',
     'configs/fashion_mnist/mocov3_vit_fmnist.py',
@@ -163,8 +166,7 @@ def test_runner_logs_attention_locality(config, repo_root, tmp_path):
     from mmengine.runner import Runner
 
     import mmae_plugin  # noqa: F401  (upstream fixes, registries)
-    cfg = _shrink(Config.fromfile(osp.join(repo_root, config)),
-                  str(tmp_path))
+    cfg = _shrink(Config.fromfile(osp.join(repo_root, config)), str(tmp_path))
     runner = Runner.from_cfg(cfg)
     runner.train()
 
@@ -188,8 +190,7 @@ def test_runner_logs_attention_locality(config, repo_root, tmp_path):
         probes[-1]['attn_locality/distance_l0_h0']
     assert 'Attention locality (epoch 2' in text
     assert runner.message_hub.get_scalar(
-        'attn_locality/nmi_l3').current() == probes[-1][
-            'attn_locality/nmi_l3']
+        'attn_locality/nmi_l3').current() == probes[-1]['attn_locality/nmi_l3']
 
     # The plotting tool reads the same records back per layer.
     import importlib.util
@@ -198,8 +199,9 @@ def test_runner_logs_attention_locality(config, repo_root, tmp_path):
         osp.join(repo_root, 'tools/analysis/plot_attention_locality.py'))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    layers = tool.per_layer(tool.select(tool.load_probes(
-        tool.find_scalars(str(tmp_path))), epoch=1))
+    layers = tool.per_layer(
+        tool.select(
+            tool.load_probes(tool.find_scalars(str(tmp_path))), epoch=1))
     assert layers['nmi']['mean'] == [
         probes[1][f'attn_locality/nmi_l{i}'] for i in range(num_layers)
     ]

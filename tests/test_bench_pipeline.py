@@ -5,9 +5,8 @@ import json
 
 import pytest
 import torch
-from PIL import Image
-
 from _helpers_scripts import load_script
+from PIL import Image
 
 
 @pytest.fixture(scope='module')
@@ -32,10 +31,11 @@ def test_written_jpegs_are_imagenet_sized(jpegs):
 
 
 def test_every_cpu_path_gives_a_224_crop(bench, jpegs):
-    paths = bench.build_paths(['recipe', 'recipe_pil_decode',
-                               'torchvision_cpu'])
-    assert paths['recipe'].steps == ['LoadImageFromFile', 'RandomResizedCrop',
-                                     'RandomFlip', 'PackInputs']
+    paths = bench.build_paths(
+        ['recipe', 'recipe_pil_decode', 'torchvision_cpu'])
+    assert paths['recipe'].steps == [
+        'LoadImageFromFile', 'RandomResizedCrop', 'RandomFlip', 'PackInputs'
+    ]
     for path in jpegs['paths']:
         for name in ('recipe', 'recipe_pil_decode'):
             packed = paths[name](path)['inputs']
@@ -65,8 +65,7 @@ def test_gpu_path_is_the_options_worker_half(bench, jpegs):
 
 def test_tiny_run_reports_the_paths_side_by_side(bench, tmp_path, capsys):
     out = tmp_path / 'pipeline.json'
-    result = bench.main(['--images', '2', '--rounds', '1', '--out',
-                         str(out)])
+    result = bench.main(['--images', '2', '--rounds', '1', '--out', str(out)])
     assert set(result['paths']) == set(bench.PATHS)
     for row in result['paths'].values():
         assert row['images_per_s_cpu'] > 0 and row['cores_per_gpu'] > 0

@@ -16,25 +16,31 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
+from checkpoint_payloads import ExecPayload, SystemPayload
+from conftest import ToyModel, make_toy_runner
 from mmengine.config import Config
 from mmengine.logging import HistoryBuffer, MessageHub
-from mmengine.runner import CheckpointLoader, load_checkpoint
+from mmengine.runner import CheckpointLoader
 from mmengine.runner import checkpoint as checkpoint_module
+from mmengine.runner import load_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
-from checkpoint_payloads import ExecPayload, SystemPayload
-from conftest import ToyModel, make_toy_runner
 from mmae_plugin.compat.checkpoint_allowlist import (BUILTIN_STATISTICS,
-                                                    NAMED_SAFE_GLOBALS)
+                                                     NAMED_SAFE_GLOBALS)
 
 TINY_VIT = dict(
-    _scope_='mmpretrain', type='VisionTransformer',
-    arch=dict(embed_dims=16, num_layers=1, num_heads=2,
-              feedforward_channels=32),
-    img_size=8, patch_size=4, in_channels=1)
+    _scope_='mmpretrain',
+    type='VisionTransformer',
+    arch=dict(
+        embed_dims=16, num_layers=1, num_heads=2, feedforward_channels=32),
+    img_size=8,
+    patch_size=4,
+    in_channels=1)
 CLASSIFIER = dict(
-    _scope_='mmpretrain', type='ImageClassifier', backbone=TINY_VIT,
+    _scope_='mmpretrain',
+    type='ImageClassifier',
+    backbone=TINY_VIT,
     neck=dict(type='GlobalAveragePooling'),
     head=dict(type='LinearClsHead', num_classes=3, in_channels=16))
 
@@ -49,20 +55,26 @@ class PathPayload(SystemPayload):
         return (pathlib.Path(self.marker).write_text, ('pwned', ))
 
 
-PAYLOADS = {'os.system': SystemPayload, 'exec': ExecPayload,
-            'pathlib': PathPayload}
+PAYLOADS = {
+    'os.system': SystemPayload,
+    'exec': ExecPayload,
+    'pathlib': PathPayload
+}
 
 
 def save_crafted(path, payload, marker):
     """An mmengine-shaped checkpoint with the payload in its ``meta``."""
-    torch.save(dict(meta=dict(epoch=1, evil=PAYLOADS[payload](marker)),
-                    state_dict={}), path)
+    torch.save(
+        dict(
+            meta=dict(epoch=1, evil=PAYLOADS[payload](marker)), state_dict={}),
+        path)
 
 
 def toy_runner(work_dir, max_epochs=1, **kwargs):
     """conftest's toy run (4 samples), logging every iteration."""
     return make_toy_runner(
-        work_dir, max_epochs,
+        work_dir,
+        max_epochs,
         default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
         **kwargs)
 
@@ -90,8 +102,8 @@ def hub_cache(tmp_path, monkeypatch):
 
 def cache_as(url, source, cache_folder):
     """Put ``source`` where loading ``url`` finds it without downloading."""
-    shutil.copyfile(source, cache_folder / os.path.basename(
-        urlparse(url).path))
+    shutil.copyfile(source,
+                    cache_folder / os.path.basename(urlparse(url).path))
 
 
 def scheme_urls():
@@ -188,28 +200,29 @@ def test_open_mmlab_local_name_refuses_crafted(tmp_path, marker, monkeypatch):
     (home / 'open_mmlab.json').write_text('{"mmae_local": "local.pth"}')
     monkeypatch.setenv('MMENGINE_HOME', str(home))
     save_crafted(home / 'local.pth', 'os.system', marker)
-    refused(lambda: CheckpointLoader.load_checkpoint(
-        'open-mmlab://mmae_local'), marker)
+    refused(
+        lambda: CheckpointLoader.load_checkpoint('open-mmlab://mmae_local'),
+        marker)
 
 
 @pytest.mark.parametrize('where', ['local', 'url'])
-def test_runner_load_from_and_resume_refuse_crafted(
-        tmp_path, hub_cache, marker, where):
+def test_runner_load_from_and_resume_refuse_crafted(tmp_path, hub_cache,
+                                                    marker, where):
     path = tmp_path / 'evil.pth'
     save_crafted(path, 'os.system', marker)
     cache_as(URL, path, hub_cache)
     source = str(path) if where == 'local' else URL
     for resume in (False, True):
-        runner = toy_runner(tmp_path / f'work_{resume}', load_from=source,
-                            resume=resume)
+        runner = toy_runner(
+            tmp_path / f'work_{resume}', load_from=source, resume=resume)
         refused(runner.load_or_resume, marker)
 
 
 def test_runner_resumes_genuine_from_url(tmp_path, hub_cache, genuine):
     path, state = genuine
     cache_as(URL, path, hub_cache)
-    runner = toy_runner(tmp_path / 'work', max_epochs=2, load_from=URL,
-                        resume=True)
+    runner = toy_runner(
+        tmp_path / 'work', max_epochs=2, load_from=URL, resume=True)
     runner.train()
     assert runner.epoch == 2
     loaded = toy_runner(tmp_path / 'work_load', load_from=URL)
@@ -222,8 +235,8 @@ def test_runner_resumes_genuine_from_url(tmp_path, hub_cache, genuine):
 def test_pretrained_init_cfg(tmp_path, hub_cache, marker, where):
     model = MODELS.build(CLASSIFIER)
     genuine_path = tmp_path / 'genuine.pth'
-    torch.save(dict(state_dict=model.backbone.state_dict(), meta={}),
-               genuine_path)
+    torch.save(
+        dict(state_dict=model.backbone.state_dict(), meta={}), genuine_path)
     evil_path = tmp_path / 'evil.pth'
     save_crafted(evil_path, 'exec', marker)
     sources = {}
@@ -233,8 +246,9 @@ def test_pretrained_init_cfg(tmp_path, hub_cache, marker, where):
         sources[name] = str(path) if where == 'local' else url
 
     def backbone_from(source):
-        return MODELS.build(dict(TINY_VIT, init_cfg=dict(
-            type='Pretrained', checkpoint=source)))
+        return MODELS.build(
+            dict(
+                TINY_VIT, init_cfg=dict(type='Pretrained', checkpoint=source)))
 
     refused(backbone_from(sources['evil']).init_weights, marker)
     backbone = backbone_from(sources['genuine'])
@@ -280,8 +294,7 @@ class CraftedHistoryBuffer:
 
     def __init__(self, statistics, **extra):
         buffer = HistoryBuffer([1.0, 4.0], [1, 1])
-        self.state = dict(vars(buffer), statistics_methods=statistics,
-                          **extra)
+        self.state = dict(vars(buffer), statistics_methods=statistics, **extra)
 
     @property
     def __class__(self):  # pickle checks it against __newobj__'s class
@@ -302,10 +315,14 @@ class GetattrPayload:
 
 
 def save_hub_with(path, buffer):
-    torch.save(dict(meta={}, state_dict={}, message_hub=dict(
-        log_scalars={'train/loss': buffer}, runtime_info={},
-        resumed_keys={})), path)
-
+    torch.save(
+        dict(
+            meta={},
+            state_dict={},
+            message_hub=dict(
+                log_scalars={'train/loss': buffer},
+                runtime_info={},
+                resumed_keys={})), path)
 
 
 #: torch < 2.6 cannot allow-list an object under another path, so statistics
@@ -340,8 +357,12 @@ def forget_statistics(snapshot: dict, *names: str) -> None:
 def test_checkpoint_cannot_widen_restricted_getattr(tmp_path, name,
                                                     statistics_snapshot):
     widen = tmp_path / 'widen.pth'
-    save_hub_with(widen, CraftedHistoryBuffer(
-        {name: HistoryBuffer.min, 'mean': HistoryBuffer.mean}))
+    save_hub_with(
+        widen,
+        CraftedHistoryBuffer({
+            name: HistoryBuffer.min,
+            'mean': HistoryBuffer.mean
+        }))
     with pytest.raises(pickle.UnpicklingError, match=repr(name)):
         torch.load(widen, weights_only=True)  # rejected, and changes nothing
     assert name not in HistoryBuffer._statistics_methods
@@ -363,8 +384,10 @@ def test_checkpoint_cannot_redefine_mean(tmp_path, statistics_snapshot):
 def test_checkpoint_cannot_set_history_buffer_internals(
         tmp_path, statistics_snapshot):
     path = tmp_path / 'shadow.pth'
-    save_hub_with(path, CraftedHistoryBuffer(
-        {}, _statistics_methods={'mean': HistoryBuffer.min}))
+    save_hub_with(
+        path,
+        CraftedHistoryBuffer({},
+                             _statistics_methods={'mean': HistoryBuffer.min}))
     with pytest.raises(pickle.UnpicklingError, match='_statistics_methods'):
         torch.load(path, weights_only=True)
 
@@ -405,7 +428,8 @@ def test_statistics_registered_by_code_keep_checkpoints_loadable(
         hub.update_scalar('train/loss', value)
     path = tmp_path / 'ckpt.pth'
     torch.save(dict(message_hub=hub.state_dict()), path)
-    loaded = torch.load(path, weights_only=True)['message_hub']['log_scalars']['train/loss']
+    loaded = torch.load(
+        path, weights_only=True)['message_hub']['log_scalars']['train/loss']
     assert loaded.statistics('median_of_window') == 2.0
     assert loaded.statistics('spread') == 8.0
     # The stand-ins cannot be called from a checkpoint.
@@ -434,15 +458,20 @@ def test_tools_test_py_refuses_crafted_url_checkpoint(tmp_path, hub_cache,
     url = 'https://example.invalid/ckpt/linear.pth'
     save_crafted(tmp_path / 'evil.pth', 'os.system', marker)
     cache_as(url, tmp_path / 'evil.pth', hub_cache)
-    result = subprocess.run(
-        [sys.executable, os.path.join(repo_root, 'tools', 'test.py'),
-         os.path.join(repo_root, 'configs', 'fashion_mnist',
-                      'linear_fmnist.py'), url,
-         '--work-dir', str(tmp_path / 'work'), '--cfg-options',
-         'test_dataloader.dataset.indices=8', 'test_dataloader.num_workers=0',
-         'test_dataloader.persistent_workers=False'],
-        cwd=repo_root, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS='1'))
+    result = subprocess.run([
+        sys.executable,
+        os.path.join(repo_root, 'tools', 'test.py'),
+        os.path.join(repo_root, 'configs', 'fashion_mnist',
+                     'linear_fmnist.py'), url, '--work-dir',
+        str(tmp_path / 'work'), '--cfg-options',
+        'test_dataloader.dataset.indices=8', 'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False'
+    ],
+                            cwd=repo_root,
+                            capture_output=True,
+                            text=True,
+                            timeout=300,
+                            env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert result.returncode != 0
     assert 'weights only load failed' in result.stderr.lower()
     assert not marker.exists()
@@ -502,10 +531,17 @@ def test_statistic_of_allow_listed_class_loads_whatever_the_hash_seed(
     failures = {}
     for seed in range(6):
         result = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / f'{seed}.pth')],
-            capture_output=True, text=True, timeout=300,
-            env=dict(os.environ, PYTHONHASHSEED=str(seed),
-                     PYTHONPATH=str(tmp_path), OMP_NUM_THREADS='1'))
+            [sys.executable,
+             str(script),
+             str(tmp_path / f'{seed}.pth')],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(
+                os.environ,
+                PYTHONHASHSEED=str(seed),
+                PYTHONPATH=str(tmp_path),
+                OMP_NUM_THREADS='1'))
         if result.returncode != 0 or 'loaded' not in result.stdout:
             failures[seed] = result.stderr[-800:]
     assert not failures, failures
@@ -537,16 +573,18 @@ def test_registered_statistics_are_restored_by_a_checkpoint(
     path = tmp_path / 'ckpt.pth'
     torch.save(dict(message_hub=hub.state_dict()), path)
     HistoryBuffer._statistics_methods.clear()  # as test_runner.py does
-    loaded = torch.load(path, weights_only=True)['message_hub']['log_scalars']['train/loss']
+    loaded = torch.load(
+        path, weights_only=True)['message_hub']['log_scalars']['train/loss']
     assert HistoryBuffer._statistics_methods['median_restored'] \
         is median_restored
     assert HistoryBuffer._statistics_methods['spread_restored'] \
         is StatisticsRestored.spread_restored
     assert set(HistoryBuffer._statistics_methods) == {
-        *BUILTIN_STATISTICS, 'median_restored', 'spread_restored'}
+        *BUILTIN_STATISTICS, 'median_restored', 'spread_restored'
+    }
     assert loaded.statistics('median_restored') == 2.0
-    assert HistoryBuffer([1.0, 5.0], [1, 1]).statistics(
-        'spread_restored') == 4.0
+    assert HistoryBuffer([1.0, 5.0],
+                         [1, 1]).statistics('spread_restored') == 4.0
 
     # A different function now holds one of the names: the checkpoint is
     # refused and restores nothing, not even the other name.
@@ -567,8 +605,8 @@ def test_registered_statistics_are_restored_by_a_checkpoint(
 from mmengine.infer import BaseInferencer  # noqa: E402
 from mmengine.registry import MODELS as MMENGINE_MODELS  # noqa: E402
 
-MMENGINE_MODELS.register_module(name='MmaeSecurityToyModel', module=ToyModel,
-                                force=True)
+MMENGINE_MODELS.register_module(
+    name='MmaeSecurityToyModel', module=ToyModel, force=True)
 
 
 class ToyInferencer(BaseInferencer):
@@ -627,7 +665,9 @@ def test_inferencer_with_config_loads_genuine_checkpoint(genuine):
     path, state = genuine
     inferencer = ToyInferencer(
         model=dict(model=dict(type='MmaeSecurityToyModel')),
-        weights=str(path), device='cpu', show_progress=False)
+        weights=str(path),
+        device='cpu',
+        show_progress=False)
     for key, value in state.items():
         assert torch.equal(inferencer.model.state_dict()[key], value), key
     inputs = [dict(inputs=torch.tensor([2.0, 1.0]))]
@@ -637,8 +677,8 @@ def test_inferencer_with_config_loads_genuine_checkpoint(genuine):
     assert float(predicted) == pytest.approx(float(expected), rel=1e-6)
 
 
-def test_mmpretrain_inferencer_refuses_a_checkpoint_path(tmp_path, genuine,
-                                                         marker):
+def test_mmpretrain_inferencer_refuses_a_checkpoint_path(
+        tmp_path, genuine, marker):
     """mmpretrain's inferencers need a model name or config (upstream)."""
     from mmpretrain.apis import ImageClassificationInferencer
     path = with_config_text(genuine[0], tmp_path / 'crafted.pth',

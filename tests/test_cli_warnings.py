@@ -10,11 +10,11 @@ control: there the warnings are upstream's and stay visible.
 """
 import importlib.util
 import os
+import setuptools
 import subprocess
 import sys
 
 import pytest
-import setuptools
 import torch
 from mmengine.utils import digit_version
 
@@ -32,12 +32,17 @@ RAISED = [
     ) if raised
 ]
 
+
 def run(repo_root, argv):
     """``python argv`` with Python's default warning filters, no GPU."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='')
     env.pop('PYTHONWARNINGS', None)
-    proc = subprocess.run([sys.executable, *argv], cwd=repo_root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, *argv],
+                          cwd=repo_root,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 

@@ -67,10 +67,26 @@ def test_one_seed_says_no_interval_never_a_zero_width_one():
     assert got.verdict() == 'n/a'
 
 
-@pytest.mark.parametrize('ours, base', [
-    ({0: 80.1, 1: 81.1}, {0: 80.3, 1: 81.3}),  # -0.2 twice, up to rounding
-    ({0: 70.0, 1: 75.0, 2: 71.0}, {0: 70.0, 1: 75.0, 2: 71.0}),
-])
+@pytest.mark.parametrize(
+    'ours, base',
+    [
+        ({
+            0: 80.1,
+            1: 81.1
+        }, {
+            0: 80.3,
+            1: 81.3
+        }),  # -0.2 twice, up to rounding
+        ({
+            0: 70.0,
+            1: 75.0,
+            2: 71.0
+        }, {
+            0: 70.0,
+            1: 75.0,
+            2: 71.0
+        }),
+    ])
 def test_equal_differences_have_no_interval_and_no_verdict(ours, base):
     """n >= 2 equal differences have no spread: no zero-width interval, no
     'lower' or 'higher'."""
@@ -114,8 +130,9 @@ def test_every_pooling_from_cls_mean_features():
     from mmae_compare.protocol import split_poolings
     from mmae_plugin.models.necks import pool_tokens
     tokens = torch.randn(5, 50, 8, generator=torch.Generator().manual_seed(0))
-    split = split_poolings(pool_tokens(tokens, 'cls+mean'), 'cls+mean',
-                           ('cls', 'mean', 'cls+mean'))
+    split = split_poolings(
+        pool_tokens(tokens, 'cls+mean'), 'cls+mean',
+        ('cls', 'mean', 'cls+mean'))
     for pooling, features in split.items():
         assert torch.equal(features, pool_tokens(tokens, pooling)), pooling
     with pytest.raises(ValueError, match="pools 'cls'; it cannot give"):
@@ -127,35 +144,43 @@ def test_every_pooling_from_cls_mean_features():
 # ----------------------------------------------------------------------------
 def small_spec(**changes) -> Comparison:
     arms = (parse_arm('mae=configs/fashion_mnist/mae_fmnist.py'),
-            parse_arm('mmae=configs/fashion_mnist/mmae_fmnist.py '
-                      'model.regularizer.loss_weight=0.01 '
-                      'model.regularizer.mu=(1,2)', 'M-MAE'),
-            Arm('init', 'random'))
-    fields = dict(arms=arms, reference='mae', seeds=(0, 1), epochs=4,
-                  eval_epochs=(2, 4), protocol=Protocol(
-                      'configs/fashion_mnist/knn_fmnist_clsmean.py'))
+            parse_arm(
+                'mmae=configs/fashion_mnist/mmae_fmnist.py '
+                'model.regularizer.loss_weight=0.01 '
+                'model.regularizer.mu=(1,2)', 'M-MAE'), Arm('init', 'random'))
+    fields = dict(
+        arms=arms,
+        reference='mae',
+        seeds=(0, 1),
+        epochs=4,
+        eval_epochs=(2, 4),
+        protocol=Protocol('configs/fashion_mnist/knn_fmnist_clsmean.py'))
     fields.update(changes)
     return Comparison(**fields)
 
 
 def test_spec_round_trips_through_json_and_refuses_inconsistencies():
     spec = small_spec()
-    assert spec.arm('mmae').options == (
-        ('model.regularizer.loss_weight', 0.01),
-        ('model.regularizer.mu', [1, 2]))
+    assert spec.arm('mmae').options == (('model.regularizer.loss_weight',
+                                         0.01), ('model.regularizer.mu',
+                                                 [1, 2]))
     assert spec.arm('mmae').label == 'M-MAE' and spec.arm('mae').label == \
         'mae'
     assert Comparison.from_dict(json.loads(json.dumps(spec.as_dict()))) == \
         spec
     assert spec.arm_eval_epochs(spec.arm('init')) == (0, )
     assert spec.runs()[:3] == [('mae', 0), ('mmae', 0), ('init', 0)]
-    for changes, message in (
-            ({'reference': 'byol'}, "reference 'byol' is not an arm"),
-            ({'eval_epochs': (2, 3)}, 'must be increasing, >= 1 and end at'),
-            ({'seeds': (1, 1)}, 'seeds must be distinct'),
-            ({'protocol': Protocol(None)}, 'evaluates nothing'),
-            ({'protocol': Protocol('x.py', poolings=('gem', ))},
-             'poolings must be')):
+    for changes, message in (({
+            'reference': 'byol'
+    }, "reference 'byol' is not an arm"), ({
+            'eval_epochs': (2, 3)
+    }, 'must be increasing, >= 1 and end at'), ({
+            'seeds': (1, 1)
+    }, 'seeds must be distinct'), ({
+            'protocol': Protocol(None)
+    }, 'evaluates nothing'), ({
+            'protocol': Protocol('x.py', poolings=('gem', ))
+    }, 'poolings must be')):
         with pytest.raises(ValueError, match=re.escape(message)):
             small_spec(**changes)
     with pytest.raises(ValueError, match='plain directory name'):
@@ -164,8 +189,8 @@ def test_spec_round_trips_through_json_and_refuses_inconsistencies():
         parse_arm('a=x.py model')
 
 
-def test_a_recorded_comparison_refuses_another_in_its_folder(tmp_path,
-                                                             repo_root):
+def test_a_recorded_comparison_refuses_another_in_its_folder(
+        tmp_path, repo_root):
     from mmae_compare.spec import freeze, frozen_config_path, load
     os.chdir(repo_root)
     spec = small_spec()
@@ -188,15 +213,32 @@ def test_restore_takes_up_finished_results_and_refuses_another(
     from mmae_compare.spec import freeze
     os.chdir(repo_root)
     spec = small_spec()
-    rows = [{'arm': 'mae', 'seed': 0, 'epoch': e, 'cls/linear_top1': 80.0 + e}
-            for e in (2, 4)] + [{'arm': 'mmae', 'seed': 1, 'epoch': 2,
-                                 'cls/linear_top1': 70.0}]
-    curves = [{'arm': 'mae', 'seed': 0, 'curves': {
-        'minfo_heldout/mutual_info_cov': [[0, 1.0], [4, 2.0]]}}]
+    rows = [{
+        'arm': 'mae',
+        'seed': 0,
+        'epoch': e,
+        'cls/linear_top1': 80.0 + e
+    } for e in (2, 4)] + [{
+        'arm': 'mmae',
+        'seed': 1,
+        'epoch': 2,
+        'cls/linear_top1': 70.0
+    }]
+    curves = [{
+        'arm': 'mae',
+        'seed': 0,
+        'curves': {
+            'minfo_heldout/mutual_info_cov': [[0, 1.0], [4, 2.0]]
+        }
+    }]
     source = tmp_path / 'runs.json'
-    source.write_text(json.dumps({'format': records.FORMAT,
-                                  'comparison': spec.as_dict(),
-                                  'runs': rows, 'curves': curves}))
+    source.write_text(
+        json.dumps({
+            'format': records.FORMAT,
+            'comparison': spec.as_dict(),
+            'runs': rows,
+            'curves': curves
+        }))
     out = str(tmp_path / 'fresh')
     freeze(out, spec)
     assert records.restore_runs(out, str(source)) == (3, 1)
@@ -204,27 +246,51 @@ def test_restore_takes_up_finished_results_and_refuses_another(
     assert pending_epochs(out, spec, 'mae', 0) == []
     assert pending_epochs(out, spec, 'mmae', 1) == [4]
     assert records.read_runs(out)[1] == rows
-    assert records.read_curves(out) == {('mae', 0): {
-        'minfo_heldout/mutual_info_cov': {0: 1.0, 4: 2.0}}}
+    assert records.read_curves(out) == {
+        ('mae', 0): {
+            'minfo_heldout/mutual_info_cov': {
+                0: 1.0,
+                4: 2.0
+            }
+        }
+    }
     from mmengine.visualization import LocalVisBackend
-    LocalVisBackend(save_dir=osp.join(out, 'runs', 'mae', 'seed0', 't',
-                                      'vis_data')).add_scalars(
-        {'minfo_heldout/mutual_info_cov': 3.0, 'epoch': 4}, step=8)
-    assert records.read_curves(out)[('mae', 0)][
-        'minfo_heldout/mutual_info_cov'] == {0: 1.0, 4: 3.0}
+    LocalVisBackend(
+        save_dir=osp.join(out, 'runs', 'mae', 'seed0', 't',
+                          'vis_data')).add_scalars(
+                              {
+                                  'minfo_heldout/mutual_info_cov': 3.0,
+                                  'epoch': 4
+                              },
+                              step=8)
+    assert records.read_curves(out)[('mae',
+                                     0)]['minfo_heldout/mutual_info_cov'] == {
+                                         0: 1.0,
+                                         4: 3.0
+                                     }
     other = tmp_path / 'other.json'
-    other.write_text(json.dumps({
-        'format': records.FORMAT, 'runs': rows,
-        'comparison': small_spec(seeds=(0, 1, 2)).as_dict()}))
+    other.write_text(
+        json.dumps({
+            'format': records.FORMAT,
+            'runs': rows,
+            'comparison': small_spec(seeds=(0, 1, 2)).as_dict()
+        }))
     with pytest.raises(ValueError, match='records another comparison'):
         records.restore_runs(out, str(other))
 
 
 def test_schedule_is_stretched_to_the_comparison_epochs():
     from mmae_compare.training import fit_schedule
-    schedule = [dict(type='LinearLR', by_epoch=True, begin=0, end=1),
-                dict(type='CosineAnnealingLR', T_max=4, by_epoch=True,
-                     begin=1, end=5, eta_min=0.0)]
+    schedule = [
+        dict(type='LinearLR', by_epoch=True, begin=0, end=1),
+        dict(
+            type='CosineAnnealingLR',
+            T_max=4,
+            by_epoch=True,
+            begin=1,
+            end=5,
+            eta_min=0.0)
+    ]
     fitted = fit_schedule(schedule, 5, 20)
     assert fitted[0] == schedule[0]
     assert fitted[1] == dict(schedule[1], T_max=19, end=20)
@@ -245,14 +311,24 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
     rows = []
     for seed in spec.seeds:
         for arm, shift in (('mae', 0.0), ('mmae', -2.0 + wobble[seed] / 3)):
-            rows.append({'arm': arm, 'seed': seed, 'epoch': 4,
-                         'cls/linear_top1': 80.0 + seed + shift})
-    rows.append({'arm': 'init', 'seed': 0, 'epoch': 0,
-                 'cls/linear_top1': 70.0})
+            rows.append({
+                'arm': arm,
+                'seed': seed,
+                'epoch': 4,
+                'cls/linear_top1': 80.0 + seed + shift
+            })
+    rows.append({
+        'arm': 'init',
+        'seed': 0,
+        'epoch': 0,
+        'cls/linear_top1': 70.0
+    })
     lines = summary_lines(rows, spec, 4)
     diff = paired_interval(
-        {r['seed']: r['cls/linear_top1'] for r in rows if r['arm'] == 'mmae'},
-        {r['seed']: r['cls/linear_top1'] for r in rows if r['arm'] == 'mae'})
+        {r['seed']: r['cls/linear_top1']
+         for r in rows if r['arm'] == 'mmae'},
+        {r['seed']: r['cls/linear_top1']
+         for r in rows if r['arm'] == 'mae'})
     assert diff.high < 0
     assert lines[0] == ('* **M-MAE, cls**: linear probe top-1 '
                         f'{diff.text()}: lower than mae.')
@@ -270,11 +346,15 @@ def test_summary_calls_a_difference_only_when_its_interval_excludes_zero():
 def test_summary_does_not_call_equal_differences_lower():
     from mmae_compare.report import summary_lines
     spec = small_spec(seeds=(0, 1))
-    rows = [{'arm': arm, 'seed': seed, 'epoch': 4,
-             'cls/linear_top1': 80.1 + seed - (0.2 if arm == 'mmae' else 0)}
-            for seed in spec.seeds for arm in ('mae', 'mmae')]
-    (line, ) = [line for line in summary_lines(rows, spec, 4)
-                if 'M-MAE' in line]
+    rows = [{
+        'arm': arm,
+        'seed': seed,
+        'epoch': 4,
+        'cls/linear_top1': 80.1 + seed - (0.2 if arm == 'mmae' else 0)
+    } for seed in spec.seeds for arm in ('mae', 'mmae')]
+    (line, ) = [
+        line for line in summary_lines(rows, spec, 4) if 'M-MAE' in line
+    ]
     assert line == ('* **M-MAE, cls**: linear probe top-1 -0.20 (n=2, all '
                     'equal, no spread: no interval).')
 
@@ -286,18 +366,17 @@ def test_option_sweeps_group_arms_differing_in_one_number():
     ] + [parse_arm(f'u{mu}=x.py a.lam=1 a.mu={mu}') for mu in (2, 3)]
     spec = small_spec(arms=tuple(arms))
     sweeps = option_sweeps(spec)
-    assert [[a.name for a in g] for g in sweeps['a.lam']] == [
-        ['m1', 'm2', 'm3']]
-    assert [[a.name for a in g] for g in sweeps['a.mu']] == [
-        ['m1', 'u2', 'u3']]
+    assert [[a.name for a in g]
+            for g in sweeps['a.lam']] == [['m1', 'm2', 'm3']]
+    assert [[a.name for a in g]
+            for g in sweeps['a.mu']] == [['m1', 'u2', 'u3']]
 
 
 # ----------------------------------------------------------------------------
 # The shipped pages, rebuilt from their runs.json
 # ----------------------------------------------------------------------------
 @pytest.mark.parametrize('page', ['study', 'results', 'siamese'])
-def test_shipped_page_is_rebuilt_from_its_runs_json(repo_root, tmp_path,
-                                                    page):
+def test_shipped_page_is_rebuilt_from_its_runs_json(repo_root, tmp_path, page):
     """docs/<page>.md is the report of docs/<page>/runs.json: rebuilt from
     a copy of that file alone, every line after the one naming the command
     and date is the same."""
@@ -311,10 +390,14 @@ def test_shipped_page_is_rebuilt_from_its_runs_json(repo_root, tmp_path,
     for name in ('notes.md', ):
         if osp.isfile(osp.join(docs, page, name)):
             shutil.copy(osp.join(docs, page, name), tmp_path / page)
-    args = [str(tmp_path / a[5:]) if a.startswith('docs/') else a
-            for a in args]
-    proc = subprocess.run([sys.executable, SCRIPT, *args], cwd=repo_root,
-                          capture_output=True, text=True, timeout=600)
+    args = [
+        str(tmp_path / a[5:]) if a.startswith('docs/') else a for a in args
+    ]
+    proc = subprocess.run([sys.executable, SCRIPT, *args],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rebuilt = (tmp_path / f'{page}.md').read_text().splitlines()
     assert len(rebuilt) == len(shipped) and rebuilt[3:] == shipped[3:]
@@ -322,8 +405,7 @@ def test_shipped_page_is_rebuilt_from_its_runs_json(repo_root, tmp_path,
 
 
 @pytest.mark.parametrize('page', ['study', 'results', 'siamese'])
-def test_documented_run_command_gives_the_recorded_comparison(repo_root,
-                                                              page):
+def test_documented_run_command_gives_the_recorded_comparison(repo_root, page):
     """The command in docs/<page>/notes.md asks for exactly the comparison
     its runs.json records (arms, options, labels, seeds, protocol)."""
     import shlex
@@ -345,13 +427,15 @@ def test_documented_run_command_gives_the_recorded_comparison(repo_root,
 # Settings refused before any job
 # ----------------------------------------------------------------------------
 @pytest.mark.parametrize('options, message', [
-    (['--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
-      '--bank-images', '100', '--shots', '2', '100'],
-     '--shots 2 100: class 8 has only 4 rows in the kNN bank (the first 100 '
+    ([
+        '--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
+        '--bank-images', '100', '--shots', '2', '100'
+    ], '--shots 2 100: class 8 has only 4 rows in the kNN bank (the first 100 '
      'training images, --bank-images), so at most 4 labels per class'),
-    (['--eval-config', 'configs/fashion_mnist/knn_fmnist.py',
-      '--bank-images', '100', '--shots', '2'],
-     "--poolings cls cls+mean: the evaluation config "
+    ([
+        '--eval-config', 'configs/fashion_mnist/knn_fmnist.py',
+        '--bank-images', '100', '--shots', '2'
+    ], "--poolings cls cls+mean: the evaluation config "
      "configs/fashion_mnist/knn_fmnist.py pools 'cls'"),
 ])
 def test_a_setting_the_evaluation_refuses_is_refused_before_any_job(
@@ -359,11 +443,16 @@ def test_a_setting_the_evaluation_refuses_is_refused_before_any_job(
     """What would fail every job after its training fails at once, and
     nothing is recorded or submitted."""
     out_dir = tmp_path / 'cmp'
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, 'run', '--out-dir', str(out_dir), '--arm',
-         'mae=configs/fashion_mnist/mae_fmnist.py', '--arm', 'init=random',
-         '--reference', 'init', '--seeds', '0', '--epochs', '1', *options],
-        cwd=repo_root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, SCRIPT, 'run', '--out-dir',
+        str(out_dir), '--arm', 'mae=configs/fashion_mnist/mae_fmnist.py',
+        '--arm', 'init=random', '--reference', 'init', '--seeds', '0',
+        '--epochs', '1', *options
+    ],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stderr.startswith('compare.py: error: ' + message), \
         proc.stderr
@@ -375,18 +464,17 @@ def test_a_setting_the_evaluation_refuses_is_refused_before_any_job(
 # ----------------------------------------------------------------------------
 #: 2 arms x 2 seeds, 6 iterations per epoch, evaluated at the last epoch.
 QUICK_GRID = [
-    '--arm', 'mae=configs/fashion_mnist/mae_fmnist.py',
-    '--arm', 'mmae=configs/fashion_mnist/mmae_fmnist.py '
-    'model.regularizer.loss_weight=0.01',
-    '--reference', 'mae', '--seeds', '0', '1', '--epochs', '3',
-    '--images', '1536', '--eval-config',
+    '--arm', 'mae=configs/fashion_mnist/mae_fmnist.py', '--arm',
+    'mmae=configs/fashion_mnist/mmae_fmnist.py '
+    'model.regularizer.loss_weight=0.01', '--reference', 'mae', '--seeds', '0',
+    '1', '--epochs', '3', '--images', '1536', '--eval-config',
     'configs/fashion_mnist/knn_fmnist_clsmean.py', '--bank-images', '300',
     '--test-images', '200', '--shots', '2', '--cfg-options',
     'train_dataloader.num_workers=0',
     'train_dataloader.persistent_workers=False',
-    'default_hooks.logger.interval=1', '--cpus-per-task', '1']
+    'default_hooks.logger.interval=1', '--cpus-per-task', '1'
+]
 REQUEUED = ('mmae', 1)
-
 
 #: Set to 1 to run the real-Slurm tests (.ci/run does): they install Slurm
 #: with apt-get when it is missing and start its daemons, which a test run
@@ -407,8 +495,11 @@ def slurm_unavailable_reason():
 
 
 def compare(repo_root, *args, timeout=1800):
-    proc = subprocess.run([sys.executable, SCRIPT, *args], cwd=repo_root,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, SCRIPT, *args],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -426,8 +517,9 @@ def requeue_mid_training(out_dir, log_path, timeout=1200):
     job = None
     while job is None or not (directory / 'epoch_1.pth').exists():
         assert time.time() < deadline, 'the job never saved epoch 1'
-        found = re.search(rf'{REQUEUED[0]} seed {REQUEUED[1]}: submitted as '
-                          r'job (\d+)', log_path.read_text())
+        found = re.search(
+            rf'{REQUEUED[0]} seed {REQUEUED[1]}: submitted as '
+            r'job (\d+)', log_path.read_text())
         job = found and found.group(1)
         time.sleep(0.2)
     subprocess.run(['scontrol', 'requeue', job], check=True)
@@ -442,15 +534,19 @@ def slurm_cluster(repo_root):
     was_up = subprocess.run(['sinfo'], capture_output=True).returncode == 0 \
         if shutil.which('sinfo') else False
     proc = subprocess.run(['bash', 'dev/slurm/start_cluster.sh'],
-                          cwd=repo_root, capture_output=True, text=True,
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
                           timeout=900)
     if proc.returncode != 0 and 'apt' in proc.stderr + proc.stdout:
         pytest.skip(f'could not install Slurm: {proc.stderr[-500:]}')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield
     if not was_up:
-        subprocess.run(['bash', 'dev/slurm/stop_cluster.sh'], cwd=repo_root,
-                       capture_output=True, timeout=120)
+        subprocess.run(['bash', 'dev/slurm/stop_cluster.sh'],
+                       cwd=repo_root,
+                       capture_output=True,
+                       timeout=120)
 
 
 @pytest.fixture(scope='module')
@@ -461,11 +557,14 @@ def local_and_slurm(repo_root, tmp_path_factory, slurm_cluster):
     slurm = tmp_path_factory.mktemp('slurm')
     log_path = slurm.parent / f'{slurm.name}.log'
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(
-            [sys.executable, SCRIPT, 'run', '--out-dir', str(slurm),
-             *QUICK_GRID, '--cluster', 'slurm', '--partition', 'debug',
-             '--time-min', '30'], cwd=repo_root, stdout=log,
-            stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([
+            sys.executable, SCRIPT, 'run', '--out-dir',
+            str(slurm), *QUICK_GRID, '--cluster', 'slurm', '--partition',
+            'debug', '--time-min', '30'
+        ],
+                                cwd=repo_root,
+                                stdout=log,
+                                stderr=subprocess.STDOUT)
         try:
             job = requeue_mid_training(slurm, log_path)
             assert proc.wait(timeout=1800) == 0, log_path.read_text()[-3000:]
@@ -478,7 +577,8 @@ def local_and_slurm(repo_root, tmp_path_factory, slurm_cluster):
 def numbers(out_dir):
     """runs.json's records without timings, and its spec."""
     data = json.loads((out_dir / 'runs.json').read_text())
-    rows = [{k: v for k, v in row.items() if not k.startswith('time/')}
+    rows = [{k: v
+             for k, v in row.items() if not k.startswith('time/')}
             for row in data['runs']]
     return data['comparison'], rows
 
@@ -493,8 +593,8 @@ def test_slurm_grid_equals_the_local_grid_number_for_number(local_and_slurm):
     for row in local_rows:
         assert 0 <= row['cls+mean/linear_top1'] <= 100
         assert row['epoch'] == 3 and row['test_images'] == 200
-    pages = [(d / 'report.md').read_text().splitlines() for d in
-             (local, slurm)]
+    pages = [(d / 'report.md').read_text().splitlines()
+             for d in (local, slurm)]
     # Line 3 names the command (its --out-dir and --cluster).
     assert pages[0][3:] == pages[1][3:] and pages[0][0] == pages[1][0]
     assert '| mmae | ' in '\n'.join(pages[0]) and '(n=2)' in pages[0][14]
@@ -506,9 +606,11 @@ def test_slurm_grid_equals_the_local_grid_number_for_number(local_and_slurm):
 def test_the_requeued_job_resumed_instead_of_restarting(local_and_slurm):
     _, slurm, job = local_and_slurm
     directory = run_dir(slurm, *REQUEUED)
-    starts = [json.loads(line) for line in
-              (directory / 'history.jsonl').read_text().splitlines()
-              if '"start"' in line]
+    starts = [
+        json.loads(line)
+        for line in (directory / 'history.jsonl').read_text().splitlines()
+        if '"start"' in line
+    ]
     assert [s['job'] for s in starts] == [job, job]
     assert [s['restarts'] for s in starts] == [0, 1]
     assert starts[0]['trained_epoch'] is None
@@ -525,14 +627,18 @@ def test_the_requeued_job_resumed_instead_of_restarting(local_and_slurm):
 
 def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
         repo_root, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, 'run', '--out-dir', str(tmp_path),
-         '--arm', 'broken=configs/fashion_mnist/mae_fmnist.py '
-         'model.type=NoSuchAlgorithm', '--arm', 'init=random',
-         '--reference', 'init', '--seeds', '0', '--epochs', '1',
-         '--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
-         '--bank-images', '100', '--test-images', '100', '--shots', '2'],
-        cwd=repo_root, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([
+        sys.executable, SCRIPT, 'run', '--out-dir',
+        str(tmp_path), '--arm', 'broken=configs/fashion_mnist/mae_fmnist.py '
+        'model.type=NoSuchAlgorithm', '--arm', 'init=random', '--reference',
+        'init', '--seeds', '0', '--epochs', '1', '--eval-config',
+        'configs/fashion_mnist/knn_fmnist_clsmean.py', '--bank-images', '100',
+        '--test-images', '100', '--shots', '2'
+    ],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     failed = proc.stdout.split('[compare] failed:')[1]
     assert 'broken seed 0 (job ' in failed and 'NoSuchAlgorithm' in failed
@@ -542,8 +648,8 @@ def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
             '(0 of 1 evaluations).') in report
     assert '| init | ' in report
     # submitit's files lie in jobs/, named by job id: no literal %j folder.
-    assert not [p for p in (tmp_path / 'jobs').iterdir()
-                if '%' in p.name], sorted((tmp_path / 'jobs').iterdir())
+    assert not [p for p in (tmp_path / 'jobs').iterdir() if '%' in p.name
+                ], sorted((tmp_path / 'jobs').iterdir())
     # No upstream warning (mmcv-lite's, setuptools' pkg_resources) in the
     # tool's own output: tools/train.py does not print them either.
     assert 'Warning' not in proc.stdout + proc.stderr, proc.stderr[-3000:]

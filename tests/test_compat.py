@@ -4,28 +4,25 @@ The runner mixins and the FSDP strategy that replaced the other former
 compat modules: tests/test_runner_mixins.py, tests/test_fsdp_strategy.py.
 """
 import collections
-import errno
 import os
 import pickle
-import stat
-import threading
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.fileio.backends import LocalBackend
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
-from conftest import make_toy_runner
 
 TINY_VIT = dict(
     type='VisionTransformer',
-    arch=dict(embed_dims=16, num_layers=1, num_heads=2,
-              feedforward_channels=32),
-    img_size=8, patch_size=4, in_channels=1)
+    arch=dict(
+        embed_dims=16, num_layers=1, num_heads=2, feedforward_channels=32),
+    img_size=8,
+    patch_size=4,
+    in_channels=1)
 
 
 def mmengine_style_checkpoint(path):
@@ -64,7 +61,7 @@ class Payload:
     """Unpickling this runs a shell command."""
 
     def __reduce__(self):
-        return (os.system, ('touch /tmp/mmae-plugin-pwned',))
+        return (os.system, ('touch /tmp/mmae-plugin-pwned', ))
 
 
 def test_checkpoint_with_arbitrary_callable_is_refused(tmp_path):
@@ -100,13 +97,17 @@ def test_getattr_is_restricted_to_history_buffer_statistics(
 def test_mmpretrain_get_model_loads_plugin_checkpoint(tmp_path):
     from mmpretrain import get_model
     path = tmp_path / 'ckpt.pth'
-    cfg = Config(dict(model=dict(
-        type='ImageClassifier', backbone=TINY_VIT,
-        neck=dict(type='GlobalAveragePooling'),
-        head=dict(type='LinearClsHead', num_classes=3, in_channels=16))))
+    cfg = Config(
+        dict(
+            model=dict(
+                type='ImageClassifier',
+                backbone=TINY_VIT,
+                neck=dict(type='GlobalAveragePooling'),
+                head=dict(type='LinearClsHead', num_classes=3,
+                          in_channels=16))))
     model = MODELS.build(cfg.model)
-    save_checkpoint(dict(state_dict=model.state_dict(),
-                         meta=dict(epoch=1)), str(path))
+    save_checkpoint(
+        dict(state_dict=model.state_dict(), meta=dict(epoch=1)), str(path))
     loaded = get_model(cfg, pretrained=str(path))
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
@@ -115,23 +116,27 @@ def test_mmpretrain_get_model_loads_plugin_checkpoint(tmp_path):
 # --------------------------------------------------------------------------
 # a genuine numpy 1.x checkpoint (tests/data/make_numpy1_checkpoint.py)
 # --------------------------------------------------------------------------
-NUMPY1_CHECKPOINT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                 'data', 'numpy1_runner_epoch_2.pth')
+NUMPY1_CHECKPOINT = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), 'data',
+    'numpy1_runner_epoch_2.pth')
 
 
 def numpy1_runner(work_dir, **kwargs):
     """A Runner with the fixture's model, optimizer and scheduler."""
     from mmengine.testing.runner_test_case import ToyDataset, ToyModel
     return Runner(
-        model=ToyModel(), work_dir=str(work_dir),
+        model=ToyModel(),
+        work_dir=str(work_dir),
         experiment_name=f'numpy1_{os.path.basename(work_dir)}',
-        train_dataloader=dict(dataset=ToyDataset(), batch_size=4,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False), num_workers=0),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01,
-                                          momentum=0.9)),
+        train_dataloader=dict(
+            dataset=ToyDataset(),
+            batch_size=4,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            num_workers=0),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
         param_scheduler=dict(type='MultiStepLR', milestones=[1], gamma=0.5),
-        train_cfg=dict(by_epoch=True, max_epochs=3), log_level='WARNING',
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        log_level='WARNING',
         **kwargs)
 
 
@@ -140,8 +145,9 @@ def test_numpy1_fixture_is_a_numpy1_pickle():
     import zipfile
     assert os.path.getsize(NUMPY1_CHECKPOINT) < 200 * 1024
     with zipfile.ZipFile(NUMPY1_CHECKPOINT) as archive:
-        pickled = archive.read(next(name for name in archive.namelist()
-                                    if name.endswith('/data.pkl')))
+        pickled = archive.read(
+            next(name for name in archive.namelist()
+                 if name.endswith('/data.pkl')))
     assert b'numpy.core.multiarray\n_reconstruct\n' in pickled
     assert b'numpy.core.multiarray\nscalar\n' in pickled
     assert b'numpy._core' not in pickled
@@ -170,8 +176,8 @@ def test_numpy1_checkpoint_loads_on_mmengine_loaders(tmp_path):
     assert loaded['meta']['experiment_name'].startswith('numpy1_fixture')
     by_function, by_init_cfg = ToyModel(), ToyModel()
     load_checkpoint(by_function, NUMPY1_CHECKPOINT)
-    by_init_cfg.init_cfg = dict(type='Pretrained',
-                                checkpoint=NUMPY1_CHECKPOINT)
+    by_init_cfg.init_cfg = dict(
+        type='Pretrained', checkpoint=NUMPY1_CHECKPOINT)
     by_init_cfg.init_weights()
     for model in (by_function, by_init_cfg):
         for key, value in state.items():
@@ -189,16 +195,15 @@ def test_numpy1_checkpoint_load_from(tmp_path):
 
 def test_numpy1_checkpoint_resumes(tmp_path):
     checkpoint = torch.load(NUMPY1_CHECKPOINT, weights_only=True)
-    runner = numpy1_runner(tmp_path / 'resume', load_from=NUMPY1_CHECKPOINT,
-                           resume=True)
+    runner = numpy1_runner(
+        tmp_path / 'resume', load_from=NUMPY1_CHECKPOINT, resume=True)
     runner.load_or_resume()
     assert (runner.epoch, runner.iter) == (2, 6)
     hub = runner.message_hub
     assert hub.get_info('best_score') == \
         checkpoint['message_hub']['runtime_info']['best_score']
     saved_loss = checkpoint['message_hub']['log_scalars']['train/loss']
-    assert (hub.get_scalar('train/loss').data[0] ==
-            saved_loss.data[0]).all()
+    assert (hub.get_scalar('train/loss').data[0] == saved_loss.data[0]).all()
     # The optimizer's momentum and the scheduler's decayed lr came back.
     state = runner.optim_wrapper.optimizer.state_dict()
     saved = checkpoint['optimizer']

@@ -8,13 +8,15 @@ from mmpretrain.registry import MODELS
 
 import mmae_plugin  # noqa: F401
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs')
+CONFIG_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), 'configs')
 CONFIGS = sorted(
     os.path.relpath(path, CONFIG_DIR)
     for path in glob.glob(f'{CONFIG_DIR}/**/*.py', recursive=True)
     # Folders and files named `_*` (`_base_/`, fragments) are not runnable.
-    if not any(part.startswith('_') for part in
-               os.path.relpath(path, CONFIG_DIR).split(os.sep)))
+    if not any(
+        part.startswith('_')
+        for part in os.path.relpath(path, CONFIG_DIR).split(os.sep)))
 
 
 def test_configs_are_found():
@@ -46,14 +48,15 @@ def paper_recipe(name):
     return Config.fromfile(os.path.join(CONFIG_DIR, name))
 
 
-@pytest.mark.parametrize('name,mu,arch', [('mmae_vit-base_200e.py', 1.0, 'b'),
-                                          ('mmae_vit-large_200e.py', 3.0, 'l')])
+@pytest.mark.parametrize('name,mu,arch',
+                         [('mmae_vit-base_200e.py', 1.0, 'b'),
+                          ('mmae_vit-large_200e.py', 3.0, 'l')])
 def test_mmae_paper_recipe(name, mu, arch):
     cfg = paper_recipe(name)
     reg = cfg.model.regularizer
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', arch)
-    assert (reg.type, reg.mu, reg.form, reg.gather) == (
-        'TCRLoss', mu, 'reference', 'global')
+    assert (reg.type, reg.mu, reg.form, reg.gather) == ('TCRLoss', mu,
+                                                        'reference', 'global')
     assert reg.loss_weight == pytest.approx(0.01 / 8)
     assert cfg.model.backbone.mask_ratio == 0.75
     assert cfg.train_cfg.max_epochs == 200

@@ -15,20 +15,24 @@ from torch import nn
 
 timm_vit = pytest.importorskip('timm.models.vision_transformer')
 
+from _helpers_scripts import load_script  # noqa: E402
+from checkpoint_payloads import ExecPayload, SystemPayload  # noqa: E402
 from mmengine.model import BaseModel  # noqa: E402
 from mmpretrain.registry import MODELS  # noqa: E402
 
 import mmae_plugin  # noqa: F401,E402
-from _helpers_scripts import load_script  # noqa: E402
-from checkpoint_payloads import ExecPayload, SystemPayload  # noqa: E402
 
-CONVERTER = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
-                     'model_converters', 'mae_to_mmpretrain.py')
+CONVERTER = osp.join(
+    osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
+    'model_converters', 'mae_to_mmpretrain.py')
 EMBED, DEPTH, HEADS, PATCH, IMG = 64, 2, 4, 4, 32
 DEC_EMBED, DEC_DEPTH, DEC_HEADS = 32, 2, 4
 NUM_PATCHES = (IMG // PATCH)**2
-ARCH = dict(embed_dims=EMBED, num_layers=DEPTH, num_heads=HEADS,
-            feedforward_channels=4 * EMBED)
+ARCH = dict(
+    embed_dims=EMBED,
+    num_layers=DEPTH,
+    num_heads=HEADS,
+    feedforward_channels=4 * EMBED)
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -46,8 +50,12 @@ class FairMAEDecoder(nn.Module):
             torch.randn(1, NUM_PATCHES + 1, DEC_EMBED))
         self.decoder_embed = nn.Linear(EMBED, DEC_EMBED)
         self.decoder_blocks = nn.ModuleList(
-            timm_vit.Block(DEC_EMBED, DEC_HEADS, mlp_ratio=4, qkv_bias=True,
-                           norm_layer=functools.partial(nn.LayerNorm, eps=1e-6))
+            timm_vit.Block(
+                DEC_EMBED,
+                DEC_HEADS,
+                mlp_ratio=4,
+                qkv_bias=True,
+                norm_layer=functools.partial(nn.LayerNorm, eps=1e-6))
             for _ in range(DEC_DEPTH))
         self.decoder_norm = nn.LayerNorm(DEC_EMBED, eps=1e-6)
         self.decoder_pred = nn.Linear(DEC_EMBED, PATCH**2 * 3)
@@ -55,8 +63,10 @@ class FairMAEDecoder(nn.Module):
     def forward(self, latent, ids_restore):
         x = self.decoder_embed(latent)
         masked = ids_restore.shape[1] + 1 - x.shape[1]
-        x_ = torch.cat([x[:, 1:], self.mask_token.repeat(len(x), masked, 1)], 1)
-        x_ = torch.gather(x_, 1, ids_restore[..., None].expand(-1, -1, x.shape[2]))
+        x_ = torch.cat(
+            [x[:, 1:], self.mask_token.repeat(len(x), masked, 1)], 1)
+        x_ = torch.gather(x_, 1, ids_restore[...,
+                                             None].expand(-1, -1, x.shape[2]))
         x = torch.cat([x[:, :1], x_], 1) + self.decoder_pos_embed
         for block in self.decoder_blocks:
             x = block(x)
@@ -88,14 +98,28 @@ def fair_masked_encoder(vit, images, ids_restore):
 @pytest.fixture(scope='module')
 def fair_checkpoint(tmp_path_factory):
     torch.manual_seed(0)
-    vit = randomise(timm_vit.VisionTransformer(
-        img_size=IMG, patch_size=PATCH, embed_dim=EMBED, depth=DEPTH,
-        num_heads=HEADS, mlp_ratio=4, qkv_bias=True, num_classes=10))
+    vit = randomise(
+        timm_vit.VisionTransformer(
+            img_size=IMG,
+            patch_size=PATCH,
+            embed_dim=EMBED,
+            depth=DEPTH,
+            num_heads=HEADS,
+            mlp_ratio=4,
+            qkv_bias=True,
+            num_classes=10))
     decoder = randomise(FairMAEDecoder())
     path = tmp_path_factory.mktemp('fair') / 'checkpoint-199.pth'
     # As FAIR's main_pretrain.py saves it, arguments included.
-    torch.save({'model': {**vit.state_dict(), **decoder.state_dict()},
-                'epoch': 199, 'args': argparse.Namespace(model='tiny')}, path)
+    torch.save(
+        {
+            'model': {
+                **vit.state_dict(),
+                **decoder.state_dict()
+            },
+            'epoch': 199,
+            'args': argparse.Namespace(model='tiny')
+        }, path)
     return vit, decoder, path
 
 
@@ -103,8 +127,12 @@ def fair_checkpoint(tmp_path_factory):
 def converted(fair_checkpoint, tmp_path_factory):
     *_, src = fair_checkpoint
     dst = tmp_path_factory.mktemp('mm') / 'converted.pth'
-    proc = subprocess.run([sys.executable, CONVERTER, str(src), str(dst)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, CONVERTER,
+         str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'backbone, head, neck' in proc.stdout
     return dst
@@ -116,59 +144,89 @@ def report(name, ours, reference):
     torch.testing.assert_close(ours, reference, **TOL)
 
 
-def test_encoder_features_equal_through_pretrained_init(fair_checkpoint,
-                                                        converted):
+def test_encoder_features_equal_through_pretrained_init(
+        fair_checkpoint, converted):
     vit, *_ = fair_checkpoint
-    backbone = MODELS.build(dict(
-        type='VisionTransformer', arch=ARCH, img_size=IMG, patch_size=PATCH,
-        out_type='raw', final_norm=True,
-        init_cfg=dict(type='Pretrained', checkpoint=str(converted),
-                      prefix='backbone.')))
-    images = torch.randn(4, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
+    backbone = MODELS.build(
+        dict(
+            type='VisionTransformer',
+            arch=ARCH,
+            img_size=IMG,
+            patch_size=PATCH,
+            out_type='raw',
+            final_norm=True,
+            init_cfg=dict(
+                type='Pretrained',
+                checkpoint=str(converted),
+                prefix='backbone.')))
+    images = torch.randn(
+        4, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
     backbone.eval()  # (mmpretrain's ViT.train returns None)
     with torch.no_grad():
         # Control: before loading, the features differ.
-        assert (backbone(images)[0] - vit.forward_features(images)).abs().max() > 0.1
+        assert (backbone(images)[0] -
+                vit.forward_features(images)).abs().max() > 0.1
     backbone.init_weights()  # mmengine's loader, weights_only=True
     with torch.no_grad():
-        report('encoder tokens', backbone(images)[0],
-               vit.forward_features(images))
+        report('encoder tokens',
+               backbone(images)[0], vit.forward_features(images))
 
 
 def test_classifier_logits_equal(fair_checkpoint, converted):
     vit, *_ = fair_checkpoint
-    classifier = MODELS.build(dict(
-        type='ImageClassifier',
-        backbone=dict(type='VisionTransformer', arch=ARCH, img_size=IMG,
-                      patch_size=PATCH, out_type='cls_token'),
-        head=dict(type='VisionTransformerClsHead', num_classes=10,
-                  in_channels=EMBED)))
+    classifier = MODELS.build(
+        dict(
+            type='ImageClassifier',
+            backbone=dict(
+                type='VisionTransformer',
+                arch=ARCH,
+                img_size=IMG,
+                patch_size=PATCH,
+                out_type='cls_token'),
+            head=dict(
+                type='VisionTransformerClsHead',
+                num_classes=10,
+                in_channels=EMBED)))
     classifier.eval()
     state = torch.load(converted, weights_only=True)['state_dict']
     state = {k: v for k, v in state.items() if not k.startswith('neck.')}
     assert not classifier.load_state_dict(state, strict=False).missing_keys
-    images = torch.randn(4, 3, IMG, IMG, generator=torch.Generator().manual_seed(2))
+    images = torch.randn(
+        4, 3, IMG, IMG, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         report('logits', classifier(images, mode='tensor'), vit(images))
 
 
 def test_mae_encoder_and_decoder_equal(fair_checkpoint, converted):
     vit, decoder, _ = fair_checkpoint
-    mae = MODELS.build(dict(
-        type='MAE',
-        backbone=dict(type='MAEViT', arch=ARCH, img_size=IMG, patch_size=PATCH,
-                      mask_ratio=0.75),
-        neck=dict(type='MAEPretrainDecoder', num_patches=NUM_PATCHES,
-                  patch_size=PATCH, in_chans=3, embed_dim=EMBED,
-                  decoder_embed_dim=DEC_EMBED, decoder_depth=DEC_DEPTH,
-                  decoder_num_heads=DEC_HEADS),
-        head=dict(type='MAEPretrainHead', patch_size=PATCH,
-                  loss=dict(type='PixelReconstructionLoss', criterion='L2'))))
+    mae = MODELS.build(
+        dict(
+            type='MAE',
+            backbone=dict(
+                type='MAEViT',
+                arch=ARCH,
+                img_size=IMG,
+                patch_size=PATCH,
+                mask_ratio=0.75),
+            neck=dict(
+                type='MAEPretrainDecoder',
+                num_patches=NUM_PATCHES,
+                patch_size=PATCH,
+                in_chans=3,
+                embed_dim=EMBED,
+                decoder_embed_dim=DEC_EMBED,
+                decoder_depth=DEC_DEPTH,
+                decoder_num_heads=DEC_HEADS),
+            head=dict(
+                type='MAEPretrainHead',
+                patch_size=PATCH,
+                loss=dict(type='PixelReconstructionLoss', criterion='L2'))))
     state = torch.load(converted, weights_only=True)['state_dict']
     state = {k: v for k, v in state.items() if not k.startswith('head.')}
     mae.load_state_dict(state, strict=True)
     mae.eval()
-    images = torch.randn(4, 3, IMG, IMG, generator=torch.Generator().manual_seed(3))
+    images = torch.randn(
+        4, 3, IMG, IMG, generator=torch.Generator().manual_seed(3))
     torch.manual_seed(4)
     with torch.no_grad():
         latent, _, ids_restore = mae.backbone(images, mask=True)
@@ -180,8 +238,8 @@ def test_mae_encoder_and_decoder_equal(fair_checkpoint, converted):
 
 def test_unknown_keys_and_formats_are_refused(tmp_path):
     converter = load_converter()
-    assert converter.rename_key('module.blocks.1.mlp.fc2.bias'.split(
-        'module.')[1]) == 'backbone.layers.1.ffn.layers.1.bias'
+    assert converter.rename_key('module.blocks.1.mlp.fc2.bias'.split('module.')
+                                [1]) == 'backbone.layers.1.ffn.layers.1.bias'
     with pytest.raises(KeyError, match="key='blocks.0.ls1.gamma'"):
         converter.convert_state_dict({'blocks.0.ls1.gamma': torch.ones(2)})
     with pytest.raises(ValueError, match="checkpoint fields \\['epoch'\\]"):
@@ -204,8 +262,14 @@ class FairNamedViT(BaseModel):
         super().__init__()
         torch.manual_seed(0)
         vit = timm_vit.VisionTransformer(
-            img_size=IMG, patch_size=PATCH, embed_dim=EMBED, depth=DEPTH,
-            num_heads=HEADS, mlp_ratio=4, qkv_bias=True, num_classes=10)
+            img_size=IMG,
+            patch_size=PATCH,
+            embed_dim=EMBED,
+            depth=DEPTH,
+            num_heads=HEADS,
+            mlp_ratio=4,
+            qkv_bias=True,
+            num_classes=10)
         for name, child in vit.named_children():
             setattr(self, name, child)
         self.cls_token, self.pos_embed = vit.cls_token, vit.pos_embed
@@ -218,8 +282,8 @@ class FairNamedViT(BaseModel):
     def forward(self, inputs, labels=None, mode='tensor'):
         logits = self.vit(torch.stack(inputs))
         if mode == 'loss':
-            return dict(loss=nn.functional.cross_entropy(
-                logits, torch.stack(labels)))
+            return dict(
+                loss=nn.functional.cross_entropy(logits, torch.stack(labels)))
         return logits
 
 
@@ -230,8 +294,9 @@ class RandomImages(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         generator = torch.Generator().manual_seed(index)
-        return dict(inputs=torch.randn(3, IMG, IMG, generator=generator),
-                    labels=torch.tensor(index % 10))
+        return dict(
+            inputs=torch.randn(3, IMG, IMG, generator=generator),
+            labels=torch.tensor(index % 10))
 
 
 @pytest.fixture(scope='module')
@@ -240,12 +305,14 @@ def runner_checkpoint(tmp_path_factory):
     from mmengine.runner import Runner
     work_dir = tmp_path_factory.mktemp('runner')
     runner = Runner(
-        model=FairNamedViT(), work_dir=str(work_dir),
+        model=FairNamedViT(),
+        work_dir=str(work_dir),
         experiment_name='converter_runner_checkpoint',
-        train_dataloader=dict(dataset=RandomImages(), batch_size=2,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False),
-                              num_workers=0),
+        train_dataloader=dict(
+            dataset=RandomImages(),
+            batch_size=2,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            num_workers=0),
         optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-2)),
         train_cfg=dict(by_epoch=True, max_epochs=1),
         default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
@@ -255,17 +322,25 @@ def runner_checkpoint(tmp_path_factory):
 
 
 def run_converter(src, dst):
-    return subprocess.run([sys.executable, CONVERTER, str(src), str(dst)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, CONVERTER,
+         str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=300)
 
 
 def test_runner_checkpoint_needs_the_allow_list(runner_checkpoint):
     """Control: the file really holds what plain weights_only refuses."""
     path, _ = runner_checkpoint
-    proc = subprocess.run(
-        [sys.executable, '-c', 'import sys, torch; '
-         'torch.load(sys.argv[1], weights_only=True)', str(path)],
-        capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, '-c', 'import sys, torch; '
+        'torch.load(sys.argv[1], weights_only=True)',
+        str(path)
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode != 0
     assert 'HistoryBuffer' in proc.stderr, proc.stderr[-2000:]
     checkpoint = torch.load(path, weights_only=True)  # plugin imported here
@@ -281,21 +356,26 @@ def test_converter_converts_runner_checkpoint(runner_checkpoint, tmp_path):
     proc = run_converter(path, dst)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'backbone, head' in proc.stdout
-    backbone = MODELS.build(dict(
-        type='VisionTransformer', arch=ARCH, img_size=IMG, patch_size=PATCH,
-        out_type='raw', final_norm=True,
-        init_cfg=dict(type='Pretrained', checkpoint=str(dst),
-                      prefix='backbone.')))
+    backbone = MODELS.build(
+        dict(
+            type='VisionTransformer',
+            arch=ARCH,
+            img_size=IMG,
+            patch_size=PATCH,
+            out_type='raw',
+            final_norm=True,
+            init_cfg=dict(
+                type='Pretrained', checkpoint=str(dst), prefix='backbone.')))
     backbone.init_weights()
     backbone.eval()
-    images = torch.randn(2, 3, IMG, IMG,
-                         generator=torch.Generator().manual_seed(5))
+    images = torch.randn(
+        2, 3, IMG, IMG, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         # The trained weights, not the initial ones, were converted.
         assert (FairNamedViT().vit.eval().forward_features(images) -
                 vit.forward_features(images)).abs().max() > 1e-3
-        report('trained encoder tokens', backbone(images)[0],
-               vit.forward_features(images))
+        report('trained encoder tokens',
+               backbone(images)[0], vit.forward_features(images))
 
 
 @pytest.mark.parametrize('payload', [SystemPayload, ExecPayload])
@@ -309,8 +389,17 @@ def test_converter_refuses_crafted_checkpoint(fair_checkpoint, tmp_path,
     if where == 'args':
         crafted = {'model': weights, 'epoch': 1, 'args': payload(marker)}
     else:
-        crafted = {'state_dict': weights, 'meta': {'epoch': 1},
-                   'message_hub': {'runtime_info': {'x': payload(marker)}}}
+        crafted = {
+            'state_dict': weights,
+            'meta': {
+                'epoch': 1
+            },
+            'message_hub': {
+                'runtime_info': {
+                    'x': payload(marker)
+                }
+            }
+        }
     src, dst = tmp_path / 'crafted.pth', tmp_path / 'out.pth'
     torch.save(crafted, src)
     proc = run_converter(src, dst)
@@ -334,14 +423,30 @@ MALFORMED = [
     ([torch.ones(2)], 'the checkpoint is a list of 1 items', True),
     (torch.ones(2), 'the checkpoint is a Tensor of 2 items', False),
     (None, 'the checkpoint is a NoneType', False),
-    ({0: torch.ones(2), 1: torch.ones(2)},
-     'the checkpoint has the int key 0', True),
-    ({'model': {0: torch.ones(2)}}, "field 'model' has the int key 0", True),
-    ({'model': [torch.ones(2)]}, "field 'model' is a list of 1 items", False),
-    ({'state_dict': {}}, "field 'state_dict' is a dict of 0 items", False),
-    ({'state_dict': {'norm.weight': 'text'}},
-     "field 'state_dict' holds a str of 4 items under 'norm.weight'", False),
-    ({1: 'a', 'b': 2}, "checkpoint fields [1, 'b'] hold no state dict", False),
+    ({
+        0: torch.ones(2),
+        1: torch.ones(2)
+    }, 'the checkpoint has the int key 0', True),
+    ({
+        'model': {
+            0: torch.ones(2)
+        }
+    }, "field 'model' has the int key 0", True),
+    ({
+        'model': [torch.ones(2)]
+    }, "field 'model' is a list of 1 items", False),
+    ({
+        'state_dict': {}
+    }, "field 'state_dict' is a dict of 0 items", False),
+    ({
+        'state_dict': {
+            'norm.weight': 'text'
+        }
+    }, "field 'state_dict' holds a str of 4 items under 'norm.weight'", False),
+    ({
+        1: 'a',
+        'b': 2
+    }, "checkpoint fields [1, 'b'] hold no state dict", False),
 ]
 
 
@@ -380,8 +485,10 @@ def test_files_that_are_not_checkpoints_are_named(tmp_path, content):
 
 def test_keys_colliding_after_stripping_module_name_both(tmp_path):
     converter = load_converter()
-    weights = {'norm.weight': torch.ones(2),
-               'module.norm.weight': torch.zeros(2)}
+    weights = {
+        'norm.weight': torch.ones(2),
+        'module.norm.weight': torch.zeros(2)
+    }
     with pytest.raises(converter.KeyCollisionError) as error:
         converter.convert_state_dict(weights)
     message = str(error.value)
@@ -389,9 +496,12 @@ def test_keys_colliding_after_stripping_module_name_both(tmp_path):
         "'backbone.ln1.weight'" in message
     # Two wrapper prefixes on one key and one on the other collide too.
     with pytest.raises(converter.KeyCollisionError, match='_orig_mod.module'):
-        converter.convert_state_dict({'module.cls_token': torch.ones(1),
-                                      '_orig_mod.module.cls_token':
-                                      torch.ones(1)})
+        converter.convert_state_dict({
+            'module.cls_token':
+            torch.ones(1),
+            '_orig_mod.module.cls_token':
+            torch.ones(1)
+        })
     src, dst = tmp_path / 'ddp_and_raw.pth', tmp_path / 'out.pth'
     torch.save({'model': weights}, src)
     proc = run_converter(src, dst)
@@ -400,12 +510,13 @@ def test_keys_colliding_after_stripping_module_name_both(tmp_path):
         in proc.stderr
     assert not dst.exists()
     # Control: the prefix alone is stripped without complaint.
-    assert list(converter.convert_state_dict(
-        {'module.norm.weight': torch.ones(2)})) == ['backbone.ln1.weight']
+    assert list(
+        converter.convert_state_dict({'module.norm.weight': torch.ones(2)
+                                      })) == ['backbone.ln1.weight']
 
 
-@pytest.mark.parametrize('how', ['same path', 'relative', 'symlink',
-                                 'hard link'])
+@pytest.mark.parametrize('how',
+                         ['same path', 'relative', 'symlink', 'hard link'])
 def test_dst_equal_to_src_is_refused_before_anything_is_written(
         fair_checkpoint, tmp_path, how, monkeypatch):
     *_, original = fair_checkpoint
@@ -413,9 +524,12 @@ def test_dst_equal_to_src_is_refused_before_anything_is_written(
     src.write_bytes(original.read_bytes())
     before = src.read_bytes()
     monkeypatch.chdir(tmp_path)
-    dst = {'same path': src, 'relative': './checkpoint.pth',
-           'symlink': tmp_path / 'link.pth',
-           'hard link': tmp_path / 'hard.pth'}[how]
+    dst = {
+        'same path': src,
+        'relative': './checkpoint.pth',
+        'symlink': tmp_path / 'link.pth',
+        'hard link': tmp_path / 'hard.pth'
+    }[how]
     if how == 'symlink':
         (tmp_path / 'link.pth').symlink_to(src)
     if how == 'hard link':
@@ -426,9 +540,10 @@ def test_dst_equal_to_src_is_refused_before_anything_is_written(
     assert 'converting would overwrite it' in proc.stderr
     assert 'Traceback' not in proc.stderr
     assert src.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        {'checkpoint.pth', 'link.pth' if how == 'symlink' else
-         'hard.pth' if how == 'hard link' else 'checkpoint.pth'})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({
+        'checkpoint.pth', 'link.pth' if how == 'symlink' else
+        'hard.pth' if how == 'hard link' else 'checkpoint.pth'
+    })
 
 
 def test_killed_conversion_leaves_the_previous_output_whole(
@@ -442,22 +557,26 @@ def test_killed_conversion_leaves_the_previous_output_whole(
     dst.write_bytes(b'previous output')
     sidecar = tmp_path / '.converted.pth.sha256'
     sidecar.write_text('0' * 64 + '  converted.pth\n')
-    killer = (
-        'import os, signal, sys\n'
-        'sys.path.insert(0, sys.argv[1])\n'
-        'from _helpers_scripts import load_script\n'
-        'converter = load_script("tools/model_converters/'
-        'mae_to_mmpretrain.py")\n'
-        'def half_a_save(obj, file):\n'
-        '    file.write(b"PK half a zip")\n'
-        '    file.flush()\n'
-        '    os.kill(os.getpid(), signal.SIGKILL)\n'
-        'converter.torch.save = half_a_save\n'
-        'converter.convert_file(sys.argv[2], sys.argv[3])\n')
-    proc = subprocess.run(
-        [sys.executable, '-c', killer, osp.dirname(osp.abspath(__file__)),
-         str(src), str(dst)],
-        capture_output=True, text=True, timeout=300)
+    killer = ('import os, signal, sys\n'
+              'sys.path.insert(0, sys.argv[1])\n'
+              'from _helpers_scripts import load_script\n'
+              'converter = load_script("tools/model_converters/'
+              'mae_to_mmpretrain.py")\n'
+              'def half_a_save(obj, file):\n'
+              '    file.write(b"PK half a zip")\n'
+              '    file.flush()\n'
+              '    os.kill(os.getpid(), signal.SIGKILL)\n'
+              'converter.torch.save = half_a_save\n'
+              'converter.convert_file(sys.argv[2], sys.argv[3])\n')
+    proc = subprocess.run([
+        sys.executable, '-c', killer,
+        osp.dirname(osp.abspath(__file__)),
+        str(src),
+        str(dst)
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert dst.read_bytes() == b'previous output'
     temporaries = [p.name for p in tmp_path.iterdir() if p.suffix == '.tmp']

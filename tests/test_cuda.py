@@ -6,8 +6,8 @@ CPU suite cannot see: the float64 regulariser on CUDA kernels (cuBLAS,
 cuSOLVER's Cholesky) against a float64 numpy closed form, host-device
 syncs in the training step as CUDA itself reports them
 (``torch.cuda.set_sync_debug_mode``), AMP steps under real bfloat16/float16
-autocast with the recipes' ``MixedPrecisionOptimWrapper``, and frozen evaluation on the
-runner's device.
+autocast with the recipes' ``MixedPrecisionOptimWrapper``, and frozen
+evaluation on the runner's device.
 """
 import os
 import os.path as osp
@@ -30,9 +30,12 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: The ViT-B recipes shrunk to ViT-tiny at 32 x 32 (4 patches, 1 visible),
 #: as the benchmark's smoke run: the recipe's code path at a test's cost.
 SHRINK = {
-    'model.backbone.arch': 'deit-tiny', 'model.backbone.img_size': 32,
-    'model.neck.num_patches': 4, 'model.neck.embed_dim': 192,
-    'model.neck.decoder_embed_dim': 32, 'model.neck.decoder_depth': 1,
+    'model.backbone.arch': 'deit-tiny',
+    'model.backbone.img_size': 32,
+    'model.neck.num_patches': 4,
+    'model.neck.embed_dim': 192,
+    'model.neck.decoder_embed_dim': 32,
+    'model.neck.decoder_depth': 1,
     'model.neck.decoder_num_heads': 2,
 }
 SYNC_MESSAGE = 'called a synchronizing CUDA operation'
@@ -95,39 +98,45 @@ def random_features(rows: int, dim: int, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     # Unequal row norms and a shared direction: normalisation matters.
     z = torch.randn(rows, dim, generator=generator, dtype=torch.float64)
-    return z * torch.rand(rows, 1, generator=generator,
-                          dtype=torch.float64) * 3 + 0.5
+    return z * torch.rand(
+        rows, 1, generator=generator, dtype=torch.float64) * 3 + 0.5
 
 
 # --------------------------------------------------------------- numerics
-@pytest.mark.parametrize('rows,dim,form,centering', [
-    (1024, 768, 'reference', False),  # the ViT-B recipe's global batch
-    (96, 192, 'reference', True),     # fewer rows than dims (Sylvester)
-    (300, 64, 'paper', False),
-    (300, 64, 'paper', True),
-])
+@pytest.mark.parametrize(
+    'rows,dim,form,centering',
+    [
+        (1024, 768, 'reference', False),  # the ViT-B recipe's global batch
+        (96, 192, 'reference', True),  # fewer rows than dims (Sylvester)
+        (300, 64, 'paper', False),
+        (300, 64, 'paper', True),
+    ])
 def test_tcr_on_cuda_equals_float64_reference(rows, dim, form, centering):
     """TCRLoss on CUDA (float32 features, float64 arithmetic inside) equals
     the numpy float64 closed form, value and gradient, and the plugin's own
     CPU float64 result."""
     z = random_features(rows, dim, seed=rows + dim)
     weight = 0.01 / 8
-    loss = TCRLoss(mu=1.0, form=form, centering=centering, gather='local',
-                   loss_weight=weight)
+    loss = TCRLoss(
+        mu=1.0,
+        form=form,
+        centering=centering,
+        gather='local',
+        loss_weight=weight)
     value, grad = tcr_reference(z.numpy(), 1.0, form, centering, weight)
     cuda_value, cuda_grad = loss_and_grad(loss, z.float().cuda())
     # Inputs rounded to float32, output float32: float32's precision.
     assert cuda_value == pytest.approx(value, rel=2e-6)
-    np.testing.assert_allclose(cuda_grad, grad, rtol=1e-5,
-                               atol=1e-6 * np.abs(grad).max())
+    np.testing.assert_allclose(
+        cuda_grad, grad, rtol=1e-5, atol=1e-6 * np.abs(grad).max())
     cpu_value, cpu_grad = loss_and_grad(loss, z)
     assert cpu_value == pytest.approx(value, rel=1e-6)
-    np.testing.assert_allclose(cpu_grad, grad, rtol=1e-9,
-                               atol=1e-12 * np.abs(grad).max())
+    np.testing.assert_allclose(
+        cpu_grad, grad, rtol=1e-9, atol=1e-12 * np.abs(grad).max())
     exact_value, exact_grad = loss_and_grad(loss, z.cuda())
     assert exact_value == pytest.approx(cpu_value, rel=1e-6)
-    np.testing.assert_allclose(exact_grad, cpu_grad, rtol=1e-9,
-                               atol=1e-12 * np.abs(grad).max())
+    np.testing.assert_allclose(
+        exact_grad, cpu_grad, rtol=1e-9, atol=1e-12 * np.abs(grad).max())
 
 
 def test_uniformity_on_cuda_equals_float64_reference():
@@ -136,14 +145,15 @@ def test_uniformity_on_cuda_equals_float64_reference():
     value, grad = uniformity_reference(z.numpy(), 0.01)
     cuda_value, cuda_grad = loss_and_grad(loss, z.float().cuda())
     assert cuda_value == pytest.approx(value, rel=2e-6)
-    np.testing.assert_allclose(cuda_grad, grad, rtol=1e-5,
-                               atol=1e-6 * np.abs(grad).max())
+    np.testing.assert_allclose(
+        cuda_grad, grad, rtol=1e-5, atol=1e-6 * np.abs(grad).max())
 
 
 # ------------------------------------------------------- the training step
 def shrunk_recipe(case: str) -> Config:
     """``configs/<case>_vit-base_200e.py`` shrunk to ViT-tiny at 32 x 32."""
-    cfg = Config.fromfile(osp.join(REPO, 'configs', f'{case}_vit-base_200e.py'))
+    cfg = Config.fromfile(
+        osp.join(REPO, 'configs', f'{case}_vit-base_200e.py'))
     cfg.merge_from_dict(SHRINK)
     return cfg
 
@@ -173,8 +183,8 @@ def build_on_cuda(case: str, amp_dtype: str = None):
 def device_batch(size: int = 16) -> dict:
     """uint8 images already on the GPU (no host-to-device copy per step)."""
     generator = torch.Generator().manual_seed(7)
-    images = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8,
-                           generator=generator)
+    images = torch.randint(
+        0, 256, (size, 3, 32, 32), dtype=torch.uint8, generator=generator)
     return dict(inputs=images.cuda(), data_samples=[])
 
 
@@ -198,8 +208,7 @@ def recorded_syncs(step: Callable[[], None]) -> List[Tuple[str, int]]:
 
 
 def from_plugin(syncs: List[Tuple[str, int]]) -> List[Tuple[str, int]]:
-    return [(f, n) for f, n in syncs
-            if f'{osp.sep}mmae_plugin{osp.sep}' in f]
+    return [(f, n) for f, n in syncs if f'{osp.sep}mmae_plugin{osp.sep}' in f]
 
 
 @pytest.mark.parametrize('case', ['mmae', 'umae'])
@@ -227,16 +236,16 @@ def test_regulariser_makes_no_host_sync_on_cuda(case):
 @pytest.mark.parametrize('amp_dtype', [None, 'bfloat16', 'float16'])
 def test_regularised_step_syncs_like_mae_on_cuda(amp_dtype):
     """A full ``train_step`` (preprocessor, forward, backward, AdamW; with
-    the recipe's mixed-precision wrapper under AMP) of M-MAE and U-MAE makes as many
-    host syncs as MAE's, and none from plugin code."""
+    the recipe's mixed-precision wrapper under AMP) of M-MAE and U-MAE makes
+    as many host syncs as MAE's, and none from plugin code."""
     counts = {}
     for case in ('mae', 'mmae', 'umae'):
         model, wrapper = build_on_cuda(case, amp_dtype)
         data = device_batch()
         for _ in range(2):  # optimizer state, library handles
             model.train_step(data, wrapper)
-        syncs = recorded_syncs(lambda: [model.train_step(data, wrapper)
-                                        for _ in range(3)])
+        syncs = recorded_syncs(
+            lambda: [model.train_step(data, wrapper) for _ in range(3)])
         assert from_plugin(syncs) == [], (case, syncs)
         counts[case] = len(syncs)
     assert counts['mmae'] == counts['mae'] == counts['umae'], counts
@@ -251,8 +260,9 @@ def test_bfloat16_step_syncs_no_more_than_float32():
         data = device_batch()
         for _ in range(2):
             model.train_step(data, wrapper)
-        counts[amp_dtype] = len(recorded_syncs(
-            lambda: [model.train_step(data, wrapper) for _ in range(3)]))
+        counts[amp_dtype] = len(
+            recorded_syncs(
+                lambda: [model.train_step(data, wrapper) for _ in range(3)]))
     assert counts['bfloat16'] == counts[None] < counts['float16'], counts
 
 
@@ -306,19 +316,28 @@ def write_labelled_images(root: str, per_class: int) -> None:
 
 
 def knn_config_on(folder: str) -> Config:
-    """configs/knn_vit-base.py shrunk to ViT-tiny at 32 x 32 over ``folder``."""
+    """configs/knn_vit-base.py shrunk to ViT-tiny, 32 x 32, over ``folder``.
+    """
     cfg = Config.fromfile(osp.join(REPO, 'configs', 'knn_vit-base.py'))
-    pipeline = [dict(type='LoadImageFromFile'),
-                dict(type='Resize', scale=(32, 32)),
-                dict(type='PackInputs')]
-    dataset = dict(type='CustomDataset', data_root=folder,
-                   pipeline=pipeline)
-    loader = dict(batch_size=16, num_workers=0, persistent_workers=False,
-                  sampler=dict(type='DefaultSampler', shuffle=False),
-                  collate_fn=dict(type='default_collate'), dataset=dataset)
+    pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='Resize', scale=(32, 32)),
+        dict(type='PackInputs')
+    ]
+    dataset = dict(type='CustomDataset', data_root=folder, pipeline=pipeline)
+    loader = dict(
+        batch_size=16,
+        num_workers=0,
+        persistent_workers=False,
+        sampler=dict(type='DefaultSampler', shuffle=False),
+        collate_fn=dict(type='default_collate'),
+        dataset=dataset)
     cfg.merge_from_dict({
-        'model.backbone.arch': 'deit-tiny', 'model.backbone.img_size': 32,
-        'model.num_classes': 5, 'model.k': 5})
+        'model.backbone.arch': 'deit-tiny',
+        'model.backbone.img_size': 32,
+        'model.num_classes': 5,
+        'model.k': 5
+    })
     cfg.model.prototype = loader
     cfg.test_dataloader = loader
     return cfg
@@ -337,22 +356,22 @@ def test_frozen_evaluation_runs_on_the_gpu(tmp_path, amp):
     write_labelled_images(folder, per_class=10)
     model, _ = build_on_cuda('mmae')
     checkpoint = str(tmp_path / 'mmae.pth')
-    save_checkpoint({'state_dict': model.cpu().state_dict(), 'meta': {}},
-                    checkpoint)
+    save_checkpoint({
+        'state_dict': model.cpu().state_dict(),
+        'meta': {}
+    }, checkpoint)
     del model
     cfg = knn_config_on(folder)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    metrics, probe, encoder = evaluate_frozen_encoder(cfg, checkpoint,
-                                                      amp=amp)
-    encoder_bytes = sum(v.numel() * v.element_size()
-                        for v in encoder.values())
+    metrics, probe, encoder = evaluate_frozen_encoder(cfg, checkpoint, amp=amp)
+    encoder_bytes = sum(v.numel() * v.element_size() for v in encoder.values())
     # The encoder's weights and the features lived on the GPU.
     assert torch.cuda.max_memory_allocated() - before > encoder_bytes
     assert all(v.device.type == 'cpu' for v in encoder.values())
-    cpu_metrics, _, _ = evaluate_frozen_encoder(cfg, checkpoint, amp=False,
-                                                device='cpu')
+    cpu_metrics, _, _ = evaluate_frozen_encoder(
+        cfg, checkpoint, amp=False, device='cpu')
     assert set(metrics) == set(cpu_metrics)
     one_image = 100 / 50
     for key in ('knn/top1', 'linear/top1', 'linear/probe_top1'):

@@ -39,8 +39,8 @@ def photo(path: str, width: int, height: int, seed: int) -> str:
     """A smooth, textured RGB image (JPEG q90 or PNG by extension)."""
     rng = np.random.default_rng(seed)
     smooth = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
-    pixels = np.asarray(smooth.resize((width, height),
-                                      Image.Resampling.BICUBIC), np.int16)
+    pixels = np.asarray(
+        smooth.resize((width, height), Image.Resampling.BICUBIC), np.int16)
     pixels = pixels + rng.integers(-6, 7, pixels.shape)
     image = Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
     image.save(path, quality=90) if path.endswith('.jpg') else \
@@ -52,8 +52,10 @@ def photo(path: str, width: int, height: int, seed: int) -> str:
 def images(tmp_path_factory) -> List[str]:
     folder = tmp_path_factory.mktemp('photos')
     sizes = [(320, 240), (500, 375), (260, 410), (400, 300)]
-    paths = [photo(str(folder / f'{i}.jpg'), w, h, i)
-             for i, (w, h) in enumerate(sizes)]
+    paths = [
+        photo(str(folder / f'{i}.jpg'), w, h, i)
+        for i, (w, h) in enumerate(sizes)
+    ]
     paths.append(photo(str(folder / 'last.png'), 300, 280, 9))
     return paths
 
@@ -102,9 +104,8 @@ def test_jpegs_travel_encoded_and_pngs_as_the_recipes_crop(images):
         else:
             assert meta['encoded'] is False
             assert packed['inputs'].shape == (3, 224, 224)
-            assert np.array_equal(
-                packed['inputs'].numpy().transpose(1, 2, 0),
-                recipe_rgb(path, 5))
+            assert np.array_equal(packed['inputs'].numpy().transpose(1, 2, 0),
+                                  recipe_rgb(path, 5))
         height, width = Image.open(path).size[::-1]
         top, left, crop_h, crop_w = meta['crop_box']
         assert 0 <= top <= top + crop_h <= height
@@ -133,13 +134,14 @@ def test_preprocessor_normalises_like_the_recipes(images):
     """Same normalisation and channel order as SelfSupDataPreprocessor on
     the recipe's BGR crops (to_rgb=True: the model sees RGB)."""
     packed = [pack(path, 30 + i) for i, path in enumerate(images)]
-    ours = DeviceJpegDataPreprocessor(mean=MEAN, std=STD, to_rgb=True)(
-        pseudo_collate(packed), True)
+    ours = DeviceJpegDataPreprocessor(
+        mean=MEAN, std=STD, to_rgb=True)(pseudo_collate(packed), True)
     recipe = [recipe_rgb(path, 30 + i) for i, path in enumerate(images)]
-    bgr = torch.from_numpy(np.stack(recipe)[..., ::-1].transpose(0, 3, 1, 2)
-                           .copy())
-    theirs = SelfSupDataPreprocessor(mean=MEAN, std=STD, to_rgb=True)(
-        dict(inputs=bgr, data_samples=[]), True)['inputs']
+    bgr = torch.from_numpy(
+        np.stack(recipe)[..., ::-1].transpose(0, 3, 1, 2).copy())
+    theirs = SelfSupDataPreprocessor(
+        mean=MEAN, std=STD, to_rgb=True)(dict(inputs=bgr, data_samples=[]),
+                                         True)['inputs']
     assert ours['inputs'].dtype == torch.float32
     assert ours['inputs'].shape == theirs.shape
     difference = (ours['inputs'] - theirs).abs().mean().item()
@@ -160,8 +162,8 @@ def test_bad_settings_and_batches_are_refused(images):
     with pytest.raises(ValueError, match='flip_prob'):
         PackEncodedJpeg(flip_prob=2)
     with pytest.raises(TypeError, match='pseudo_collate'):
-        DeviceJpegDataPreprocessor()(dict(inputs=torch.zeros(2, 3, 8, 8),
-                                          data_samples=[]))
+        DeviceJpegDataPreprocessor()(
+            dict(inputs=torch.zeros(2, 3, 8, 8), data_samples=[]))
 
 
 def test_documented_option_trains_a_step(images, tmp_path):
@@ -178,14 +180,20 @@ def test_documented_option_trains_a_step(images, tmp_path):
     for path in images:
         shutil.copy(path, folder)
     config = tmp_path / 'option.py'
-    config.write_text(OPTION.format(
-        base=osp.join(REPO, 'configs', 'mmae_vit-base_200e.py')))
+    config.write_text(
+        OPTION.format(base=osp.join(REPO, 'configs', 'mmae_vit-base_200e.py')))
     cfg = Config.fromfile(str(config))
-    loader = dict(cfg.train_dataloader.to_dict(), batch_size=len(images),
-                  num_workers=0, persistent_workers=False, pin_memory=False)
+    loader = dict(
+        cfg.train_dataloader.to_dict(),
+        batch_size=len(images),
+        num_workers=0,
+        persistent_workers=False,
+        pin_memory=False)
     loader['dataset'] = dict(
-        type='CustomDataset', data_root=str(tmp_path / 'data'),
-        data_prefix='train', with_label=False,
+        type='CustomDataset',
+        data_root=str(tmp_path / 'data'),
+        data_prefix='train',
+        with_label=False,
         pipeline=loader['dataset']['pipeline'])
     loader['collate_fn'].pop('_scope_', None)
     init_default_scope('mmpretrain')
@@ -193,15 +201,19 @@ def test_documented_option_trains_a_step(images, tmp_path):
     assert sorted(s.metainfo['encoded'] for s in batch['data_samples']) == \
         [False] + [True] * (len(images) - 1)
     cfg.merge_from_dict({
-        'model.backbone.arch': 'deit-tiny', 'model.neck.embed_dim': 192,
-        'model.neck.decoder_embed_dim': 32, 'model.neck.decoder_depth': 1,
-        'model.neck.decoder_num_heads': 2})
-    model = MODELS.build(dict(cfg.model.to_dict(),
-                              data_preprocessor=cfg.data_preprocessor))
+        'model.backbone.arch': 'deit-tiny',
+        'model.neck.embed_dim': 192,
+        'model.neck.decoder_embed_dim': 32,
+        'model.neck.decoder_depth': 1,
+        'model.neck.decoder_num_heads': 2
+    })
+    model = MODELS.build(
+        dict(cfg.model.to_dict(), data_preprocessor=cfg.data_preprocessor))
     assert type(model.data_preprocessor).__name__ == \
         'DeviceJpegDataPreprocessor'
-    wrapper = build_optim_wrapper(model, dict(
-        type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4)))
+    wrapper = build_optim_wrapper(
+        model,
+        dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4)))
     log_vars = model.train_step(batch, wrapper)
     assert all(torch.isfinite(v).all() for v in log_vars.values())
     assert float(log_vars['reg_skipped']) == 0
@@ -209,8 +221,8 @@ def test_documented_option_trains_a_step(images, tmp_path):
 
 @pytest.mark.cuda
 def test_on_cuda_nvjpeg_gives_the_cpu_decoders_crops(images):
-    packed = pseudo_collate([pack(path, 40 + i)
-                             for i, path in enumerate(images)])
+    packed = pseudo_collate(
+        [pack(path, 40 + i) for i, path in enumerate(images)])
     on_gpu = decode_crop_batch(packed['inputs'], packed['data_samples'], 224,
                                torch.device('cuda'))
     on_cpu = decode_crop_batch(packed['inputs'], packed['data_samples'], 224,
@@ -218,6 +230,6 @@ def test_on_cuda_nvjpeg_gives_the_cpu_decoders_crops(images):
     assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape
     difference = (on_gpu.cpu().short() - on_cpu.short()).abs().float()
     assert difference.mean().item() < 1.0
-    out = DeviceJpegDataPreprocessor(mean=MEAN, std=STD, to_rgb=True).cuda()(
-        packed, True)
+    out = DeviceJpegDataPreprocessor(
+        mean=MEAN, std=STD, to_rgb=True).cuda()(packed, True)
     assert out['inputs'].is_cuda and torch.isfinite(out['inputs']).all()

@@ -17,10 +17,13 @@ from mmae_plugin.models import TCRLoss, UniformityLoss
 WORLD_SIZE = 2
 LOCAL_BATCH = 6
 LOSSES = {
-    'tcr': lambda gather: TCRLoss(mu=1.0, gather=gather, loss_weight=1.0),
-    'tcr_paper_centered': lambda gather: TCRLoss(
+    'tcr':
+    lambda gather: TCRLoss(mu=1.0, gather=gather, loss_weight=1.0),
+    'tcr_paper_centered':
+    lambda gather: TCRLoss(
         mu=2.0, form='paper', centering=True, gather=gather, loss_weight=1.0),
-    'unif': lambda gather: UniformityLoss(gather=gather, loss_weight=1.0),
+    'unif':
+    lambda gather: UniformityLoss(gather=gather, loss_weight=1.0),
 }
 
 
@@ -50,8 +53,9 @@ def worker(rank, env, out_dir):
             ddp = DistributedDataParallel(model)
             local = inputs[rank * LOCAL_BATCH:(rank + 1) * LOCAL_BATCH]
             LOSSES[loss_name](gather)(ddp(local)).backward()
-            torch.save(param_grads(model),
-                       os.path.join(out_dir, f'{loss_name}-{gather}-{rank}.pt'))
+            torch.save(
+                param_grads(model),
+                os.path.join(out_dir, f'{loss_name}-{gather}-{rank}.pt'))
     finally:
         dist.destroy_process_group()
 
@@ -60,8 +64,11 @@ def worker(rank, env, out_dir):
 def distributed_grads(tmp_path_factory, cpu_dist_env_factory):
     """Parameter gradients of every case, from one 2-process gloo run."""
     out_dir = tmp_path_factory.mktemp('ddp')
-    mp.spawn(worker, args=(cpu_dist_env_factory(), str(out_dir)),
-             nprocs=WORLD_SIZE, join=True)
+    mp.spawn(
+        worker,
+        args=(cpu_dist_env_factory(), str(out_dir)),
+        nprocs=WORLD_SIZE,
+        join=True)
     grads = {}
     for loss_name, gather in CASES:
         per_rank = [
@@ -91,8 +98,8 @@ def test_global_gather_equals_one_process_on_global_batch(
 def test_reference_gather_gives_half_the_gradient(distributed_grads):
     expected = single_process_grads('tcr')
     got = distributed_grads['tcr', 'reference']
-    torch.testing.assert_close(got, expected / WORLD_SIZE, rtol=1e-10,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        got, expected / WORLD_SIZE, rtol=1e-10, atol=1e-12)
 
 
 def test_local_gather_differs_from_global(distributed_grads):
@@ -107,14 +114,14 @@ def test_local_gather_differs_from_global(distributed_grads):
 # empty ranks, every rank's outcome compared, float64 numpy references.
 # --------------------------------------------------------------------------
 import numpy as np  # noqa: E402
+from _helpers_gloo import run_gloo_ranks  # noqa: E402
+from _helpers_gloo import loss_and_grad, split_rows
+from scipy_matrix_info_reference import coding_rate  # noqa: E402
+from scipy_matrix_info_reference import finite_difference_grad, uniformity
 
-from _helpers_gloo import (loss_and_grad, run_gloo_ranks,  # noqa: E402
-                           split_rows)
 from mmae_plugin.models.losses.feature_regularizer import (  # noqa: E402
     SKIP_GATHER_REFUSED, SKIP_TOO_FEW_ROWS)
 from mmae_plugin.models.utils.gather import gather_rows  # noqa: E402
-from scipy_matrix_info_reference import (coding_rate,  # noqa: E402
-                                         finite_difference_grad, uniformity)
 
 #: Per world size: the rows of each rank at the first call (which agrees
 #: the layout: capacity = the largest count) and at a second call (the
@@ -124,22 +131,20 @@ SPLITS = {2: ((5, 0), (2, 4)), 3: ((5, 0, 3), (1, 4, 0))}
 PADDED_LOSSES = {
     'tcr': (6, lambda gather: TCRLoss(mu=1.0, gather=gather, loss_weight=1.0),
             lambda z: -coding_rate(z, 'reference', 1.0, False)),
-    'tcr_paper_centered': (
-        6, lambda gather: TCRLoss(mu=2.0, form='paper', centering=True,
-                                  gather=gather, loss_weight=1.0),
-        lambda z: -coding_rate(z, 'paper', 2.0, True)),
+    'tcr_paper_centered': (6, lambda gather: TCRLoss(
+        mu=2.0, form='paper', centering=True, gather=gather, loss_weight=1.0),
+                           lambda z: -coding_rate(z, 'paper', 2.0, True)),
     # Wider than the padded batch: the Gram is taken on the samples side,
     # where every zero padding row adds log(mu) that the offset removes.
-    'tcr_paper_wide': (
-        20, lambda gather: TCRLoss(mu=2.0, form='paper', gather=gather,
-                                   loss_weight=1.0),
-        lambda z: -coding_rate(z, 'paper', 2.0, False)),
-    'unif': (6, lambda gather: UniformityLoss(gather=gather,
-                                              loss_weight=1.0),
+    'tcr_paper_wide': (20, lambda gather: TCRLoss(
+        mu=2.0, form='paper', gather=gather, loss_weight=1.0),
+                       lambda z: -coding_rate(z, 'paper', 2.0, False)),
+    'unif': (6, lambda gather: UniformityLoss(gather=gather, loss_weight=1.0),
              uniformity),
 }
-PADDED_CASES = [(name, 'global') for name in PADDED_LOSSES] + [
-    ('tcr', 'reference'), ('unif', 'reference')]
+PADDED_CASES = [(name, 'global')
+                for name in PADDED_LOSSES] + [('tcr', 'reference'),
+                                              ('unif', 'reference')]
 
 
 def outcome(call):
@@ -172,10 +177,11 @@ def run_scenarios(rank, world):
     # Fewer than 2 rows in all, and no row at all: skipped alike.
     one_row = [1] + [0] * (world - 1)
     results['one_row'] = outcome(lambda: loss_and_grad(
-        TCRLoss(loss_weight=1.0), split_rows(one_row, 6, 0)[1][rank]))
+        TCRLoss(loss_weight=1.0),
+        split_rows(one_row, 6, 0)[1][rank]))
     results['no_row'] = outcome(lambda: loss_and_grad(
-        UniformityLoss(loss_weight=1.0), torch.zeros(0, 6,
-                                                     dtype=torch.float64)))
+        UniformityLoss(loss_weight=1.0), torch.zeros(
+            0, 6, dtype=torch.float64)))
     # Another width or dtype on the last rank at the first call: refused
     # with the same error everywhere (before: SIGABRT in gloo).
     wide = 7 if rank == world - 1 else 6
@@ -195,13 +201,12 @@ def run_scenarios(rank, world):
     _, parts = split_rows([3] * world, 6, seed=3)
     results['agreed'] = outcome(lambda: loss_and_grad(loss_fn, parts[rank]))
     for case, bad in (('too_many', torch.randn(5, 6, dtype=torch.float64)),
-                      ('other_width', torch.randn(2, 8,
-                                                  dtype=torch.float64))):
+                      ('other_width', torch.randn(2, 8, dtype=torch.float64))):
         rows = bad if rank == 1 else parts[rank]
-        results[case] = outcome(lambda: loss_and_grad(loss_fn, rows) + [
-            loss_fn.skip_reason(int(loss_fn.skip_code))])
-    results['fits_again'] = outcome(lambda: loss_and_grad(loss_fn,
-                                                          parts[rank]))
+        results[case] = outcome(lambda: loss_and_grad(loss_fn, rows) +
+                                [loss_fn.skip_reason(int(loss_fn.skip_code))])
+    results['fits_again'] = outcome(
+        lambda: loss_and_grad(loss_fn, parts[rank]))
     return results
 
 
@@ -210,8 +215,8 @@ def padded_results(request, tmp_path_factory):
     world = request.param
     out_dir = tmp_path_factory.mktemp(f'padded{world}')
     # Bounded: a rank raising alone would leave the others hanging.
-    return world, run_gloo_ranks(run_scenarios, world, str(out_dir),
-                                 timeout=300)
+    return world, run_gloo_ranks(
+        run_scenarios, world, str(out_dir), timeout=300)
 
 
 @pytest.mark.parametrize('name,gather', PADDED_CASES)
@@ -235,7 +240,8 @@ def test_padded_gather_matches_numpy_with_empty_ranks(padded_results, name,
             assert value == pytest.approx(expected, rel=1e-6)
             np.testing.assert_allclose(
                 np.array(local_grad).reshape(counts[rank], width),
-                factor * grad[starts[rank]:starts[rank + 1]], rtol=1e-5,
+                factor * grad[starts[rank]:starts[rank + 1]],
+                rtol=1e-5,
                 atol=1e-7)
 
 
@@ -243,8 +249,8 @@ def test_hook_gather_concatenates_with_an_empty_rank(padded_results):
     world, results = padded_results
     rows, _ = split_rows(SPLITS[world][0], 6, seed=0)
     for rank in range(world):
-        np.testing.assert_array_equal(np.array(results[rank]['hook']
-                                               ['result']), rows.numpy())
+        np.testing.assert_array_equal(
+            np.array(results[rank]['hook']['result']), rows.numpy())
 
 
 @pytest.mark.parametrize('case', ['one_row', 'no_row'])
@@ -262,8 +268,8 @@ def test_too_few_rows_skip_the_term_on_every_rank(padded_results, case):
     ('dtype', 'rows of (6,) float32'),
     ('capacity', 'gather_capacity=2'),
 ])
-def test_mismatched_ranks_raise_the_same_error_everywhere(padded_results,
-                                                          case, expected):
+def test_mismatched_ranks_raise_the_same_error_everywhere(
+        padded_results, case, expected):
     world, results = padded_results
     errors = {results[rank][case].get('error') for rank in range(world)}
     assert len(errors) == 1, errors
@@ -297,5 +303,5 @@ def test_rows_that_no_longer_fit_skip_the_term_on_every_rank(
     for rank in range(world):
         for step in ('agreed', 'fits_again'):
             value, code, _ = results[rank][step]['result']
-            assert code == 0 and value == pytest.approx(expected_value,
-                                                        rel=1e-6)
+            assert code == 0 and value == pytest.approx(
+                expected_value, rel=1e-6)

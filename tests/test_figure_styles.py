@@ -110,15 +110,16 @@ def test_an_arm_has_one_style_in_every_figure(figures):
 
 def overlap(a, b) -> bool:
     """Whether two display-space boxes share an area (not just an edge)."""
-    return (min(a.x1, b.x1) - max(a.x0, b.x0) > 0.5 and
-            min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5)
+    return (min(a.x1, b.x1) - max(a.x0, b.x0) > 0.5
+            and min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5)
 
 
 def test_legends_are_outside_every_axes(figures):
     for name, fig in figures.items():
         renderer = renderer_of(fig)
         legends: List = list(fig.legends) + [
-            ax.get_legend() for ax in fig.axes if ax.get_legend()]
+            ax.get_legend() for ax in fig.axes if ax.get_legend()
+        ]
         assert legends, name
         for legend in legends:
             box = legend.get_window_extent(renderer)
@@ -132,11 +133,13 @@ def test_x_tick_labels_do_not_run_into_each_other(figures):
     for name, fig in figures.items():
         renderer = renderer_of(fig)
         for ax in fig.axes:
-            boxes = [label.get_window_extent(renderer)
-                     for label in ax.get_xticklabels()
-                     if label.get_visible() and label.get_text()]
+            boxes = [
+                label.get_window_extent(renderer)
+                for label in ax.get_xticklabels()
+                if label.get_visible() and label.get_text()
+            ]
             for i, first in enumerate(boxes):
                 for second in boxes[i + 1:]:
-                    assert not overlap(first, second), (
-                        name, ax.get_title(),
-                        [t.get_text() for t in ax.get_xticklabels()])
+                    assert not overlap(first, second), (name, ax.get_title(), [
+                        t.get_text() for t in ax.get_xticklabels()
+                    ])

@@ -15,8 +15,8 @@ from mmae_plugin.engine.strategies.fsdp import per_rank_seed
 from mmae_plugin.engine.strategies.fsdp_optim_state_copy import \
     copy_out_of_gather_buffer
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
-                                reason='torch without distributed')
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason='torch without distributed')
 
 
 def test_strategy_is_registered_and_is_mmengine_fsdp():
@@ -55,16 +55,16 @@ def test_gathered_states_no_longer_alias_the_buffer(cpu_offload):
     buffer = torch.arange(8.)
     states = {'a': {}, 'b': {}}
     results = {}
-    for state_name, values in (('exp_avg', (1., 2.)),
-                               ('exp_avg_sq', (3., 4.))):
+    for state_name, values in (('exp_avg', (1., 2.)), ('exp_avg_sq', (3.,
+                                                                      4.))):
         buffer[:4], buffer[4:] = values  # torch's all-gather into one buffer
         states['a'][state_name], states['b'][state_name] = buffer[:4], \
             buffer[4:]
         unflatten(None, states, state_name, False, True, cpu_offload)
         results[state_name] = {fqn: s[state_name] for fqn, s in states.items()}
     buffer.fill_(-1.)  # the buffer's next use
-    for state_name, (a, b) in (('exp_avg', (1., 2.)),
-                               ('exp_avg_sq', (3., 4.))):
+    for state_name, (a, b) in (('exp_avg', (1., 2.)), ('exp_avg_sq', (3.,
+                                                                      4.))):
         assert torch.equal(results[state_name]['a'], torch.full((2, 2), a))
         assert torch.equal(results[state_name]['b'], torch.full((2, 2), b))
 
@@ -77,10 +77,11 @@ def test_ranks_that_keep_nothing_are_left_alone():
     assert states['a']['exp_avg'] is view
 
 
-@pytest.mark.parametrize('checkpoint,expected', [
-    (dict(meta=dict(seed=10)), dict(meta=dict(seed=7))),
-    (dict(meta=dict(seed=None)), dict(meta=dict(seed=None))),
-    (dict(meta=[]), dict(meta=[])), (dict(), dict())])
+@pytest.mark.parametrize(
+    'checkpoint,expected',
+    [(dict(meta=dict(seed=10)), dict(meta=dict(seed=7))),
+     (dict(meta=dict(seed=None)), dict(meta=dict(seed=None))),
+     (dict(meta=[]), dict(meta=[])), (dict(), dict())])
 def test_per_rank_seed_undoes_the_offset(checkpoint, expected):
     per_rank_seed(checkpoint, 3)
     assert checkpoint == expected

@@ -47,12 +47,12 @@ COUNTED_ITERS = (1, 2)
 INJECT_ITER = 3
 
 #: ``torch.distributed`` functions that meet other ranks.
-COLLECTIVES = (
-    'all_gather', 'all_gather_into_tensor', 'all_gather_object',
-    'all_reduce', 'all_to_all', 'all_to_all_single', 'barrier', 'broadcast',
-    'broadcast_object_list', 'gather', 'irecv', 'isend', 'recv', 'reduce',
-    'reduce_scatter', 'reduce_scatter_tensor', 'scatter', 'send',
-    '_broadcast_coalesced')
+COLLECTIVES = ('all_gather', 'all_gather_into_tensor', 'all_gather_object',
+               'all_reduce', 'all_to_all', 'all_to_all_single', 'barrier',
+               'broadcast', 'broadcast_object_list', 'gather', 'irecv',
+               'isend', 'recv', 'reduce', 'reduce_scatter',
+               'reduce_scatter_tensor', 'scatter', 'send',
+               '_broadcast_coalesced')
 #: Functions that make process groups (a side group would show here).
 GROUP_MAKERS = ('new_group', 'new_subgroups')
 
@@ -61,8 +61,7 @@ def _caller_outside_torch() -> str:
     """Path (relative to the plugin, when inside it) of the first caller
     frame outside torch."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(
-            TORCH_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
         frame = frame.f_back
     if frame is None:
         return ''
@@ -78,8 +77,7 @@ def _group_of(original: Callable, args: tuple, kwargs: dict) -> Any:
         bound = inspect.signature(original).bind_partial(*args, **kwargs)
     except (TypeError, ValueError):  # C++ functions: positional pg first
         return args[0] if args else kwargs.get('process_group')
-    return bound.arguments.get('group',
-                               bound.arguments.get('process_group'))
+    return bound.arguments.get('group', bound.arguments.get('process_group'))
 
 
 class CollectiveCounter:
@@ -108,8 +106,7 @@ class CollectiveCounter:
             elif counter.active:
                 group = _group_of(original, args, kwargs)
                 default = group is None or group is dist.group.WORLD
-                counter.calls.append([name, default,
-                                      _caller_outside_torch()])
+                counter.calls.append([name, default, _caller_outside_torch()])
             return original(*args, **kwargs)
 
         return counted
@@ -152,34 +149,37 @@ def _double_features_once(regularizer: torch.nn.Module) -> None:
 def runner_worker(rank: int, env: Dict[str, str], repo_root: str,
                   work_dir: str, out_dir: str) -> None:
     """Train M-MAE with the real Runner under DDP, counting collectives."""
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD_SIZE))
+    os.environ.update(
+        env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE))
     torch.set_num_threads(1)
-    import mmae_plugin.registration  # noqa: F401  (the models, hooks)
     from mmengine.config import Config
     from mmengine.runner import Runner
     from test_host_syncs import SyncCounter
+
+    import mmae_plugin.registration  # noqa: F401  (the models, hooks)
     counter = CollectiveCounter()
     counter.install()
     syncs = SyncCounter()
     syncs.install()
-    cfg = Config.fromfile(os.path.join(repo_root, 'configs', 'fashion_mnist',
-                                       'mmae_fmnist.py'))
+    cfg = Config.fromfile(
+        os.path.join(repo_root, 'configs', 'fashion_mnist', 'mmae_fmnist.py'))
     # The process group and DDP's CPU placement are set up here, with
     # torch and mmengine's own options, so that nothing but the gather is
     # plugin code: mmengine then finds the group initialised, and builds
     # DDP without the device_ids a CPU module cannot take.
     dist.init_process_group('gloo', rank=rank, world_size=WORLD_SIZE)
     cfg.launcher = 'pytorch'
-    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel',
-                                 device_ids=None, broadcast_buffers=False)
+    cfg.model_wrapper_cfg = dict(
+        type='MMDistributedDataParallel',
+        device_ids=None,
+        broadcast_buffers=False)
     cfg.work_dir = work_dir
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=ITERS)
     cfg.param_scheduler = []
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger.interval = 1
-    cfg.train_dataloader.update(batch_size=LOCAL_BATCH, num_workers=0,
-                                persistent_workers=False)
+    cfg.train_dataloader.update(
+        batch_size=LOCAL_BATCH, num_workers=0, persistent_workers=False)
     cfg.train_dataloader.dataset.indices = WORLD_SIZE * LOCAL_BATCH * ITERS
     runner = Runner.from_cfg(cfg)
     steps: List[list] = []
@@ -195,8 +195,12 @@ def runner_worker(rank: int, env: Dict[str, str], repo_root: str,
     for site, count in syncs.sites.items():
         sync_sites[':'.join(map(str, site))] += count
     with open(os.path.join(out_dir, f'{rank}.json'), 'w') as f:
-        json.dump(dict(steps=steps, groups_made=counter.groups_made,
-                       syncs=dict(sync_sites), error=error), f)
+        json.dump(
+            dict(
+                steps=steps,
+                groups_made=counter.groups_made,
+                syncs=dict(sync_sites),
+                error=error), f)
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -209,7 +213,9 @@ def ddp_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
     context = mp.start_processes(
         runner_worker,
         args=(env, repo_root, str(out_dir / 'work'), str(out_dir)),
-        nprocs=WORLD_SIZE, join=False, start_method='spawn')
+        nprocs=WORLD_SIZE,
+        join=False,
+        start_method='spawn')
     deadline = time.monotonic() + 300
     # join() raises a child's exception with its traceback; the deadline
     # bounds a rank left hanging in a collective.
@@ -218,8 +224,10 @@ def ddp_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
             for process in context.processes:
                 process.kill()
             pytest.fail('a rank hung')
-    return [json.loads((out_dir / f'{rank}.json').read_text())
-            for rank in range(WORLD_SIZE)]
+    return [
+        json.loads((out_dir / f'{rank}.json').read_text())
+        for rank in range(WORLD_SIZE)
+    ]
 
 
 GATHER = 'mmae_plugin/models/utils/gather.py'
@@ -266,8 +274,11 @@ NCCL_WIDTH = 6
 
 def nccl_rows(world: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    return torch.randn(sum(NCCL_ROWS[world]), NCCL_WIDTH,
-                       generator=generator, dtype=torch.float64)
+    return torch.randn(
+        sum(NCCL_ROWS[world]),
+        NCCL_WIDTH,
+        generator=generator,
+        dtype=torch.float64)
 
 
 def nccl_worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -296,7 +307,8 @@ def nccl_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             finally:
                 torch.cuda.set_sync_debug_mode('default')
             results[gather] = dict(
-                value=value.item(), grad=x.grad.cpu().tolist(),
+                value=value.item(),
+                grad=x.grad.cpu().tolist(),
                 rows=gathered.rows[gathered.valid].cpu().tolist())
         with open(os.path.join(out_dir, f'{rank}.json'), 'w') as f:
             json.dump(results, f)
@@ -309,8 +321,11 @@ def test_nccl_gather_is_exact_and_makes_no_host_sync(tmp_path):
     from conftest import pick_free_port
     world = min(torch.cuda.device_count(), 2)
     context = mp.start_processes(
-        nccl_worker, args=(world, pick_free_port(), str(tmp_path)),
-        nprocs=world, join=False, start_method='spawn')
+        nccl_worker,
+        args=(world, pick_free_port(), str(tmp_path)),
+        nprocs=world,
+        join=False,
+        start_method='spawn')
     deadline = time.monotonic() + 120
     while not context.join(timeout=2):
         if time.monotonic() > deadline:
@@ -326,9 +341,9 @@ def test_nccl_gather_is_exact_and_makes_no_host_sync(tmp_path):
         for gather, factor in (('global', world), ('reference', 1)):
             got = result[gather]
             assert got['rows'] == rows.tolist()  # bit for bit, in order
-            assert got['value'] == pytest.approx(float((rows**2).sum()),
-                                                 rel=1e-12)
+            assert got['value'] == pytest.approx(
+                float((rows**2).sum()), rel=1e-12)
             # d/dx ||all rows||^2 = 2x; 'global' sums the W ranks' copies
             # (NCCL reduce_scatter), 'reference' keeps this rank's own.
-            np.testing.assert_allclose(np.array(got['grad']),
-                                       factor * 2 * own, rtol=1e-12)
+            np.testing.assert_allclose(
+                np.array(got['grad']), factor * 2 * own, rtol=1e-12)

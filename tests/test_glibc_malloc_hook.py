@@ -53,13 +53,18 @@ def run_probe(setup: str, cwd: str = None) -> dict:
     the process's output under ``log``."""
     code = PROBE + textwrap.dedent(setup) + \
         '\nprint("PROBE " + json.dumps(probe()))\n'
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                          text=True, cwd=cwd, timeout=300,
-                          env={**os.environ, 'CUDA_VISIBLE_DEVICES': ''})
+    proc = subprocess.run([sys.executable, '-c', code],
+                          capture_output=True,
+                          text=True,
+                          cwd=cwd,
+                          timeout=300,
+                          env={
+                              **os.environ, 'CUDA_VISIBLE_DEVICES': ''
+                          })
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('PROBE ')]
-    return dict(json.loads(line[-1][len('PROBE '):]),
-                log=proc.stdout + proc.stderr)
+    return dict(
+        json.loads(line[-1][len('PROBE '):]), log=proc.stdout + proc.stderr)
 
 
 @needs_glibc
@@ -97,7 +102,8 @@ def test_a_threshold_below_the_tensor_still_maps_it():
 def test_quickstart_runner_applies_the_policy(repo_root, tmp_path):
     """The Fashion-MNIST runtime ships the hook: a real Runner sets it for
     the run and gives glibc's starting values back after it."""
-    result = run_probe(f'''
+    result = run_probe(
+        f'''
         from mmengine.config import Config
         from mmengine.hooks import Hook
         from mmengine.runner import Runner
@@ -117,7 +123,8 @@ def test_quickstart_runner_applies_the_policy(repo_root, tmp_path):
         runner = Runner.from_cfg(cfg)
         runner.register_hook(ProbeAfterTraining(), priority='LOWEST')
         runner.train()
-    ''', cwd=repo_root)
+    ''',
+        cwd=repo_root)
     assert 'GlibcMallocHook: glibc malloc mmap_threshold=33554432, ' \
         'trim_threshold=1073741824, top_pad=67108864 bytes' in result['log']
     in_run = json.loads(result['log'].split('IN_RUN ')[1].splitlines()[0])
@@ -179,6 +186,6 @@ def test_after_run_returns_the_kept_memory_to_the_kernel():
     ('top_pad', True, 'top_pad must be an integer'),
 ])
 def test_bad_thresholds_refused_at_build_time(name, value, message):
-    with pytest.raises((TypeError, ValueError), match=message.replace(
-            '[', r'\[').replace(']', r'\]')):
+    with pytest.raises((TypeError, ValueError),
+                       match=message.replace('[', r'\[').replace(']', r'\]')):
         HOOKS.build(dict(type='GlibcMallocHook', **{name: value}))

@@ -11,11 +11,13 @@ from typing import List, Tuple
 
 import pytest
 
-STAGES = ['environment', 'install', 'images', 'cuda_tests', 'dist_train',
-          'bench_gpu']
-OUT_FILES = {'gpu_check.json', 'gpu_check.md', 'bench_gpu.json',
-             'dist_train.json', 'install.log', 'cuda_tests.log',
-             'bench_gpu.log', 'dist_train.log'}
+STAGES = [
+    'environment', 'install', 'images', 'cuda_tests', 'dist_train', 'bench_gpu'
+]
+OUT_FILES = {
+    'gpu_check.json', 'gpu_check.md', 'bench_gpu.json', 'dist_train.json',
+    'install.log', 'cuda_tests.log', 'bench_gpu.log', 'dist_train.log'
+}
 #: Seconds of one `run` call (dev/gpu_check.sh's head: 15 min of device
 #: time less the start, transfers and a rerun; at most 600 s a command).
 DEVICE_BUDGET_S = 560
@@ -25,8 +27,8 @@ REPORT_RESERVE_S = 15
 def stage_limits(repo_root: str) -> List[Tuple[str, int]]:
     """``run_stage NAME SECONDS`` of the script, in order."""
     text = open(osp.join(repo_root, 'dev', 'gpu_check.sh')).read()
-    return [(name, int(limit)) for name, limit in
-            re.findall(r'^run_stage (\w+) (\d+)$', text, flags=re.M)]
+    return [(name, int(limit)) for name, limit in re.findall(
+        r'^run_stage (\w+) (\d+)$', text, flags=re.M)]
 
 
 def cuda_marked_tests(repo_root: str) -> int:
@@ -42,8 +44,11 @@ def dry_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
     env = cpu_dist_env_factory(OUT=str(out))
     env.pop('GPU_CHECK_DRY_RUN', None)
     proc = subprocess.run(['bash', 'dev/gpu_check.sh', '--dry-run'],
-                          cwd=repo_root, env=env, capture_output=True,
-                          text=True, timeout=1800)
+                          cwd=repo_root,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=1800)
     return proc, str(out)
 
 
@@ -165,7 +170,9 @@ def test_dry_run_checks_distutils_first_and_keeps_the_environment(dry_run):
 
 def test_unknown_argument_is_refused(repo_root):
     proc = subprocess.run(['bash', 'dev/gpu_check.sh', '--fast'],
-                          cwd=repo_root, capture_output=True, text=True)
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True)
     assert proc.returncode == 2
     assert "usage: bash dev/gpu_check.sh [--dry-run] (got '--fast')" in \
         proc.stderr

@@ -46,8 +46,7 @@ Site = Tuple[str, int, str]
 def _caller_outside_torch() -> Tuple[str, int]:
     """File and line of the first frame above the wrapper not in torch."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(
-            TORCH_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
         frame = frame.f_back
     if frame is None:
         return '', 0
@@ -124,7 +123,10 @@ class StopCountingHook(Hook):
         self.counter = counter
         self.armed = armed
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None) -> None:
         if self.counter.active:
             self.armed.steps += 1
@@ -148,8 +150,8 @@ def syncs_per_step(repo_root: str, name: str, work_dir: str,
     cfg.param_scheduler = []
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger.interval = 1
-    cfg.train_dataloader.update(batch_size=16, num_workers=0,
-                                persistent_workers=False)
+    cfg.train_dataloader.update(
+        batch_size=16, num_workers=0, persistent_workers=False)
     cfg.train_dataloader.dataset.indices = 16 * ITERS
     runner = Runner.from_cfg(cfg)
     armed = CountTrainStepHook(counter)
@@ -188,8 +190,9 @@ def test_mae_step_makes_no_plugin_sync(mae_syncs):
 
 
 @pytest.mark.parametrize('name', ['mmae_fmnist', 'umae_fmnist'])
-def test_regularised_step_makes_as_many_syncs_as_mae(
-        repo_root, tmp_path, sync_counter, mae_syncs, name):
+def test_regularised_step_makes_as_many_syncs_as_mae(repo_root, tmp_path,
+                                                     sync_counter, mae_syncs,
+                                                     name):
     got, sites = syncs_per_step(repo_root, name, str(tmp_path / name),
                                 sync_counter)
     assert got == mae_syncs[0], dict(sites)

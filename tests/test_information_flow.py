@@ -27,32 +27,74 @@ def log_segment(run_dir, name, records):
 
 
 def test_curves_average_each_epoch_and_count_a_repeated_step_once(tmp_path):
-    log_segment(tmp_path, '20261203_100000', [
-        (0, 0, {'minfo_heldout/mutual_info_cov': 1.0}),
-        (10, 1, {'loss': 5.0, 'minfo/mutual_info_cov': 2.0}),
-        (20, 1, {'loss': 4.0, 'minfo/mutual_info_cov': 4.0}),
-        (20, 1, {'minfo_heldout/mutual_info_cov': 1.5}),
-        (30, 2, {'minfo/mutual_info_cov': 100.0}),  # killed mid-epoch 2
-    ])
-    log_segment(tmp_path, '20261203_110000', [
-        (20, 1, {'minfo_heldout/mutual_info_cov': 1.5}),  # on resume
-        (30, 2, {'minfo/mutual_info_cov': 6.0}),  # epoch 2 re-run
-        (40, 2, {'minfo/mutual_info_cov': 8.0}),
-        (40, 2, {'minfo_heldout/mutual_info_cov': 2.5}),
-    ])
+    log_segment(
+        tmp_path,
+        '20261203_100000',
+        [
+            (0, 0, {
+                'minfo_heldout/mutual_info_cov': 1.0
+            }),
+            (10, 1, {
+                'loss': 5.0,
+                'minfo/mutual_info_cov': 2.0
+            }),
+            (20, 1, {
+                'loss': 4.0,
+                'minfo/mutual_info_cov': 4.0
+            }),
+            (20, 1, {
+                'minfo_heldout/mutual_info_cov': 1.5
+            }),
+            (30, 2, {
+                'minfo/mutual_info_cov': 100.0
+            }),  # killed mid-epoch 2
+        ])
+    log_segment(
+        tmp_path,
+        '20261203_110000',
+        [
+            (20, 1, {
+                'minfo_heldout/mutual_info_cov': 1.5
+            }),  # on resume
+            (30, 2, {
+                'minfo/mutual_info_cov': 6.0
+            }),  # epoch 2 re-run
+            (40, 2, {
+                'minfo/mutual_info_cov': 8.0
+            }),
+            (40, 2, {
+                'minfo_heldout/mutual_info_cov': 2.5
+            }),
+        ])
     curves = read_epoch_curves(str(tmp_path))
-    assert curves == {'minfo/mutual_info_cov': {1: 3.0, 2: 7.0},
-                      'minfo_heldout/mutual_info_cov': {0: 1.0, 1: 1.5,
-                                                        2: 2.5}}
+    assert curves == {
+        'minfo/mutual_info_cov': {
+            1: 3.0,
+            2: 7.0
+        },
+        'minfo_heldout/mutual_info_cov': {
+            0: 1.0,
+            1: 1.5,
+            2: 2.5
+        }
+    }
     assert curves_from_json(json.loads(json.dumps(
         curves_to_json(curves)))) == curves
     assert read_epoch_curves(str(tmp_path / 'nothing')) == {}
 
 
-ROLES = {'simclr': 'simclr', 'byol': 'byol', 'barlowtwins': 'bt',
-         'spectral': 'spec'}
-LABELS = {'simclr': 'SimCLR', 'byol': 'BYOL', 'bt': 'Barlow Twins',
-          'spec': 'Spectral'}
+ROLES = {
+    'simclr': 'simclr',
+    'byol': 'byol',
+    'barlowtwins': 'bt',
+    'spectral': 'spec'
+}
+LABELS = {
+    'simclr': 'SimCLR',
+    'byol': 'BYOL',
+    'bt': 'Barlow Twins',
+    'spec': 'Spectral'
+}
 SEEDS = range(5)
 NOISE = np.random.default_rng(0).normal(0, 0.01, (5, 4, 31))
 #: The spectrum JS's own noise: drawn with the matrix JS's, their ratio
@@ -71,16 +113,20 @@ def make_curves(mi, je, js, sjs, ent=3.0, prefix='minfo_heldout'):
                              ('entropy_1', lambda a, e: ent)):
                 noise = SPECTRUM_NOISE if name == 'spectrum_js' else NOISE
                 run[flow.quantity_key(prefix, name)] = {
-                    e: fn(a, e) + (noise[seed, a, e] * abs(fn(a, e))
-                                   if name.endswith('js') else
-                                   noise[seed, a, e]) for e in range(31)}
+                    e: fn(a, e) + (noise[seed, a, e] * abs(fn(a, e)) if
+                                   name.endswith('js') else noise[seed, a, e])
+                    for e in range(31)
+                }
             curves[(arm, seed)] = run
     return curves
 
 
 def verdicts(curves, prefix='minfo_heldout'):
-    return {s.number: s.verdict for s in flow.evaluate_statements(
-        curves, ROLES, LABELS, first=1, mid=15, last=30, prefix=prefix)}
+    return {
+        s.number: s.verdict
+        for s in flow.evaluate_statements(
+            curves, ROLES, LABELS, first=1, mid=15, last=30, prefix=prefix)
+    }
 
 
 def meet(a, e):
@@ -115,8 +161,11 @@ def test_the_paper_holding_is_recognised_statement_by_statement():
     # SimCLR meeting Barlow Twins leaves "Barlow Twins ends higher" open;
     # BT and spectral (a >= 2) ending higher than SimCLR and BYOL holds it.
     assert got['J'] == flow.UNDECIDED
-    curves = make_curves(mi=meet, js=meet, sjs=meet,
-                         je=lambda a, e: 4 + 0.3 * (a >= 2) * e / 30)
+    curves = make_curves(
+        mi=meet,
+        js=meet,
+        sjs=meet,
+        je=lambda a, e: 4 + 0.3 * (a >= 2) * e / 30)
     assert verdicts(curves)['J'] == flow.HOLDS
 
 
@@ -125,8 +174,11 @@ def test_the_paper_failing_is_recognised_statement_by_statement():
 
 
 def test_noise_alone_cannot_tell():
-    curves = make_curves(mi=lambda a, e: 1.0, je=lambda a, e: 4.0,
-                         js=lambda a, e: 0.15, sjs=lambda a, e: 0.15)
+    curves = make_curves(
+        mi=lambda a, e: 1.0,
+        je=lambda a, e: 4.0,
+        js=lambda a, e: 0.15,
+        sjs=lambda a, e: 0.15)
     got = verdicts(curves)
     assert got['1'] == got['2'] == got['J'] == flow.UNDECIDED, got
     # The same quantities on the training batches are simply absent.
@@ -137,7 +189,15 @@ def test_intervals_are_scipys_t_intervals_and_ratios_geometric():
     rng = np.random.default_rng(3)
     a = {s: float(x) for s, x in enumerate(rng.normal(2, 1, 5))}
     b = {s: float(x) for s, x in enumerate(rng.uniform(0.1, 1, 5))}
-    curves = {('x', s): {'k/a': {1: 0.0, 30: a[s]}, 'k/b': {30: b[s]}}
+    curves = {('x', s): {
+        'k/a': {
+            1: 0.0,
+            30: a[s]
+        },
+        'k/b': {
+            30: b[s]
+        }
+    }
               for s in range(5)}
     rise = flow.rise(curves, 'x', 'k/a', 1, 30)
     d = np.array([a[s] for s in range(5)])
@@ -145,7 +205,14 @@ def test_intervals_are_scipys_t_intervals_and_ratios_geometric():
     assert (rise.mean, rise.low, rise.high, rise.n) == pytest.approx(
         (d.mean(), low, high, 5), rel=1e-12)
     pos = {s: abs(v) + 0.1 for s, v in a.items()}
-    curves = {('x', s): {'k/a': {30: pos[s]}, 'k/b': {30: b[s]}}
+    curves = {('x', s): {
+        'k/a': {
+            30: pos[s]
+        },
+        'k/b': {
+            30: b[s]
+        }
+    }
               for s in range(5)}
     ratio = flow.fraction(curves, 'x', 'k/a', 'k/b', 30)
     logs = np.log([pos[s] / b[s] for s in range(5)])
@@ -155,7 +222,14 @@ def test_intervals_are_scipys_t_intervals_and_ratios_geometric():
 
 
 def test_a_ratio_equal_on_every_seed_has_no_interval_and_no_verdict():
-    curves = {('x', s): {'k/a': {30: 0.02 * (s + 1)}, 'k/b': {30: s + 1.0}}
+    curves = {('x', s): {
+        'k/a': {
+            30: 0.02 * (s + 1)
+        },
+        'k/b': {
+            30: s + 1.0
+        }
+    }
               for s in range(5)}
     ratio = flow.fraction(curves, 'x', 'k/a', 'k/b', 30)
     assert ratio.n == 5 and not ratio.has_interval
@@ -166,8 +240,11 @@ def test_a_ratio_equal_on_every_seed_has_no_interval_and_no_verdict():
 def test_meeting_needs_the_gap_gone_at_the_end():
     base = lambda a, e: 1 + e / 10  # noqa: E731
     # Apart all along: fails; never apart: cannot tell.
-    apart = make_curves(mi=lambda a, e: base(a, e) + 0.5 * (a == 0),
-                        je=base, js=base, sjs=base)
+    apart = make_curves(
+        mi=lambda a, e: base(a, e) + 0.5 * (a == 0),
+        je=base,
+        js=base,
+        sjs=base)
     together = make_curves(mi=base, je=base, js=base, sjs=base)
     assert verdicts(apart)['2'] == flow.FAILS
     assert verdicts(together)['2'] == flow.UNDECIDED
@@ -179,8 +256,12 @@ def variant_rows(curves, variant, suffix):
     rows = []
     for (arm, seed), run in curves.items():
         for epoch in (1, 15, 30):
-            row = {'arm': arm, 'seed': seed, 'epoch': epoch,
-                   'variant': variant}
+            row = {
+                'arm': arm,
+                'seed': seed,
+                'epoch': epoch,
+                'variant': variant
+            }
             for key, values in run.items():
                 row[key[:-len('_cov')] + suffix] = values[epoch]
             rows.append(row)
@@ -192,19 +273,25 @@ def test_each_variant_is_decided_by_the_statements_code():
     back as curves and decided statement by statement."""
     from studies import heldout_variants as hv
     holding, failing = holding_curves(), failing_curves()
-    rows = (variant_rows(holding, 'logged', '_cov') +
-            variant_rows(failing, 'alpha2', '_cov_alpha2') +
-            variant_rows(holding, 'gram_kernel', '_gram'))
+    rows = (
+        variant_rows(holding, 'logged', '_cov') +
+        variant_rows(failing, 'alpha2', '_cov_alpha2') +
+        variant_rows(holding, 'gram_kernel', '_gram'))
     assert hv.quantity_of('minfo_heldout/joint_entropy_cov_alpha2',
                           'minfo_heldout') == 'joint_entropy'
     assert hv.quantity_of('minfo/joint_entropy_cov', 'minfo_heldout') is None
     decided = hv.variant_statements(rows, ROLES, LABELS, 1, 15, 30)
-    got = {v: {st.number: st.verdict for st in sts}
-           for v, sts in decided.items()}
+    got = {
+        v: {st.number: st.verdict
+            for st in sts}
+        for v, sts in decided.items()
+    }
     on_curves = verdicts(holding)
     assert got['logged'] == got['gram_kernel'] == on_curves
     assert got['alpha2'] == verdicts(failing) == {
-        n: flow.FAILS for n in '12345J'}
+        n: flow.FAILS
+        for n in '12345J'
+    }
     report = hv.variant_report(rows, ROLES, LABELS, 1, 15, 30)
     assert '| variant | 1 | 2 | 3 | 4 | 5 | J |' in report
     assert '| alpha2 | ' + ' | '.join([flow.FAILS] * 6) + ' |' in report
@@ -214,31 +301,39 @@ def test_each_variant_is_decided_by_the_statements_code():
 def test_roles_default_to_arm_names_and_reject_unknown_roles():
     assert flow.resolve_roles(['simclr', 'byol', 'bt'],
                               {'barlowtwins': 'bt'}) == {
-        'simclr': 'simclr', 'byol': 'byol', 'barlowtwins': 'bt'}
+                                  'simclr': 'simclr',
+                                  'byol': 'byol',
+                                  'barlowtwins': 'bt'
+                              }
     assert flow.resolve_roles(['spectral'], {})['spectral'] == 'spectral'
     with pytest.raises(ValueError, match="ROLE in"):
         flow.resolve_roles([], {'moco': 'moco'})
 
 
 @pytest.mark.parametrize('args, message', [
-    (['--out-dir', 'docs/siamese', '--epochs', '1'],
-     '--epochs takes FIRST [MID] LAST, got [1]'),
-    (['--out-dir', 'no/such/folder', '--epochs', '1', '30'],
-     'comparison.json does not exist'),
+    (['--out-dir', 'docs/siamese', '--epochs', '1'
+      ], '--epochs takes FIRST [MID] LAST, got [1]'),
+    (['--out-dir', 'no/such/folder', '--epochs', '1', '30'
+      ], 'comparison.json does not exist'),
 ])
 def test_variants_command_line_errors_are_one_line(repo_root, tmp_path, args,
                                                    message):
     import subprocess
     import sys
-    result = subprocess.run(
-        [sys.executable, 'tools/analysis/heldout_variants.py', *args,
-         '--arms', 'simclr', '--seeds', '0', '--report',
-         str(tmp_path / 'report.md')], cwd=repo_root, capture_output=True,
-        text=True, timeout=300)
+    result = subprocess.run([
+        sys.executable, 'tools/analysis/heldout_variants.py', *args, '--arms',
+        'simclr', '--seeds', '0', '--report',
+        str(tmp_path / 'report.md')
+    ],
+                            cwd=repo_root,
+                            capture_output=True,
+                            text=True,
+                            timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         line for line in result.stderr.strip().splitlines()
-        if line.startswith('heldout_variants.py: error: ')]
+        if line.startswith('heldout_variants.py: error: ')
+    ]
     assert message in result.stderr
     assert not (tmp_path / 'report.md').exists()
 
@@ -260,7 +355,8 @@ def test_a_checkpoint_measured_again_reproduces_its_logged_values(
         'train_dataloader.num_workers': 0,
         'train_dataloader.persistent_workers': False,
         'train_cfg.max_epochs': 1,
-        'optim_wrapper.optimizer.lr': 0.3})
+        'optim_wrapper.optimizer.lr': 0.3
+    })
     cfg.custom_hooks[0]['heldout'].update(num_batches=2, batch_size=32)
     config = str(tmp_path / 'simclr.py')
     cfg.dump(config)
@@ -273,8 +369,10 @@ def test_a_checkpoint_measured_again_reproduces_its_logged_values(
     checkpoint = str(tmp_path / 'train' / 'epoch_1.pth')
     again = measure_checkpoint(config, checkpoint, {}, str(tmp_path / 'a'))
     assert again == pytest.approx(
-        {k: v for k, v in logged.items() if k not in ('epoch', 'step')},
-        rel=1e-9, abs=1e-12)
+        {k: v
+         for k, v in logged.items() if k not in ('epoch', 'step')},
+        rel=1e-9,
+        abs=1e-12)
     other = measure_checkpoint(config, checkpoint, {'alpha': 2.0},
                                str(tmp_path / 'b'))
     assert other['minfo_heldout/matrix_js_cov'] == pytest.approx(
@@ -296,12 +394,16 @@ def test_shipped_information_flow_page_is_rebuilt_from_runs_json(
     (tmp_path / 'siamese').mkdir()
     for name in ('runs.json', 'information_flow_notes.md'):
         shutil.copy(f'{docs}/siamese/{name}', tmp_path / 'siamese')
-    proc = subprocess.run(
-        [sys.executable, 'tools/analysis/information_flow.py', '--out-dir',
-         str(tmp_path / 'siamese'), '--report',
-         str(tmp_path / 'siamese_information_flow.md'), '--notes',
-         str(tmp_path / 'siamese' / 'information_flow_notes.md')],
-        cwd=repo_root, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([
+        sys.executable, 'tools/analysis/information_flow.py', '--out-dir',
+        str(tmp_path / 'siamese'), '--report',
+        str(tmp_path / 'siamese_information_flow.md'), '--notes',
+        str(tmp_path / 'siamese' / 'information_flow_notes.md')
+    ],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rebuilt = (tmp_path / 'siamese_information_flow.md').read_text()
     assert rebuilt.splitlines()[3:] == shipped.splitlines()[3:]

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 import torch
+from launch_record_runs import toy_launch
 
 import mmae_plugin  # noqa: F401
-from launch_record_runs import toy_launch
 from mmae_plugin.engine.runners import LaunchChangedError
 
 HERE = osp.dirname(osp.abspath(__file__))
@@ -39,8 +39,12 @@ def test_another_per_gpu_batch_is_refused_naming_both(tmp_path):
 
 def test_rescale_keeps_the_schedule_in_epochs(tmp_path):
     toy_launch(tmp_path, 1).train()  # 8 iterations, warm-up end at 16
-    runner = toy_launch(tmp_path, 3, batch_size=4, resume=True,
-                        cfg=dict(resume_launch_change='rescale'))
+    runner = toy_launch(
+        tmp_path,
+        3,
+        batch_size=4,
+        resume=True,
+        cfg=dict(resume_launch_change='rescale'))
     runner.train()
     scheduler = runner.param_schedulers[0]
     assert (scheduler.begin, scheduler.end) == (0, 8)  # 2 epochs of 4
@@ -49,16 +53,21 @@ def test_rescale_keeps_the_schedule_in_epochs(tmp_path):
 
 
 def test_another_world_size_is_refused(tmp_path, cpu_dist_env):
-    proc = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
-         '2', '--master_port', cpu_dist_env['MASTER_PORT'],
-         osp.join(HERE, 'launch_change_driver.py'), str(tmp_path)],
-        env=dict(cpu_dist_env, OMP_NUM_THREADS='1'), capture_output=True,
-        text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_port', cpu_dist_env['MASTER_PORT'],
+        osp.join(HERE, 'launch_change_driver.py'),
+        str(tmp_path)
+    ],
+                          env=dict(cpu_dist_env, OMP_NUM_THREADS='1'),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert saved_launch(tmp_path / 'epoch_1.pth')['world_size'] == 2
-    with pytest.raises(LaunchChangedError,
-                       match=r'a launch of 2 processes x 2 images \(4 per '
-                       r'step, 4 iterations per epoch\); this launch has 1 '
-                       r'processes x 2 images'):
+    with pytest.raises(
+            LaunchChangedError,
+            match=r'a launch of 2 processes x 2 images \(4 per '
+            r'step, 4 iterations per epoch\); this launch has 1 '
+            r'processes x 2 images'):
         toy_launch(tmp_path, 2, resume=True).train()

@@ -9,9 +9,10 @@ import re
 
 import numpy as np
 import pytest
+import scipy_matrix_info_reference as ref
 import torch
 
-import scipy_matrix_info_reference as ref
+# yapf: disable (isort wraps this import; yapf would rewrap it)
 from mmae_plugin.matrix_info import (FactoredPSD, effective_rank,
                                      hadamard_product, matrix_entropy,
                                      matrix_joint_entropy,
@@ -22,6 +23,8 @@ from mmae_plugin.matrix_info import (FactoredPSD, effective_rank,
                                      rankme, spectrum_js_divergence,
                                      total_coding_rate)
 
+# yapf: enable
+
 ALPHAS = [0.5, 1.0, 2.0, 3.0]
 
 
@@ -29,8 +32,9 @@ def random_features(b: int, d: int, seed: int, mix: float = 0.5):
     """Correlated Gaussian features (B, d) in float64."""
     gen = torch.Generator().manual_seed(seed)
     base = torch.randn(b, d, generator=gen, dtype=torch.float64)
-    mixing = torch.eye(d, dtype=torch.float64) + mix * torch.randn(
-        d, d, generator=gen, dtype=torch.float64)
+    mixing = torch.eye(
+        d, dtype=torch.float64) + mix * torch.randn(
+            d, d, generator=gen, dtype=torch.float64)
     return base @ mixing
 
 
@@ -52,8 +56,8 @@ def random_psd(n: int, seed: int) -> torch.Tensor:
 def test_identity_has_entropy_log_d_and_it_is_the_maximum(alpha):
     d = 12
     eye = torch.eye(d)
-    assert matrix_entropy(eye, alpha).item() == pytest.approx(math.log(d),
-                                                              abs=1e-12)
+    assert matrix_entropy(eye, alpha).item() == pytest.approx(
+        math.log(d), abs=1e-12)
     for seed in range(20):
         corr = random_correlation(d, seed, b=d + seed)  # some rank-deficient
         value = matrix_entropy(corr, alpha).item()
@@ -92,7 +96,10 @@ def test_joint_entropy_bounded_by_log_rank_proposition_2():
     z1 = random_features(5, d, 0)  # rank(K1) <= 4 after centering
     z2 = random_features(7, d, 1)  # rank(K2) <= 6
     k1, k2 = normalized_covariance(z1), normalized_covariance(z2)
-    rank = lambda k: int(torch.linalg.matrix_rank(k, hermitian=True))
+
+    def rank(k):
+        return int(torch.linalg.matrix_rank(k, hermitian=True))
+
     joint = matrix_joint_entropy(k1, k2).item()
     assert joint <= math.log(rank(k1 * k2)) + 1e-10
     assert math.log(rank(k1 * k2)) <= math.log(rank(k1)) + \
@@ -112,8 +119,8 @@ def test_entropy_and_coding_rate_through_kl_proposition_3():
             tcr = total_coding_rate(features, mu).item()
             target = (mu * eye + k) / (1 + mu)
             kl_value = matrix_kl_divergence(eye, target, eps=0.0).item()
-            assert tcr == pytest.approx(d * math.log(1 + mu) - kl_value,
-                                        abs=1e-9)
+            assert tcr == pytest.approx(
+                d * math.log(1 + mu) - kl_value, abs=1e-9)
 
 
 def test_hadamard_coding_rate_inequality_proposition_4():
@@ -180,7 +187,9 @@ def symmetric_direction(n: int, seed: int) -> torch.Tensor:
     return (e + e.T) / 2
 
 
-def directional_derivative(fn, K: np.ndarray, direction: np.ndarray,
+def directional_derivative(fn,
+                           K: np.ndarray,
+                           direction: np.ndarray,
                            h: float = 1e-6) -> float:
     """Central difference of a numpy/scipy function along ``direction``."""
     return (fn(K + h * direction) - fn(K - h * direction)) / (2 * h)
@@ -214,9 +223,8 @@ def test_entropy_mi_joint_match_scipy(alpha):
     k1, k2 = random_psd(7, 1), random_psd(7, 2)
     check_value_and_gradient(lambda a: matrix_entropy(a, alpha),
                              lambda a: ref.renyi(a, alpha), [k1])
-    check_value_and_gradient(
-        lambda a, b: matrix_joint_entropy(a, b, alpha),
-        lambda a, b: ref.joint(a, b, alpha), [k1, k2])
+    check_value_and_gradient(lambda a, b: matrix_joint_entropy(a, b, alpha),
+                             lambda a, b: ref.joint(a, b, alpha), [k1, k2])
     check_value_and_gradient(
         lambda a, b: matrix_mutual_information(a, b, alpha),
         lambda a, b: ref.mutual(a, b, alpha), [k1, k2])
@@ -227,8 +235,7 @@ def test_divergences_match_scipy():
     check_value_and_gradient(lambda a, b: matrix_kl_divergence(a, b, 1e-3),
                              lambda a, b: ref.kl(a, b, 1e-3), [k1, k2])
     check_value_and_gradient(matrix_js_divergence, ref.js, [k1, k2])
-    check_value_and_gradient(spectrum_js_divergence, ref.spectrum_js,
-                             [k1, k2])
+    check_value_and_gradient(spectrum_js_divergence, ref.spectrum_js, [k1, k2])
 
 
 def test_kl_gradient_finite_at_repeated_eigenvalues():
@@ -253,20 +260,20 @@ def test_feature_quantities_match_scipy():
             ref.tcr(z.numpy(), mu), rel=1e-10)
     assert effective_rank(z).item() == pytest.approx(
         ref.effective_rank(z.numpy()), rel=1e-10)
-    assert rankme(z).item() == pytest.approx(ref.rankme(z.numpy(), 1e-7),
-                                             rel=1e-10)
-    np.testing.assert_allclose(normalized_covariance(z).numpy(),
-                               ref.normalized_covariance(z.numpy()),
-                               atol=1e-12)
-    np.testing.assert_allclose(normalized_gram(z).numpy(),
-                               ref.normalized_gram(z.numpy()), atol=1e-12)
+    assert rankme(z).item() == pytest.approx(
+        ref.rankme(z.numpy(), 1e-7), rel=1e-10)
+    np.testing.assert_allclose(
+        normalized_covariance(z).numpy(),
+        ref.normalized_covariance(z.numpy()),
+        atol=1e-12)
+    np.testing.assert_allclose(
+        normalized_gram(z).numpy(), ref.normalized_gram(z.numpy()), atol=1e-12)
     z_grad = z.clone().requires_grad_(True)
     grad, = torch.autograd.grad(effective_rank(z_grad), z_grad)
     direction = torch.randn_like(z)
     expected = directional_derivative(ref.effective_rank, z.numpy(),
                                       direction.numpy())
-    assert float((grad * direction).sum()) == pytest.approx(expected,
-                                                            rel=1e-4)
+    assert float((grad * direction).sum()) == pytest.approx(expected, rel=1e-4)
 
 
 # --------------------------------------------------------------------------
@@ -289,8 +296,8 @@ def test_dxd_and_bxb_sides_agree(alpha):
         # total_coding_rate switches sides internally (Sylvester).
         dense = torch.logdet(2.0 * torch.eye(d, dtype=torch.float64) +
                              cov_side).item()
-        assert total_coding_rate(z, 2.0).item() == pytest.approx(dense,
-                                                                 rel=1e-10)
+        assert total_coding_rate(z, 2.0).item() == pytest.approx(
+            dense, rel=1e-10)
 
 
 @pytest.mark.parametrize('alpha', ALPHAS)
@@ -318,8 +325,9 @@ def test_factored_inputs_equal_dense(alpha):
 
 def test_khatri_rao_factor_used_when_cheaper():
     z1, z2 = random_features(3, 40, 1), random_features(4, 40, 2)
-    fac = hadamard_product(normalized_gram(z1.T, factored=True),
-                           normalized_gram(z2.T, factored=True))
+    fac = hadamard_product(
+        normalized_gram(z1.T, factored=True),
+        normalized_gram(z2.T, factored=True))
     assert isinstance(fac, FactoredPSD) and fac.inner_size == 12
     dense = normalized_gram(z1.T) * normalized_gram(z2.T)
     torch.testing.assert_close(fac.dense(), dense)
@@ -328,9 +336,11 @@ def test_khatri_rao_factor_used_when_cheaper():
 # --------------------------------------------------------------------------
 # Degenerate inputs and low precision
 # --------------------------------------------------------------------------
-def all_quantities(z: torch.Tensor, z_other: torch.Tensor,
-                   builds=(normalized_covariance, normalized_gram)
-                   ) -> torch.Tensor:
+def all_quantities(
+    z: torch.Tensor,
+    z_other: torch.Tensor,
+    builds=(normalized_covariance, normalized_gram)
+) -> torch.Tensor:
     """Sum of every quantity on covariance and Gram sides (finite check)."""
     total = total_coding_rate(z) + effective_rank(z) + rankme(z)
     for build in builds:
@@ -394,8 +404,8 @@ def test_collapse_reads_as_zero_entropy_and_unit_rank():
 def test_scale_invariance_tiny_and_huge():
     z = random_features(12, 8, 0)
     for scale in (1e-8, 1e8):
-        torch.testing.assert_close(normalized_covariance(scale * z),
-                                   normalized_covariance(z))
+        torch.testing.assert_close(
+            normalized_covariance(scale * z), normalized_covariance(z))
         assert matrix_entropy(normalized_gram(scale * z)).item() == \
             pytest.approx(matrix_entropy(normalized_gram(z)).item(),
                           rel=1e-10)
@@ -420,8 +430,8 @@ def test_half_precision_inputs_give_float64_close_to_float32():
 @pytest.mark.parametrize('bad, message', [
     (torch.ones(3, 4), r'K must be a square \(n, n\) matrix, got shape'),
     (torch.tensor([[1., 2.], [0., 1.]]), r'K must be symmetric'),
-    (torch.tensor([[1., float('nan')], [float('nan'), 1.]]),
-     r'K contains 2 non-finite'),
+    (torch.tensor([[1., float('nan')], [float('nan'), 1.]
+                   ]), r'K contains 2 non-finite'),
     (-torch.eye(3), r'K must be positive semi-definite.*-1'),
     (torch.tensor([[1., 2.], [2., 1.]]), r'K must be positive semi-definite'),
     (torch.ones(2, 2, 2), r'K must be a 2-D tensor, got shape \(2, 2, 2\)'),
@@ -435,13 +445,17 @@ def test_bad_matrix_errors_name_parameter_and_value(bad, message, alpha):
 
 def test_bad_arguments_errors():
     eye = torch.eye(3)
-    with pytest.raises(ValueError, match=r'alpha must be a positive finite '
-                       r'number.*got -1'):
+    with pytest.raises(
+            ValueError,
+            match=r'alpha must be a positive finite '
+            r'number.*got -1'):
         matrix_entropy(eye, -1)
     with pytest.raises(ValueError, match=r'eps must be a finite number >= 0'):
         matrix_kl_divergence(eye, eye, eps=-1e-3)
-    with pytest.raises(ValueError, match=r'K1 and K2 must have the same size'
-                       r', got 3 x 3 and 4 x 4'):
+    with pytest.raises(
+            ValueError,
+            match=r'K1 and K2 must have the same size'
+            r', got 3 x 3 and 4 x 4'):
         matrix_js_divergence(eye, torch.eye(4))
     with pytest.raises(ValueError, match=r'K2 must be positive semi-definite'):
         matrix_mutual_information(eye, -eye)
@@ -451,8 +465,9 @@ def test_bad_arguments_errors():
         normalized_covariance(torch.ones(1, 4))
     with pytest.raises(ValueError, match=r'x contains 1 non-finite'):
         effective_rank(torch.tensor([[1., float('inf')]]))
-    with pytest.raises(ValueError, match=r'dtype must be torch.float32 or '
-                       r'torch.float64'):
+    with pytest.raises(
+            ValueError, match=r'dtype must be torch.float32 or '
+            r'torch.float64'):
         matrix_entropy(eye, dtype=torch.float16)
 
 
@@ -527,8 +542,7 @@ EYE = torch.eye(4, dtype=torch.float64)
     ('entropy factored', lambda: matrix_entropy(
         FactoredPSD(torch.zeros(4, 2, dtype=torch.float64))), 'K'),
     ('joint', lambda: matrix_joint_entropy(ZERO, EYE), 'K1 o K2'),
-    ('mutual information', lambda: matrix_mutual_information(EYE, ZERO),
-     'K2'),
+    ('mutual information', lambda: matrix_mutual_information(EYE, ZERO), 'K2'),
     ('KL first', lambda: matrix_kl_divergence(ZERO, EYE), 'K1'),
     ('KL second', lambda: matrix_kl_divergence(EYE, ZERO), 'K2'),
     ('JS', lambda: matrix_js_divergence(ZERO, ZERO), 'K1'),
@@ -541,8 +555,10 @@ EYE = torch.eye(4, dtype=torch.float64)
 def test_zero_matrix_is_refused_by_every_quantity(name, call, argument):
     """The zero matrix has no density matrix: no entropy 0, KL 0 or JS
     log 2 by convention, an error naming the argument instead."""
-    with pytest.raises(ValueError, match=f'^{re.escape(argument)} is the '
-                       'zero matrix \\(trace 0\\)'):
+    with pytest.raises(
+            ValueError,
+            match=f'^{re.escape(argument)} is the '
+            'zero matrix \\(trace 0\\)'):
         call()
 
 
@@ -558,12 +574,16 @@ def test_ranks_of_zero_features_are_zero_for_both_measures():
     assert rankme(one, eps=0.0).item() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize('mu,words', [
-    (10**400, ['mu', '> 0 and <= 1e+300', 'an integer of 401 digits',
-               'overflows float64']),
-    (1e301, ['mu', '> 0 and <= 1e+300', '1e+301']),
-    (0, ['mu', '> 0', 'got 0']),
-], ids=['10**400', '1e301', '0'])
+@pytest.mark.parametrize(
+    'mu,words', [
+        (10**400, [
+            'mu', '> 0 and <= 1e+300', 'an integer of 401 digits',
+            'overflows float64'
+        ]),
+        (1e301, ['mu', '> 0 and <= 1e+300', '1e+301']),
+        (0, ['mu', '> 0', 'got 0']),
+    ],
+    ids=['10**400', '1e301', '0'])
 def test_tcr_parameters_out_of_range_are_refused_at_build_time(mu, words):
     from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
     from mmae_plugin.models import TCRLoss

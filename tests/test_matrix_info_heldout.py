@@ -16,8 +16,7 @@ from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401  (registers datasets, models, hooks)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
-from mmae_plugin.engine.hooks.matrix_info_measure import \
-    two_branch_quantities
+from mmae_plugin.engine.hooks.matrix_info_measure import two_branch_quantities
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = os.path.join(REPO, 'configs', 'fashion_mnist')
@@ -27,12 +26,17 @@ KEYS = ('entropy_1_cov', 'entropy_2_cov', 'mutual_info_cov',
 
 def heldout_dataset(cfg: Config) -> dict:
     """64 test images through the config's own two-view pipeline."""
-    return dict(type='GzipFashionMNIST',
-                data_root=cfg.train_dataloader.dataset.data_root,
-                split='test', indices=64, pipeline=cfg.train_pipeline)
+    return dict(
+        type='GzipFashionMNIST',
+        data_root=cfg.train_dataloader.dataset.data_root,
+        split='test',
+        indices=64,
+        pipeline=cfg.train_pipeline)
 
 
-def run(method: str, work_dir: str, heldout: Optional[dict] = None,
+def run(method: str,
+        work_dir: str,
+        heldout: Optional[dict] = None,
         epochs: int = 2) -> Runner:
     """Train ``method``'s config for a few iterations; return the runner."""
     cfg = Config.fromfile(os.path.join(FMNIST, f'{method}_fmnist.py'))
@@ -55,8 +59,7 @@ def run(method: str, work_dir: str, heldout: Optional[dict] = None,
 
 
 def scalar_rows(work_dir: str) -> List[dict]:
-    paths = glob.glob(os.path.join(work_dir, '*', 'vis_data',
-                                   'scalars.json'))
+    paths = glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))
     assert len(paths) == 1, paths
     with open(paths[0]) as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -74,22 +77,26 @@ def byol_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp('heldout')
     return dict(
         plain=run('byol', str(root / 'plain')),
-        heldout=run('byol', str(root / 'heldout'),
-                    heldout=dict(num_batches=2)))
+        heldout=run(
+            'byol', str(root / 'heldout'), heldout=dict(num_batches=2)))
 
 
 def test_heldout_is_measured_at_start_and_after_every_epoch(byol_runs):
     runner = byol_runs['heldout']
-    rows = [row for row in scalar_rows(runner.work_dir)
-            if 'minfo_heldout/mutual_info_cov' in row]
+    rows = [
+        row for row in scalar_rows(runner.work_dir)
+        if 'minfo_heldout/mutual_info_cov' in row
+    ]
     assert [(row['epoch'], row['step']) for row in rows] == \
         [(0, 0), (1, 2), (2, 4)]
     for row in rows:
         for key in KEYS:
             assert math.isfinite(row[f'minfo_heldout/{key}']), key
     # The training-batch values are still logged every iteration.
-    train_rows = [row for row in scalar_rows(runner.work_dir)
-                  if 'minfo/mutual_info_cov' in row]
+    train_rows = [
+        row for row in scalar_rows(runner.work_dir)
+        if 'minfo/mutual_info_cov' in row
+    ]
     assert [row['step'] for row in train_rows] == [1, 2, 3, 4]
     hook = the_hook(runner)
     # Default batch size: the (global) training batch.
@@ -103,8 +110,9 @@ def test_heldout_is_measured_at_start_and_after_every_epoch(byol_runs):
 def test_heldout_is_off_by_default(byol_runs):
     runner = byol_runs['plain']
     assert the_hook(runner).heldout is None
-    assert not any(key.startswith('minfo_heldout/')
-                   for row in scalar_rows(runner.work_dir) for key in row)
+    assert not any(
+        key.startswith('minfo_heldout/')
+        for row in scalar_rows(runner.work_dir) for key in row)
 
 
 def test_heldout_leaves_training_unchanged(byol_runs):
@@ -133,9 +141,11 @@ def test_every_measurement_sees_the_same_views(byol_runs):
     first = hook.measure_heldout(model)
     second = hook.measure_heldout(model)
     assert first == second
-    assert first == {k.split('/', 1)[1]: v
-                     for k, v in hook.heldout_history[-1].items()
-                     if k.startswith('minfo_heldout/')}
+    assert first == {
+        k.split('/', 1)[1]: v
+        for k, v in hook.heldout_history[-1].items()
+        if k.startswith('minfo_heldout/')
+    }
     for key, value in model.state_dict().items():
         assert torch.equal(before[key], value), key
     rebuilt = hook._build_heldout(runner)
@@ -146,8 +156,7 @@ def test_every_measurement_sees_the_same_views(byol_runs):
     assert not torch.equal(rebuilt[0]['inputs'][0], rebuilt[0]['inputs'][1])
 
 
-def expected_heldout(runner: Runner, method: str,
-                     mode: str = 'eval') -> dict:
+def expected_heldout(runner: Runner, method: str, mode: str = 'eval') -> dict:
     """The branches computed by hand, averaged over batches (in train mode
     BatchNorm normalises by the batch: the running statistics the forward
     updates do not enter the output)."""
@@ -163,39 +172,46 @@ def expected_heldout(runner: Runner, method: str,
                 z2 = model.target_net(v2)[0]
             else:
                 z2 = model.neck(model.backbone(v2))[0]
-            per_batch.append(two_branch_quantities(z1, z2, 'covariance',
-                                                   1.0))
+            per_batch.append(two_branch_quantities(z1, z2, 'covariance', 1.0))
     model.train()
-    return {key: sum(float(v[key]) for v in per_batch) / len(per_batch)
-            for key in per_batch[0]}
+    return {
+        key: sum(float(v[key]) for v in per_batch) / len(per_batch)
+        for key in per_batch[0]
+    }
 
 
 @pytest.mark.parametrize('method,mode', [('spectral', 'eval'),
                                          ('simclr', 'eval'),
                                          ('barlowtwins', 'train')])
-def test_heldout_values_are_the_branches_in_their_mode(method, mode,
-                                                      tmp_path):
-    runner = run(method, str(tmp_path),
-                 heldout=dict(num_batches=2, mode=mode), epochs=1)
-    logged = {k.split('/', 1)[1]: v
-              for k, v in the_hook(runner).heldout_history[-1].items()
-              if k.startswith('minfo_heldout/')}
+def test_heldout_values_are_the_branches_in_their_mode(method, mode, tmp_path):
+    runner = run(
+        method,
+        str(tmp_path),
+        heldout=dict(num_batches=2, mode=mode),
+        epochs=1)
+    logged = {
+        k.split('/', 1)[1]: v
+        for k, v in the_hook(runner).heldout_history[-1].items()
+        if k.startswith('minfo_heldout/')
+    }
     expected = expected_heldout(runner, method, mode)
     assert logged.keys() == expected.keys()
     for key in expected:
-        assert logged[key] == pytest.approx(expected[key], rel=1e-5,
-                                            abs=1e-7), key
+        assert logged[key] == pytest.approx(
+            expected[key], rel=1e-5, abs=1e-7), key
 
 
 def test_byol_branches_in_eval_mode(byol_runs):
     runner = byol_runs['heldout']
-    logged = {k.split('/', 1)[1]: v
-              for k, v in the_hook(runner).heldout_history[-1].items()
-              if k.startswith('minfo_heldout/')}
+    logged = {
+        k.split('/', 1)[1]: v
+        for k, v in the_hook(runner).heldout_history[-1].items()
+        if k.startswith('minfo_heldout/')
+    }
     expected = expected_heldout(runner, 'byol')
     for key in expected:
-        assert logged[key] == pytest.approx(expected[key], rel=1e-5,
-                                            abs=1e-7), key
+        assert logged[key] == pytest.approx(
+            expected[key], rel=1e-5, abs=1e-7), key
 
 
 @pytest.mark.parametrize('method',
@@ -203,7 +219,8 @@ def test_byol_branches_in_eval_mode(byol_runs):
 def test_siamese_configs_measure_test_images_in_train_mode(method):
     cfg = Config.fromfile(os.path.join(FMNIST, f'{method}_fmnist.py'))
     hook = next(h for h in cfg.custom_hooks if h.type == 'MatrixInfoHook')
-    heldout = MatrixInfoHook(**{k: v for k, v in hook.items()
+    heldout = MatrixInfoHook(**{k: v
+                                for k, v in hook.items()
                                 if k != 'type'}).heldout
     assert heldout.dataset['split'] == 'test'
     assert heldout.dataset['pipeline'] == cfg.train_pipeline  # two views
@@ -214,10 +231,9 @@ def test_siamese_configs_measure_test_images_in_train_mode(method):
     (dict(num_batches=2), 'dataset'),
     (dict(dataset=dict(type='GzipFashionMNIST'), bogus=1), 'bogus'),
     (dict(dataset=dict(type='GzipFashionMNIST'), mode='test'), 'mode'),
-    (dict(dataset=dict(type='GzipFashionMNIST'), num_batches=0),
-     'num_batches'),
-    (dict(dataset=dict(type='GzipFashionMNIST'), batch_size=1),
-     'batch_size'),
+    (dict(dataset=dict(type='GzipFashionMNIST'),
+          num_batches=0), 'num_batches'),
+    (dict(dataset=dict(type='GzipFashionMNIST'), batch_size=1), 'batch_size'),
     (dict(dataset=dict(type='GzipFashionMNIST'), seed=2**32), 'seed'),
     ('test', 'dataset'),
 ])
@@ -228,5 +244,7 @@ def test_bad_heldout_settings_are_refused(heldout, words):
 
 def test_too_small_a_heldout_dataset_is_refused(tmp_path):
     with pytest.raises(ValueError, match='need 1024 images'):
-        run('spectral', str(tmp_path), epochs=1,
+        run('spectral',
+            str(tmp_path),
+            epochs=1,
             heldout=dict(num_batches=2, batch_size=512))

@@ -50,14 +50,16 @@ def shrink_for_test(cfg: Config, work_dir: str, batch: int,
 
 def read_scalars(work_dir: str) -> list:
     """Rows of the run's ``vis_data/scalars.json``."""
-    paths = glob.glob(os.path.join(work_dir, '*', 'vis_data',
-                                   'scalars.json'))
+    paths = glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))
     assert len(paths) == 1, paths
     with open(paths[0]) as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def train(config: str, work_dir: str, batch: int = 8, iters: int = 2,
+def train(config: str,
+          work_dir: str,
+          batch: int = 8,
+          iters: int = 2,
           **overrides) -> list:
     cfg = shrink_for_test(Config.fromfile(config), work_dir, batch, iters)
     cfg.merge_from_dict(overrides)
@@ -74,14 +76,18 @@ def siamese_runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp('siamese')
     work_dirs = {}
     # One run also writes TensorBoard events, to check that backend too.
-    tensorboard = dict(visualizer=dict(
-        type='UniversalVisualizer',
-        vis_backends=[dict(type='LocalVisBackend'),
-                      dict(type='TensorboardVisBackend')]))
+    tensorboard = dict(
+        visualizer=dict(
+            type='UniversalVisualizer',
+            vis_backends=[
+                dict(type='LocalVisBackend'),
+                dict(type='TensorboardVisBackend')
+            ]))
     for method in METHODS:
         work_dirs[method] = str(root / method)
-        train(os.path.join(FMNIST, f'{method}_fmnist.py'), work_dirs[method],
-              **(tensorboard if method == 'barlowtwins' else {}))
+        train(
+            os.path.join(FMNIST, f'{method}_fmnist.py'), work_dirs[method],
+            **(tensorboard if method == 'barlowtwins' else {}))
     return work_dirs
 
 
@@ -114,12 +120,13 @@ def test_plot_script_draws_one_curve_per_method(siamese_runs, tmp_path):
     script = os.path.join(REPO, 'tools', 'analysis', 'plot_matrix_info.py')
     result = subprocess.run(
         [sys.executable, script] + [siamese_runs[m] for m in METHODS] +
-        ['--out-dir', str(out_dir)], capture_output=True, text=True,
+        ['--out-dir', str(out_dir)],
+        capture_output=True,
+        text=True,
         timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ('matrix_info', 'figure1_mutual_info',
-                 'figure2_joint_entropy', 'figure3a_matrix_js',
-                 'figure3b_spectrum_js'):
+    for name in ('matrix_info', 'figure1_mutual_info', 'figure2_joint_entropy',
+                 'figure3a_matrix_js', 'figure3b_spectrum_js'):
         for ext in ('png', 'pdf'):
             assert (out_dir / f'{name}.{ext}').stat().st_size > 1000
     sys.path.insert(0, os.path.dirname(script))
@@ -157,7 +164,9 @@ def test_hook_records_the_same_features_as_the_loss(tmp_path):
     """The tapped branches are exactly the embeddings the SimCLR loss pairs."""
     cfg = shrink_for_test(
         Config.fromfile(os.path.join(FMNIST, 'simclr_fmnist.py')),
-        str(tmp_path), batch=8, iters=1)
+        str(tmp_path),
+        batch=8,
+        iters=1)
     runner = Runner.from_cfg(cfg)
     hook = next(h for h in runner.hooks if isinstance(h, MatrixInfoHook))
     hook.before_run(runner)
@@ -198,8 +207,8 @@ BAD_ARGUMENTS = [
     (dict(tcr='paper', mu=True), TypeError, ['mu', 'real number', 'True']),
     (dict(tcr='paper', mu=-1.0), ValueError, ['mu', '> 0', '-1.0']),
     (dict(tcr='paper', mu=float('inf')), ValueError, ['mu', 'finite']),
-    (dict(tcr='reference', centering='no'), TypeError,
-     ['centering', 'True or False', "'no'"]),
+    (dict(tcr='reference',
+          centering='no'), TypeError, ['centering', 'True or False', "'no'"]),
     (dict(prefix=None), TypeError, ['prefix', 'non-empty string', 'None']),
     (dict(prefix=''), TypeError, ['prefix', 'non-empty string']),
     (dict(cpu_threads=0), ValueError, ['cpu_threads', '>= 1', '0']),
@@ -218,8 +227,10 @@ BAD_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize('kwargs,error,words', BAD_ARGUMENTS,
-                         ids=[repr(row[0]) for row in BAD_ARGUMENTS])
+@pytest.mark.parametrize(
+    'kwargs,error,words',
+    BAD_ARGUMENTS,
+    ids=[repr(row[0]) for row in BAD_ARGUMENTS])
 def test_hook_rejects_bad_arguments(kwargs, error, words):
     with pytest.raises(error) as info:
         MatrixInfoHook(**kwargs)
@@ -228,10 +239,11 @@ def test_hook_rejects_bad_arguments(kwargs, error, words):
 
 
 def test_branches_of_different_shapes_are_refused():
-    with pytest.raises(ValueError, match='the two branches must have the '
-                       'same shape'):
-        two_branch_quantities(torch.randn(8, 4), torch.randn(8, 5),
-                              'covariance', 1.0)
+    with pytest.raises(
+            ValueError, match='the two branches must have the '
+            'same shape'):
+        two_branch_quantities(
+            torch.randn(8, 4), torch.randn(8, 5), 'covariance', 1.0)
 
 
 # --------------------------------------------------------------------------
@@ -264,9 +276,12 @@ def numpy_one_branch(z, kernel, alpha, form, mu, centering):
     suffix = {'covariance': 'cov', 'gram': 'gram'}[kernel]
     order = '' if alpha == 1 else f'_alpha{alpha:g}'
     tcr_key = f'tcr_{form}{"_centered" if centering else ""}_mu{mu:g}'
-    return {f'entropy_{suffix}{order}': renyi,
-            f'erank_{suffix}': np.exp(shannon),
-            'rankme_raw': np.exp(-(q * np.log(q)).sum()), tcr_key: tcr}
+    return {
+        f'entropy_{suffix}{order}': renyi,
+        f'erank_{suffix}': np.exp(shannon),
+        'rankme_raw': np.exp(-(q * np.log(q)).sum()),
+        tcr_key: tcr
+    }
 
 
 @pytest.mark.parametrize('kernel,alpha,form,mu,centering', [
@@ -275,14 +290,12 @@ def numpy_one_branch(z, kernel, alpha, form, mu, centering):
     ('gram', 1.0, 'reference', 3.0, True),
     ('gram', 0.5, 'paper', 0.1, True),
 ])
-def test_one_branch_quantities_match_numpy(kernel, alpha, form, mu,
-                                           centering):
+def test_one_branch_quantities_match_numpy(kernel, alpha, form, mu, centering):
     torch.manual_seed(0)
     z = torch.randn(48, 16) @ torch.randn(16, 32) + 0.3  # rank 16 of 32
-    values = one_branch_quantities(
-        z, kernel, alpha, dict(form=form, mu=mu, centering=centering))
-    expected = numpy_one_branch(z.numpy(), kernel, alpha, form, mu,
-                                centering)
+    values = one_branch_quantities(z, kernel, alpha,
+                                   dict(form=form, mu=mu, centering=centering))
+    expected = numpy_one_branch(z.numpy(), kernel, alpha, form, mu, centering)
     assert set(values) == set(expected)
     for name, value in expected.items():
         assert float(values[name]) == pytest.approx(value, rel=1e-10), name
@@ -303,24 +316,29 @@ def test_erank_is_the_papers_effective_rank_not_rankme():
     assert float(values['rankme_raw']) == pytest.approx(float(rankme(z)))
 
 
-@pytest.mark.parametrize('regularizer,norm_twice', [
-    (dict(mu=1.0, form='reference', centering=False), False),
-    (dict(mu=3.0, form='paper', centering=True), True)])
+@pytest.mark.parametrize(
+    'regularizer,norm_twice',
+    [(dict(mu=1.0, form='reference', centering=False), False),
+     (dict(mu=3.0, form='paper', centering=True), True)])
 def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path, regularizer,
                                                        norm_twice):
     cfg = shrink_for_test(
         Config.fromfile(os.path.join(FMNIST, 'mmae_fmnist.py')),
-        str(tmp_path), batch=8, iters=1)
+        str(tmp_path),
+        batch=8,
+        iters=1)
     cfg.model.regularizer.update(regularizer)
     cfg.model.final_norm_twice = norm_twice
     runner = Runner.from_cfg(cfg)
     hook = next(h for h in runner.hooks if isinstance(h, MatrixInfoHook))
     hook.before_run(runner)
-    assert hook.branches == [dict(module='regularizer', call=0,
-                                  tap='input', rows='all', pool='cls')]
+    assert hook.branches == [
+        dict(
+            module='regularizer', call=0, tap='input', rows='all', pool='cls')
+    ]
     model = runner.model
-    data = model.data_preprocessor(next(iter(runner.train_dataloader)),
-                                   training=True)
+    data = model.data_preprocessor(
+        next(iter(runner.train_dataloader)), training=True)
     hook.taps.armed = True
     with torch.no_grad():
         losses = model.loss(**data)
@@ -351,12 +369,14 @@ def test_tcr_is_the_objective_of_the_model_regularizer(tmp_path, regularizer,
 def test_model_without_tcr_loss_logs_the_published_objective(tmp_path):
     cfg = shrink_for_test(
         Config.fromfile(os.path.join(FMNIST, 'mae_fmnist.py')),
-        str(tmp_path), batch=8, iters=1)
+        str(tmp_path),
+        batch=8,
+        iters=1)
     runner = Runner.from_cfg(cfg)
     hook = next(h for h in runner.hooks if isinstance(h, MatrixInfoHook))
     hook.before_run(runner)
-    assert hook._tcr == FALLBACK_TCR == dict(form='reference', mu=1.0,
-                                             centering=False)
+    assert hook._tcr == FALLBACK_TCR == dict(
+        form='reference', mu=1.0, centering=False)
     assert hook.branches[0]['module'] == 'backbone'
     hook.after_run(runner)
 
@@ -389,8 +409,8 @@ def test_two_processes_log_the_same_values_as_one(tmp_path, cpu_dist_env):
         DETERMINISTIC_SIMCLR.format(
             base=os.path.join(FMNIST, 'simclr_fmnist.py')))
     iters, global_batch = 2, 8
-    single = train(str(config), str(tmp_path / 'one'), batch=global_batch,
-                   iters=iters)
+    single = train(
+        str(config), str(tmp_path / 'one'), batch=global_batch, iters=iters)
 
     dist_dir = str(tmp_path / 'two')
     options = [
@@ -399,19 +419,23 @@ def test_two_processes_log_the_same_values_as_one(tmp_path, cpu_dist_env):
         'train_dataloader.persistent_workers=False',
         f'train_dataloader.dataset.indices={global_batch * iters}',
         'train_cfg.max_epochs=1', 'default_hooks.logger.interval=1',
-        'default_hooks.checkpoint.interval=1000',
-        'custom_hooks.0.interval=1'
+        'default_hooks.checkpoint.interval=1000', 'custom_hooks.0.interval=1'
     ]
     env = dict(cpu_dist_env, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
     command = [
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
-        '2', '--master_addr', '127.0.0.1', '--master_port',
-        env['MASTER_PORT'],
-        os.path.join(REPO, 'tools', 'train.py'), str(config), '--launcher',
-        'pytorch', '--work-dir', dist_dir, '--cfg-options'
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_addr', '127.0.0.1', '--master_port', env['MASTER_PORT'],
+        os.path.join(REPO, 'tools', 'train.py'),
+        str(config), '--launcher', 'pytorch', '--work-dir', dist_dir,
+        '--cfg-options'
     ] + options
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        command,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     # The config's held-out rows (epoch-level, absent from `single`, whose
     # hooks shrink_for_test replaced) are not compared here.

@@ -10,11 +10,11 @@ import copy
 
 import pytest
 import torch
+from conftest import ToyDataset, ToyModel
 from mmengine.runner import Runner
 from mmpretrain.registry import OPTIM_WRAPPERS
 
 import mmae_plugin  # noqa: F401
-from conftest import ToyDataset, ToyModel
 from mmae_plugin.engine.optimizers.mixed_precision_wrapper import (
     MixedPrecisionOptimWrapper, needs_loss_scaler)
 
@@ -33,9 +33,11 @@ def test_bfloat16_steps_equal_a_plain_autocast_loop():
     torch.manual_seed(0)
     model = ToyModel()
     reference = copy.deepcopy(model)
-    wrapper = OPTIM_WRAPPERS.build(dict(
-        type='MixedPrecisionOptimWrapper', dtype='bfloat16',
-        optimizer=torch.optim.AdamW(model.parameters(), lr=0.1)))
+    wrapper = OPTIM_WRAPPERS.build(
+        dict(
+            type='MixedPrecisionOptimWrapper',
+            dtype='bfloat16',
+            optimizer=torch.optim.AdamW(model.parameters(), lr=0.1)))
     assert isinstance(wrapper, MixedPrecisionOptimWrapper)
     assert wrapper.loss_scaler is None
     optimizer = torch.optim.AdamW(reference.parameters(), lr=0.1)
@@ -74,14 +76,16 @@ def test_gradients_are_not_scaled():
         assert torch.equal(ours, theirs.grad)
 
 
-@pytest.mark.parametrize('loss_scale, dtype, scaler', [
-    ('auto', torch.bfloat16, False),
-    ('auto', torch.float16, True),
-    ('auto', None, True),  # autocast's default: float16 on GPUs
-    (None, torch.bfloat16, False),
-    ('dynamic', torch.bfloat16, True),  # asked for explicitly
-    (512.0, torch.float16, True),
-])
+@pytest.mark.parametrize(
+    'loss_scale, dtype, scaler',
+    [
+        ('auto', torch.bfloat16, False),
+        ('auto', torch.float16, True),
+        ('auto', None, True),  # autocast's default: float16 on GPUs
+        (None, torch.bfloat16, False),
+        ('dynamic', torch.bfloat16, True),  # asked for explicitly
+        (512.0, torch.float16, True),
+    ])
 def test_which_settings_build_a_scaler(loss_scale, dtype, scaler):
     assert needs_loss_scaler(loss_scale, dtype) is scaler
 
@@ -90,7 +94,8 @@ def test_which_settings_build_a_scaler(loss_scale, dtype, scaler):
 def test_no_scaler_without_bfloat16_is_refused(dtype):
     with pytest.raises(ValueError, match=r"loss_scale=None .*bfloat16"):
         MixedPrecisionOptimWrapper(
-            loss_scale=None, dtype=dtype,
+            loss_scale=None,
+            dtype=dtype,
             optimizer=torch.optim.SGD(ToyModel().parameters(), lr=0.1))
 
 
@@ -103,42 +108,47 @@ def test_unknown_dtype_is_refused_with_its_name():
 
 def bf16_runner(work_dir, max_epochs: int, **kwargs) -> Runner:
     return Runner(
-        model=ToyModel(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=ToyDataset(4), batch_size=2,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False),
-                              num_workers=0),
-        optim_wrapper=dict(type='MixedPrecisionOptimWrapper',
-                           dtype='bfloat16',
-                           optimizer=dict(type='AdamW', lr=0.01)),
+        model=ToyModel(),
+        work_dir=str(work_dir),
+        train_dataloader=dict(
+            dataset=ToyDataset(4),
+            batch_size=2,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            num_workers=0),
+        optim_wrapper=dict(
+            type='MixedPrecisionOptimWrapper',
+            dtype='bfloat16',
+            optimizer=dict(type='AdamW', lr=0.01)),
         train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook',
-                                           interval=1)),
-        default_scope='mmpretrain', log_level='WARNING', **kwargs)
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+        default_scope='mmpretrain',
+        log_level='WARNING',
+        **kwargs)
 
 
-def test_runner_trains_saves_and_resumes_a_checkpoint_with_a_scaler(
-        tmp_path):
-    straight = bf16_runner(tmp_path / 'straight', 2,
-                           experiment_name='bf16_straight')
+def test_runner_trains_saves_and_resumes_a_checkpoint_with_a_scaler(tmp_path):
+    straight = bf16_runner(
+        tmp_path / 'straight', 2, experiment_name='bf16_straight')
     straight.train()
-    final = torch.load(tmp_path / 'straight' / 'epoch_2.pth',
-                       weights_only=True)
+    final = torch.load(
+        tmp_path / 'straight' / 'epoch_2.pth', weights_only=True)
     assert 'loss_scaler' not in final['optimizer']
 
     # An epoch-1 checkpoint as AmpOptimWrapper('dynamic') would have saved
     # it: the same optimizer state plus a GradScaler's.
-    first = torch.load(tmp_path / 'straight' / 'epoch_1.pth',
-                       weights_only=True)
+    first = torch.load(
+        tmp_path / 'straight' / 'epoch_1.pth', weights_only=True)
     first['optimizer']['loss_scaler'] = torch.amp.GradScaler(
         'cpu').state_dict()
     scaled = tmp_path / 'scaled_epoch_1.pth'
     torch.save(first, scaled)
-    resumed = bf16_runner(tmp_path / 'resumed', 2, resume=True,
-                          load_from=str(scaled),
-                          experiment_name='bf16_resumed')
+    resumed = bf16_runner(
+        tmp_path / 'resumed',
+        2,
+        resume=True,
+        load_from=str(scaled),
+        experiment_name='bf16_resumed')
     resumed.train()
-    again = torch.load(tmp_path / 'resumed' / 'epoch_2.pth',
-                       weights_only=True)
+    again = torch.load(tmp_path / 'resumed' / 'epoch_2.pth', weights_only=True)
     for key, value in final['state_dict'].items():
         assert torch.equal(value, again['state_dict'][key]), key

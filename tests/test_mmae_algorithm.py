@@ -13,7 +13,8 @@ import mmae_plugin  # noqa: F401
 def model_cfgs(repo_root):
     cfgs = {}
     for name in ('mae', 'umae', 'mmae'):
-        cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
+        cfg = Config.fromfile(
+            f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
         cfgs[name] = cfg.model
     return cfgs
 
@@ -119,7 +120,8 @@ def test_final_norm_twice_applies_the_encoder_norm_again(model_cfgs, feature):
 
 def test_shipped_configs_norm_the_feature_once(repo_root):
     for name in ('mmae', 'umae'):
-        cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
+        cfg = Config.fromfile(
+            f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
         assert cfg.model.get('final_norm_twice', False) is False
         assert build(cfg.model).final_norm_twice is False
 

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import torch
+from checkpoint_fault_tools import InfiniteUpdate, toy_runner
 
 import mmae_plugin  # noqa: F401
-from checkpoint_fault_tools import InfiniteUpdate, toy_runner
 from mmae_plugin.engine.hooks import (NonFiniteCheckpointError,
                                       SafeCheckpointHook)
 
@@ -24,6 +24,7 @@ HERE = osp.dirname(osp.abspath(__file__))
 
 def checkpoints_are_finite(folder) -> bool:
     """Whether every tensor of every ``*.pth`` in ``folder`` is finite."""
+
     def finite(value):
         if torch.is_tensor(value):
             return bool(torch.isfinite(value).all()) \
@@ -34,14 +35,18 @@ def checkpoints_are_finite(folder) -> bool:
             return all(finite(v) for v in value)
         return True
 
-    return all(finite(torch.load(osp.join(folder, name), weights_only=True))
-               for name in os.listdir(folder) if name.endswith('.pth'))
+    return all(
+        finite(torch.load(osp.join(folder, name), weights_only=True))
+        for name in os.listdir(folder) if name.endswith('.pth'))
 
 
 def test_update_to_inf_is_not_saved_and_names_the_last_finite(tmp_path):
     with pytest.raises(NonFiniteCheckpointError) as info:
-        toy_runner(tmp_path, max_epochs=3, max_keep_ckpts=-1,
-                   custom_hooks=[InfiniteUpdate(epoch=2)]).train()
+        toy_runner(
+            tmp_path,
+            max_epochs=3,
+            max_keep_ckpts=-1,
+            custom_hooks=[InfiniteUpdate(epoch=2)]).train()
     message = str(info.value)
     assert 'not saving epoch_2.pth after iteration 2: 2 tensors' in message
     assert 'linear.weight' in message and 'linear.bias' in message
@@ -61,8 +66,9 @@ def test_nonfinite_optimizer_state_alone_is_refused(tmp_path):
     param = runner.model.linear.weight
     runner.optim_wrapper.optimizer.state[param]['momentum_buffer'] = \
         torch.tensor([[float('nan'), 0.0]])
-    with pytest.raises(NonFiniteCheckpointError,
-                       match=r'optimizer\[linear\.weight\]\.momentum_buffer'):
+    with pytest.raises(
+            NonFiniteCheckpointError,
+            match=r'optimizer\[linear\.weight\]\.momentum_buffer'):
         hook.after_train_epoch(runner)
     assert not osp.exists(tmp_path / 'epoch_2.pth')
 
@@ -71,8 +77,10 @@ def test_nonfinite_optimizer_state_alone_is_refused(tmp_path):
 @pytest.mark.parametrize('value', [0, -2, 1.5])
 def test_meaningless_interval_and_retention_are_refused(setting, value):
     kwargs = {setting: value}
-    with pytest.raises(ValueError, match=rf'{setting}={value!r} is not '
-                       r'allowed: use an integer >= 1 or -1'):
+    with pytest.raises(
+            ValueError,
+            match=rf'{setting}={value!r} is not '
+            r'allowed: use an integer >= 1 or -1'):
         SafeCheckpointHook(**kwargs)
 
 
@@ -82,12 +90,18 @@ def run_two_ranks(work_dir, env, mode):
     Returns:
         The finished ``torch.distributed.run`` process.
     """
-    command = [sys.executable, '-m', 'torch.distributed.run',
-               '--nproc_per_node', '2', '--master_port', env['MASTER_PORT'],
-               osp.join(HERE, 'nonfinite_save_driver.py'), str(work_dir),
-               mode]
-    return subprocess.run(command, env=dict(env, OMP_NUM_THREADS='1'),
-                          capture_output=True, text=True, timeout=300)
+    command = [
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_port', env['MASTER_PORT'],
+        osp.join(HERE, 'nonfinite_save_driver.py'),
+        str(work_dir), mode
+    ]
+    return subprocess.run(
+        command,
+        env=dict(env, OMP_NUM_THREADS='1'),
+        capture_output=True,
+        text=True,
+        timeout=300)
 
 
 def test_two_ranks_stop_with_the_same_message_and_save_nothing(
@@ -103,8 +117,8 @@ def test_two_ranks_stop_with_the_same_message_and_save_nothing(
     assert checkpoints_are_finite(tmp_path)
 
 
-def test_nan_batch_on_one_rank_leaves_no_nan_checkpoint(tmp_path,
-                                                         cpu_dist_env):
+def test_nan_batch_on_one_rank_leaves_no_nan_checkpoint(
+        tmp_path, cpu_dist_env):
     """Rank 1 stops at its NaN loss; rank 0 (finite loss, NaN parameters
     after DDP's average) reaches the save, whose finiteness all-reduce its
     peer never joins: it stops too, and writes nothing."""

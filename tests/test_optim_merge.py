@@ -20,8 +20,8 @@ STEPS = 6
 def schedulers(optim_wrapper):
     return [
         LinearLR(optim_wrapper, start_factor=0.01, begin=0, end=3),
-        CosineAnnealingLR(optim_wrapper, T_max=3, begin=3, end=6,
-                          eta_min=1e-6),
+        CosineAnnealingLR(
+            optim_wrapper, T_max=3, begin=3, end=6, eta_min=1e-6),
     ]
 
 
@@ -92,17 +92,26 @@ def test_layer_decay_bit_identical():
         type='ImageClassifier',
         backbone=dict(
             type='VisionTransformer',
-            arch=dict(embed_dims=32, num_layers=3, num_heads=2,
-                      feedforward_channels=64),
-            img_size=28, patch_size=7, in_channels=1,
-            out_type='avg_featmap', final_norm=False),
+            arch=dict(
+                embed_dims=32,
+                num_layers=3,
+                num_heads=2,
+                feedforward_channels=64),
+            img_size=28,
+            patch_size=7,
+            in_channels=1,
+            out_type='avg_featmap',
+            final_norm=False),
         neck=None,
-        head=dict(type='LinearClsHead', num_classes=10, in_channels=32,
-                  loss=dict(type='CrossEntropyLoss')))
+        head=dict(
+            type='LinearClsHead',
+            num_classes=10,
+            in_channels=32,
+            loss=dict(type='CrossEntropyLoss')))
     optim_cfg = dict(
         type='OptimWrapper',
-        optimizer=dict(type='AdamW', lr=1e-2, betas=(0.9, 0.999),
-                       weight_decay=0.05),
+        optimizer=dict(
+            type='AdamW', lr=1e-2, betas=(0.9, 0.999), weight_decay=0.05),
         paramwise_cfg=dict(
             layer_decay_rate=0.65,
             custom_keys={
@@ -122,8 +131,8 @@ def test_layer_decay_bit_identical():
     assert len(keys) == len(set(keys))
     assert len({g['lr'] for g in groups}) == 3 + 2  # layers + embed + head
     names = [n for g in groups for n in g['param_names']]
-    assert sorted(names) == sorted(
-        g['param_name'] for g in plain.optimizer.param_groups)
+    assert sorted(names) == sorted(g['param_name']
+                                   for g in plain.optimizer.param_groups)
     from mmpretrain.structures import DataSample
     images = torch.randn(STEPS, 8, 1, 28, 28)
     labels = torch.randint(0, 10, (STEPS, 8))
@@ -139,13 +148,16 @@ def test_layer_decay_bit_identical():
 
 def test_only_identical_settings_merge():
     params = [torch.nn.Parameter(torch.ones(2)) for _ in range(5)]
-    optimizer = torch.optim.SGD([
-        dict(params=[params[0]], lr=0.1),
-        dict(params=[params[1]], lr=0.1, lr_mult=1.0),  # metadata differs
-        dict(params=[params[2]], lr=0.1),
-        dict(params=[params[3]], lr=1),  # int lr: other scheduler rounding
-        dict(params=[params[4]], lr=0.2),
-    ], lr=0.5, momentum=0.9)  # momentum: the step leaves state
+    optimizer = torch.optim.SGD(
+        [
+            dict(params=[params[0]], lr=0.1),
+            dict(params=[params[1]], lr=0.1, lr_mult=1.0),  # metadata differs
+            dict(params=[params[2]], lr=0.1),
+            dict(params=[params[3]], lr=1),  # int lr: other scheduler rounding
+            dict(params=[params[4]], lr=0.2),
+        ],
+        lr=0.5,
+        momentum=0.9)  # momentum: the step leaves state
     assert merge_param_groups(optimizer) == 5
     groups = optimizer.param_groups
     assert [len(g['params']) for g in groups] == [2, 1, 1, 1]

@@ -19,23 +19,25 @@ import pytest
 
 # dev/ is copied too, so that a setup.py that shipped it would be caught.
 # studies/ likewise: the wheel must not carry the repository's study code.
-COPIED = ('setup.py', 'README.md', 'LICENSE', 'MANIFEST.in',
-          'model-index.yml', 'mmae_plugin', 'mmae_compare', 'studies',
-          'configs', 'tools', 'checkpoints', 'dev')
+COPIED = ('setup.py', 'README.md', 'LICENSE', 'MANIFEST.in', 'model-index.yml',
+          'mmae_plugin', 'mmae_compare', 'studies', 'configs', 'tools',
+          'checkpoints', 'dev')
 IGNORED = shutil.ignore_patterns('__pycache__', '*.pyc', '.mim', 'work_dirs')
 
 
 def run(args, **kwargs):
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                          **kwargs)
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=600, **kwargs)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
 def tracked_files(repo_root, *paths):
     out = run(['git', 'ls-files', '--', *paths], cwd=repo_root).stdout
-    return [path for path in out.splitlines()
-            if osp.exists(osp.join(repo_root, path))]
+    return [
+        path for path in out.splitlines()
+        if osp.exists(osp.join(repo_root, path))
+    ]
 
 
 @pytest.fixture(scope='module')
@@ -48,8 +50,12 @@ def wheel(repo_root, tmp_path_factory):
         elif osp.isfile(path):
             shutil.copy2(path, source / item)
     dist = tmp_path_factory.mktemp('dist')
-    run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
-         '--no-build-isolation', '-w', str(dist), str(source)])
+    run([
+        sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+        '--no-build-isolation', '-w',
+        str(dist),
+        str(source)
+    ])
     (wheel_path, ) = dist.glob('mmae_plugin-*.whl')
     return wheel_path
 
@@ -94,42 +100,51 @@ def test_wheel_ships_configs_tools_and_model_index(repo_root, wheel):
     assert not leaked, leaked
     metadata_name = next(n for n in names if n.endswith('.dist-info/METADATA'))
     with zipfile.ZipFile(wheel) as archive:
-        version = [line for line in archive.read(metadata_name).decode()
-                   .splitlines() if line.startswith('Version:')]
+        version = [
+            line for line in archive.read(metadata_name).decode().splitlines()
+            if line.startswith('Version:')
+        ]
     import mmae_plugin
     assert version == [f'Version: {mmae_plugin.__version__}']
     assert not [n for n in names if '__pycache__' in n]
     metadata = next(n for n in names if n.endswith('.dist-info/METADATA'))
     with zipfile.ZipFile(wheel) as archive:
-        requires = [line for line in archive.read(metadata).decode().splitlines()
-                    if line.startswith('Requires-Dist:')]
+        requires = [
+            line for line in archive.read(metadata).decode().splitlines()
+            if line.startswith('Requires-Dist:')
+        ]
     # Ranges, never pins; mmcv only through the optional [lite] extra.
     assert not [r for r in requires if '==' in r.split(';')[0]], requires
-    assert [r.split(';')[1].strip() for r in requires if 'mmcv' in r] == [
-        'extra == "lite"']
+    assert [r.split(';')[1].strip() for r in requires
+            if 'mmcv' in r] == ['extra == "lite"']
 
 
 def test_wheel_ships_no_development_script(repo_root, wheel):
     """dev/ stays in the repository; .mim/tools holds what a user runs."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-    dev = [n for n in names if '/dev/' in n or n.startswith('dev/')
-           or any(part in osp.basename(n) for part in DEV_NAMES)]
+    dev = [
+        n for n in names if '/dev/' in n or n.startswith('dev/') or any(
+            part in osp.basename(n) for part in DEV_NAMES)
+    ]
     assert not dev, dev
     # The comparison tool is its own package beside the plugin; the
     # repository's studies are not shipped at all.
     packages = {n.split('/')[0] for n in names if '.dist-info/' not in n}
     assert packages == {'mmae_plugin', 'mmae_compare'}, packages
     assert 'mmae_compare/jobs.py' in names
-    assert not [n for n in names if n.split('/')[:2] == [
-        'mmae_plugin', 'comparison']]
+    assert not [
+        n for n in names if n.split('/')[:2] == ['mmae_plugin', 'comparison']
+    ]
     prefix = 'mmae_plugin/.mim/'
     tools = sorted(n[len(prefix):] for n in names
                    if n.startswith(prefix + 'tools/'))
     assert 'tools/train.py' in tools and 'tools/compare.py' in tools
-    not_user = [p for p in tools if not any(
-        p == item or (item.endswith('/') and p.startswith(item))
-        for item in USER_TOOLS)]
+    not_user = [
+        p for p in tools
+        if not any(p == item or (item.endswith('/') and p.startswith(item))
+                   for item in USER_TOOLS)
+    ]
     assert not not_user, f'shipped tools that are not user tools: {not_user}'
     # The harness itself is tracked, in dev/ (not left behind in tools/).
     harness = tracked_files(repo_root, 'dev')
@@ -137,8 +152,10 @@ def test_wheel_ships_no_development_script(repo_root, wheel):
                  'dev/compat_check.sh', 'dev/upstream_suites/run.sh',
                  'dev/benchmarks/bench_gpu.py', 'dev/README.md'):
         assert path in harness, path
-    assert not [p for p in tracked_files(repo_root, 'tools')
-                if any(part in p for part in DEV_NAMES)]
+    assert not [
+        p for p in tracked_files(repo_root, 'tools')
+        if any(part in p for part in DEV_NAMES)
+    ]
 
 
 def test_installed_wheel_trains_a_config_outside_the_repo(
@@ -146,36 +163,45 @@ def test_installed_wheel_trains_a_config_outside_the_repo(
     venv = tmp_path / 'venv'
     run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
     python = str(venv / 'bin' / 'python')
-    site = run([python, '-c', 'import sysconfig; '
-                'print(sysconfig.get_paths()["purelib"])']).stdout.strip()
+    site = run([
+        python, '-c', 'import sysconfig; '
+        'print(sysconfig.get_paths()["purelib"])'
+    ]).stdout.strip()
     # Layer this environment (torch, mmpretrain, pip, ...) under the new one.
     with open(osp.join(site, 'project_env.pth'), 'w') as f:
         f.write(sysconfig.get_paths()['purelib'] + '\n')
     outside = tmp_path / 'elsewhere'
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    run([python, '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)],
-        cwd=outside, env=env)
+    run([python, '-m', 'pip', 'install', '-q', '--no-deps',
+         str(wheel)],
+        cwd=outside,
+        env=env)
     mim = osp.join(site, 'mmae_plugin', '.mim')
-    located = run([python, '-c', 'import mmae_plugin; print(mmae_plugin.__file__)'],
-                  cwd=outside, env=env).stdout.strip()
+    located = run(
+        [python, '-c', 'import mmae_plugin; print(mmae_plugin.__file__)'],
+        cwd=outside,
+        env=env).stdout.strip()
     assert located == osp.join(site, 'mmae_plugin', '__init__.py')
     assert not osp.islink(osp.join(mim, 'configs'))
     run([
         python,
         osp.join(mim, 'tools', 'train.py'),
-        osp.join(mim, 'configs', 'fashion_mnist', 'mmae_fmnist.py'),
-        '--work-dir', 'run', '--cfg-options',
-        'train_dataloader.dataset.indices=32', 'train_dataloader.batch_size=16',
-        'train_dataloader.num_workers=0',
+        osp.join(mim, 'configs', 'fashion_mnist',
+                 'mmae_fmnist.py'), '--work-dir', 'run', '--cfg-options',
+        'train_dataloader.dataset.indices=32',
+        'train_dataloader.batch_size=16', 'train_dataloader.num_workers=0',
         'train_dataloader.persistent_workers=False', 'train_cfg.max_epochs=1'
-    ], cwd=outside, env=env)
+    ],
+        cwd=outside,
+        env=env)
     assert (outside / 'run' / 'epoch_1.pth').is_file()
     assert not str(outside).startswith(repo_root)
     # The model zoo's stand-in for `mim download`, from the installed copy.
     name = 'mmae_vit-tiny-p4_fmnist_linear'
     run([python, '-m', 'mmae_plugin.download', name, '--dest', 'zoo'],
-        cwd=outside, env=env)
+        cwd=outside,
+        env=env)
     with open(osp.join(mim, 'checkpoints', 'fmnist', f'{name}.pth'),
               'rb') as f:
         assert (outside / 'zoo' / f'{name}.pth').read_bytes() == f.read()
@@ -187,13 +213,17 @@ def install_wheel(wheel, tmp_path):
     venv = tmp_path / 'venv'
     run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
     python = str(venv / 'bin' / 'python')
-    site = run([python, '-c', 'import sysconfig; '
-                'print(sysconfig.get_paths()["purelib"])']).stdout.strip()
+    site = run([
+        python, '-c', 'import sysconfig; '
+        'print(sysconfig.get_paths()["purelib"])'
+    ]).stdout.strip()
     with open(osp.join(site, 'project_env.pth'), 'w') as f:
         f.write(sysconfig.get_paths()['purelib'] + '\n')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    run([python, '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)],
-        cwd=tmp_path, env=env)
+    run([python, '-m', 'pip', 'install', '-q', '--no-deps',
+         str(wheel)],
+        cwd=tmp_path,
+        env=env)
     return python, osp.join(site, 'mmae_plugin', '.mim'), env
 
 
@@ -205,14 +235,18 @@ def test_installed_wheel_runs_a_comparison_writing_only_its_out_dir(
     outside = tmp_path / 'elsewhere'
     outside.mkdir()
     proc = run([
-        python, osp.join(mim, 'tools', 'compare.py'), 'run', '--out-dir',
-        'cmp', '--arm', 'mae=configs/fashion_mnist/mae_fmnist.py', '--arm',
-        'init=random', '--reference', 'mae', '--seeds', '0', '--epochs', '1',
-        '--images', '256', '--eval-config',
-        'configs/fashion_mnist/knn_fmnist_clsmean.py', '--bank-images',
-        '100', '--test-images', '100', '--shots', '2', '--cfg-options',
-        'train_dataloader.num_workers=0',
-        'train_dataloader.persistent_workers=False'], cwd=outside, env=env)
+        python,
+        osp.join(mim, 'tools',
+                 'compare.py'), 'run', '--out-dir', 'cmp', '--arm',
+        'mae=configs/fashion_mnist/mae_fmnist.py', '--arm', 'init=random',
+        '--reference', 'mae', '--seeds', '0', '--epochs', '1', '--images',
+        '256', '--eval-config', 'configs/fashion_mnist/knn_fmnist_clsmean.py',
+        '--bank-images', '100', '--test-images', '100', '--shots', '2',
+        '--cfg-options', 'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False'
+    ],
+               cwd=outside,
+               env=env)
     assert 'report written to' in proc.stdout
     assert os.listdir(outside) == ['cmp']
     report = (outside / 'cmp' / 'report.md').read_text()

@@ -12,17 +12,24 @@ import pytest
 
 
 def quickstart(repo_root, work_dir, **env):
-    """Run the quick start with ``env`` over a clean copy of the environment."""
-    base = {k: v for k, v in os.environ.items()
-            if k not in ('PRETRAIN_EPOCHS', 'PRETRAIN_IMAGES', 'EVAL_IMAGES',
-                         'SEED', 'EVAL_AMP', 'CONFIG', 'EVAL_CONFIG',
-                         'DRY_RUN')}
+    """Run the quick start with ``env`` over a clean copy of the
+    environment."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ('PRETRAIN_EPOCHS', 'PRETRAIN_IMAGES', 'EVAL_IMAGES',
+                     'SEED', 'EVAL_AMP', 'CONFIG', 'EVAL_CONFIG', 'DRY_RUN')
+    }
     # Its own process group, so that a check letting a value through (the
     # run then starts training) leaves no training process behind.
-    proc = subprocess.Popen(['bash', 'tools/quickstart.sh', str(work_dir)],
-                            cwd=repo_root, env=dict(base, **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(['bash', 'tools/quickstart.sh',
+                             str(work_dir)],
+                            cwd=repo_root,
+                            env=dict(base, **env),
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            text=True,
+                            start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -56,7 +63,8 @@ def test_refused_value_names_variable_and_range_before_anything_runs(
     # way (the next test runs without it).
     proc = quickstart(repo_root, work_dir, DRY_RUN='1', **{name: value})
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"[quickstart] error: {name}='{value}' is not allowed" in proc.stderr
+    expected = f"[quickstart] error: {name}='{value}' is not allowed"
+    assert expected in proc.stderr
     assert allowed in proc.stderr
     # Refused up front: nothing printed or planned, no work dir.
     assert proc.stdout == ''
@@ -72,9 +80,15 @@ def test_issue_case_pretrain_epochs_1_fails_before_setup(repo_root, tmp_path):
 
 
 def test_accepted_boundaries_reach_the_command_lines(repo_root, tmp_path):
-    proc = quickstart(repo_root, tmp_path, DRY_RUN='1', PRETRAIN_EPOCHS='02',
-                      PRETRAIN_IMAGES='256', EVAL_IMAGES='20',
-                      SEED='4294967295', EVAL_AMP='0')
+    proc = quickstart(
+        repo_root,
+        tmp_path,
+        DRY_RUN='1',
+        PRETRAIN_EPOCHS='02',
+        PRETRAIN_IMAGES='256',
+        EVAL_IMAGES='20',
+        SEED='4294967295',
+        EVAL_AMP='0')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     train = next(line for line in lines if 'tools/train.py' in line)

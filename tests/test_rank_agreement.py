@@ -18,13 +18,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-
-import mmae_plugin  # noqa: F401
 from _helpers_gloo import loss_and_grad, run_gloo_ranks, split_rows
-from mmae_plugin.models.utils.gather import gather_rows
-from mmae_plugin.models import TCRLoss, UniformityLoss
 from scipy_matrix_info_reference import (coding_rate, finite_difference_grad,
                                          uniformity)
+
+import mmae_plugin  # noqa: F401
+from mmae_plugin.models import TCRLoss, UniformityLoss
+from mmae_plugin.models.utils.gather import gather_rows
 
 WORLD_SIZE = 2
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,37 +89,51 @@ custom_hooks = [dict(type='ReseedHook'),
 ITERS, LOCAL_BATCH = 4, 4
 
 
-def test_nan_on_one_rank_skips_the_term_on_every_rank(tmp_path,
-                                                       cpu_dist_env):
+def test_nan_on_one_rank_skips_the_term_on_every_rank(tmp_path, cpu_dist_env):
     (tmp_path / 'nan_injection.py').write_text(NAN_INJECTION)
     config = tmp_path / 'mmae_nan.py'
-    config.write_text(CONFIG.format(base=os.path.join(
-        REPO, 'configs', 'fashion_mnist', 'mmae_fmnist.py')))
+    config.write_text(
+        CONFIG.format(
+            base=os.path.join(REPO, 'configs', 'fashion_mnist',
+                              'mmae_fmnist.py')))
     work_dir = tmp_path / 'work'
     options = [
         f'train_dataloader.batch_size={LOCAL_BATCH}',
         'train_dataloader.num_workers=0',
         'train_dataloader.persistent_workers=False',
         f'train_dataloader.dataset.indices={WORLD_SIZE * LOCAL_BATCH * ITERS}',
-        'train_cfg.max_epochs=1', 'default_hooks.logger.interval=1',
+        'train_cfg.max_epochs=1',
+        'default_hooks.logger.interval=1',
         'default_hooks.checkpoint.interval=1000',
     ]
-    env = dict(cpu_dist_env, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore',
-               PYTHONPATH=os.pathsep.join(
-                   [str(tmp_path), REPO, os.environ.get('PYTHONPATH', '')]))
+    env = dict(
+        cpu_dist_env,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore',
+        PYTHONPATH=os.pathsep.join(
+            [str(tmp_path), REPO,
+             os.environ.get('PYTHONPATH', '')]))
     command = [
         sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
         str(WORLD_SIZE), '--master_addr', '127.0.0.1', '--master_port',
         env['MASTER_PORT'],
-        os.path.join(REPO, 'tools', 'train.py'), str(config), '--launcher',
-        'pytorch', '--work-dir', str(work_dir), '--cfg-options'
+        os.path.join(REPO, 'tools', 'train.py'),
+        str(config), '--launcher', 'pytorch', '--work-dir',
+        str(work_dir), '--cfg-options'
     ] + options
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        command,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    logged = [json.loads((work_dir / f'codes-{rank}.json').read_text())
-              for rank in range(WORLD_SIZE)]
+    logged = [
+        json.loads((work_dir / f'codes-{rank}.json').read_text())
+        for rank in range(WORLD_SIZE)
+    ]
     codes = [[row[0] for row in rows] for rows in logged]
     # Rank 0's own features were finite: it skipped because of rank 1's.
     assert codes[0] == codes[1] == [0.0, 1.0, 0.0, 0.0], codes
@@ -129,8 +143,7 @@ def test_nan_on_one_rank_skips_the_term_on_every_rank(tmp_path,
         # Rank 1's zero term passed back a finite gradient: later steps
         # (and every reconstruction) stay finite.
         assert all(np.isfinite(row[2]) for row in rows)
-    warnings = [line for line in output.splitlines()
-                if 'was skipped' in line]
+    warnings = [line for line in output.splitlines() if 'was skipped' in line]
     assert len(warnings) == 1, warnings
     assert 'loss_tcr was skipped' in warnings[0]
     assert 'at training iteration 2 on every rank' in warnings[0]
@@ -143,10 +156,9 @@ DIM = 4
 LOSSES = {
     'tcr': (lambda gather: TCRLoss(mu=1.0, gather=gather, loss_weight=1.0),
             lambda z: -coding_rate(z, 'reference', 1.0, False)),
-    'tcr_paper_centered': (
-        lambda gather: TCRLoss(mu=2.0, form='paper', centering=True,
-                               gather=gather, loss_weight=1.0),
-        lambda z: -coding_rate(z, 'paper', 2.0, True)),
+    'tcr_paper_centered': (lambda gather: TCRLoss(
+        mu=2.0, form='paper', centering=True, gather=gather, loss_weight=1.0),
+                           lambda z: -coding_rate(z, 'paper', 2.0, True)),
     'unif': (lambda gather: UniformityLoss(gather=gather, loss_weight=1.0),
              uniformity),
 }
@@ -160,9 +172,10 @@ def all_rows() -> torch.Tensor:
 def unequal_scenarios(rank, world):
     """Every case's value, skip code and gradient, and the hook's gather."""
     local = split_rows(ROWS, DIM, seed=0)[1][rank]
-    results = {f'{name}-{gather}': loss_and_grad(LOSSES[name][0](gather),
-                                                 local)
-               for name, gather in CASES}
+    results = {
+        f'{name}-{gather}': loss_and_grad(LOSSES[name][0](gather), local)
+        for name, gather in CASES
+    }
     with torch.no_grad():  # the hook's gather: same definition
         results['hook'] = gather_rows(local).tolist()
     return results
@@ -172,8 +185,8 @@ def unequal_scenarios(rank, world):
 def unequal_results(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp('unequal')
     # Bounded: a mismatched collective would hang, not fail.
-    return run_gloo_ranks(unequal_scenarios, WORLD_SIZE, str(out_dir),
-                          timeout=240)
+    return run_gloo_ranks(
+        unequal_scenarios, WORLD_SIZE, str(out_dir), timeout=240)
 
 
 @pytest.mark.parametrize('name,gather', CASES)
@@ -193,11 +206,14 @@ def test_unequal_batches_match_numpy_on_the_concatenated_rows(
         assert value == pytest.approx(expected, rel=1e-6)
         start = sum(ROWS[:rank])
         np.testing.assert_allclose(
-            np.array(local_grad), factor * grad[start:start + ROWS[rank]],
-            rtol=1e-5, atol=1e-7)
+            np.array(local_grad),
+            factor * grad[start:start + ROWS[rank]],
+            rtol=1e-5,
+            atol=1e-7)
 
 
 def test_hook_gather_concatenates_unequal_rows(unequal_results):
     for rank in range(WORLD_SIZE):
-        np.testing.assert_array_equal(np.array(unequal_results[rank]['hook']),
-                                      all_rows().numpy())
+        np.testing.assert_array_equal(
+            np.array(unequal_results[rank]['hook']),
+            all_rows().numpy())

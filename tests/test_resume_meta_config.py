@@ -23,12 +23,12 @@ import warnings
 
 import pytest
 import torch
+from conftest import make_toy_runner
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import FlexibleRunner, Runner
 
 import mmae_plugin  # noqa: F401
-from conftest import make_toy_runner
 from mmae_plugin.compat.safe_resume_config import (MAX_CONFIG_TEXT_CHARS,
                                                    ConfigTextWarning,
                                                    LiteralConfigText,
@@ -45,17 +45,24 @@ class RecordResumedState(Hook):
 
     def before_train(self, runner):
         self.epoch, self.iter = runner.epoch, runner.iter
-        self.weights = {k: v.clone()
-                        for k, v in runner.model.state_dict().items()}
+        self.weights = {
+            k: v.clone()
+            for k, v in runner.model.state_dict().items()
+        }
 
 
 def toy_runner(work_dir, max_epochs, runner_class=Runner, **kwargs):
     """conftest's toy run (4 samples, SGD with momentum), recorded."""
     record = RecordResumedState()
     runner = make_toy_runner(
-        work_dir, max_epochs, runner_class=runner_class, momentum=0.9,
+        work_dir,
+        max_epochs,
+        runner_class=runner_class,
+        momentum=0.9,
         default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
-        custom_hooks=[record], randomness=dict(seed=0), **kwargs)
+        custom_hooks=[record],
+        randomness=dict(seed=0),
+        **kwargs)
     return runner, record
 
 
@@ -91,10 +98,10 @@ def marker(tmp_path):
     """The file a payload would create; a module that would create it too."""
     path = tmp_path / 'PWNED'
     (tmp_path / 'modules').mkdir()
-    (tmp_path / 'modules' / f'{PAYLOAD_MODULE}.py').write_text(
-        f'open({str(path)!r}, "w").close()\n')
-    (tmp_path / 'evil_base.py').write_text(
-        f'x = __import__("os").system("touch {path}")\n')
+    (tmp_path / 'modules' /
+     f'{PAYLOAD_MODULE}.py').write_text(f'open({str(path)!r}, "w").close()\n')
+    (tmp_path / 'evil_base.py'
+     ).write_text(f'x = __import__("os").system("touch {path}")\n')
     sys.path.insert(0, str(tmp_path / 'modules'))
     yield path
     sys.path.remove(str(tmp_path / 'modules'))
@@ -107,21 +114,33 @@ def payload_texts(marker):
     base = osp.join(osp.dirname(marker), 'evil_base.py')
     touch = f"__import__('os').system('touch {marker}')"
     return {
-        'os.system': f'x = {touch}\n',
-        'open': f"open({str(marker)!r}, 'w').close()\n",
-        'exec': f'exec("import os; os.system(' + f"'touch {marker}'" + ')")\n',
+        'os.system':
+        f'x = {touch}\n',
+        'open':
+        f"open({str(marker)!r}, 'w').close()\n",
+        'exec':
+        'exec("import os; os.system(' + f"'touch {marker}'" + ')")\n',
         'custom_imports': (f'custom_imports = dict(imports=[{PAYLOAD_MODULE!r}'
                            '], allow_failed_imports=False)\n'),
-        '_base_': f'_base_ = [{base!r}]\n',
-        'gpu_ids call': f'gpu_ids = {touch}\n',
-        'gpu_ids in range': f'gpu_ids = range({touch})\n',
-        'gpu_ids lambda': f'gpu_ids = [(lambda: {touch})()]\n',
-        'gpu_ids f-string': f'gpu_ids = [f"{{{touch}}}"]\n',
-        'range rebound': f'range = lambda *a: {touch}\ngpu_ids = range(1)\n',
-        'class body': f'class A:\n    {touch}\ngpu_ids = [0]\n',
-        'decorator': f'@{touch}.__class__\ndef f(): pass\n',
-        'genuine then payload': f'model = dict(type="X")\ngpu_ids = [0]\n'
-                                f'x = {touch}\n',
+        '_base_':
+        f'_base_ = [{base!r}]\n',
+        'gpu_ids call':
+        f'gpu_ids = {touch}\n',
+        'gpu_ids in range':
+        f'gpu_ids = range({touch})\n',
+        'gpu_ids lambda':
+        f'gpu_ids = [(lambda: {touch})()]\n',
+        'gpu_ids f-string':
+        f'gpu_ids = [f"{{{touch}}}"]\n',
+        'range rebound':
+        f'range = lambda *a: {touch}\ngpu_ids = range(1)\n',
+        'class body':
+        f'class A:\n    {touch}\ngpu_ids = [0]\n',
+        'decorator':
+        f'@{touch}.__class__\ndef f(): pass\n',
+        'genuine then payload':
+        f'model = dict(type="X")\ngpu_ids = [0]\n'
+        f'x = {touch}\n',
     }
 
 
@@ -146,8 +165,8 @@ def test_local_resume_runs_no_meta_config(tmp_path, genuine, marker, payload,
     source, final = genuine
     path = with_meta_config(source, tmp_path / 'crafted.pth',
                             payload_texts(marker)[payload])
-    runner, record = toy_runner(tmp_path / 'work', 2, runner_class,
-                                load_from=str(path), resume=True)
+    runner, record = toy_runner(
+        tmp_path / 'work', 2, runner_class, load_from=str(path), resume=True)
     runner.train()
     check_resumed_like_genuine(record, runner, final)
 
@@ -166,8 +185,7 @@ def http_root(tmp_path, monkeypatch):
     root = tmp_path / 'served'
     root.mkdir()
     server = http.server.ThreadingHTTPServer(
-        ('127.0.0.1', 0), functools.partial(QuietHandler,
-                                            directory=str(root)))
+        ('127.0.0.1', 0), functools.partial(QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield root, f'http://127.0.0.1:{server.server_address[1]}'
@@ -175,17 +193,17 @@ def http_root(tmp_path, monkeypatch):
     server.server_close()
 
 
-@pytest.mark.parametrize('payload', ['os.system', 'custom_imports',
-                                     'gpu_ids call'])
-def test_http_resume_runs_no_meta_config(tmp_path, genuine, marker,
-                                         http_root, payload):
+@pytest.mark.parametrize('payload',
+                         ['os.system', 'custom_imports', 'gpu_ids call'])
+def test_http_resume_runs_no_meta_config(tmp_path, genuine, marker, http_root,
+                                         payload):
     source, final = genuine
     root, address = http_root
     with_meta_config(source, root / f'crafted-{len(payload)}.pth',
                      payload_texts(marker)[payload])
     url = f'{address}/crafted-{len(payload)}.pth'
-    runner, record = toy_runner(tmp_path / 'work', 2, load_from=url,
-                                resume=True)
+    runner, record = toy_runner(
+        tmp_path / 'work', 2, load_from=url, resume=True)
     runner.train()
     check_resumed_like_genuine(record, runner, final)
     # It was downloaded, not found in a cache.
@@ -203,8 +221,10 @@ def test_https_resume_from_hub_cache_runs_no_meta_config(
     with_meta_config(source, cache / 'crafted.pth',
                      payload_texts(marker)['custom_imports'])
     runner, record = toy_runner(
-        tmp_path / 'work', 2,
-        load_from='https://example.invalid/ckpt/crafted.pth', resume=True)
+        tmp_path / 'work',
+        2,
+        load_from='https://example.invalid/ckpt/crafted.pth',
+        resume=True)
     runner.train()
     check_resumed_like_genuine(record, runner, final)
 
@@ -229,8 +249,8 @@ def test_resume_without_meta_config_is_unchanged(tmp_path, genuine):
     """The control: mmengine's own checkpoint (no meta.config) resumes."""
     source, final = genuine
     assert 'config' not in torch.load(source, weights_only=True)['meta']
-    runner, record = toy_runner(tmp_path / 'work', 2, load_from=str(source),
-                                resume=True)
+    runner, record = toy_runner(
+        tmp_path / 'work', 2, load_from=str(source), resume=True)
     runner.train()
     check_resumed_like_genuine(record, runner, final)
 
@@ -239,25 +259,34 @@ def test_tools_train_py_resume_runs_no_meta_config(tmp_path, repo_root,
                                                    marker):
     """``python tools/train.py CONFIG --resume PATH``, end to end."""
     config = 'configs/fashion_mnist/mmae_fmnist.py'
-    tiny = ['train_dataloader.dataset.indices=16',
-            'train_dataloader.batch_size=8', 'train_dataloader.num_workers=0',
-            'train_dataloader.persistent_workers=False',
-            'default_hooks.checkpoint.interval=1']
+    tiny = [
+        'train_dataloader.dataset.indices=16', 'train_dataloader.batch_size=8',
+        'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+        'default_hooks.checkpoint.interval=1'
+    ]
 
     def train(work_dir, *extra, epochs):
-        proc = subprocess.run(
-            [sys.executable, 'tools/train.py', config, '--work-dir',
-             str(work_dir), *extra, '--cfg-options',
-             f'train_cfg.max_epochs={epochs}', *tiny],
-            cwd=repo_root, capture_output=True, text=True, timeout=600,
-            env=dict(os.environ, OMP_NUM_THREADS='1',
-                     PYTHONPATH=str(marker.parent / 'modules')))
+        proc = subprocess.run([
+            sys.executable, 'tools/train.py', config, '--work-dir',
+            str(work_dir), *extra, '--cfg-options',
+            f'train_cfg.max_epochs={epochs}', *tiny
+        ],
+                              cwd=repo_root,
+                              capture_output=True,
+                              text=True,
+                              timeout=600,
+                              env=dict(
+                                  os.environ,
+                                  OMP_NUM_THREADS='1',
+                                  PYTHONPATH=str(marker.parent / 'modules')))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout + proc.stderr
 
     train(tmp_path / 'first', epochs=1)
-    text = ''.join(payload_texts(marker)[name] for name in
-                   ('custom_imports', 'os.system'))
+    text = ''.join(
+        payload_texts(marker)[name]
+        for name in ('custom_imports', 'os.system'))
     crafted = with_meta_config(tmp_path / 'first' / 'epoch_1.pth',
                                tmp_path / 'crafted.pth', text)
     log = train(tmp_path / 'resumed', '--resume', str(crafted), epochs=2)
@@ -270,14 +299,20 @@ def test_tools_train_py_resume_runs_no_meta_config(tmp_path, repo_root,
 # --------------------------------------------------------------------------
 def mmcv_era_text(gpu_ids):
     """What MMCV-era scripts stored: ``cfg.pretty_text`` with gpu_ids."""
-    return Config(dict(model=dict(type='ResNet', depth=18), gpu_ids=gpu_ids,
-                       seed=0, work_dir='./work_dirs/x',
-                       custom_imports=dict(imports=['os'])
-                       )).pretty_text
+    return Config(
+        dict(
+            model=dict(type='ResNet', depth=18),
+            gpu_ids=gpu_ids,
+            seed=0,
+            work_dir='./work_dirs/x',
+            custom_imports=dict(imports=['os']))).pretty_text
 
 
-@pytest.mark.parametrize('gpu_ids', [range(0, 1), range(0, 8), range(2),
-                                     [0], [0, 1, 2], (0, 1), []])
+@pytest.mark.parametrize(
+    'gpu_ids',
+    [range(0, 1),
+     range(0, 8),
+     range(2), [0], [0, 1, 2], (0, 1), []])
 def test_gpu_ids_read_as_upstream_executes_them(gpu_ids):
     """Against upstream's own (executing) reading of a benign text."""
     text = mmcv_era_text(gpu_ids)
@@ -291,13 +326,16 @@ def test_gpu_count_mismatch_still_refused(tmp_path, genuine):
     source, _ = genuine
     path = with_meta_config(source, tmp_path / 'eight.pth',
                             mmcv_era_text(range(0, 8)))
-    runner, _ = toy_runner(tmp_path / 'work', 2, load_from=str(path),
-                           resume=True)
+    runner, _ = toy_runner(
+        tmp_path / 'work', 2, load_from=str(path), resume=True)
     with pytest.raises(RuntimeError, match='Number of GPUs'):
         runner.train()
     # With auto_scale_lr enabled upstream only logs, and resume goes on.
     runner, record = toy_runner(
-        tmp_path / 'work_scaled', 2, load_from=str(path), resume=True,
+        tmp_path / 'work_scaled',
+        2,
+        load_from=str(path),
+        resume=True,
         auto_scale_lr=dict(enable=True, base_batch_size=16))
     runner.train()
     assert (record.epoch, record.iter) == (1, 2)
@@ -307,8 +345,8 @@ def test_gpu_count_match_resumes(tmp_path, genuine):
     source, final = genuine
     path = with_meta_config(source, tmp_path / 'one.pth',
                             mmcv_era_text(range(0, 1)))
-    runner, record = toy_runner(tmp_path / 'work', 2, load_from=str(path),
-                                resume=True)
+    runner, record = toy_runner(
+        tmp_path / 'work', 2, load_from=str(path), resume=True)
     runner.train()
     check_resumed_like_genuine(record, runner, final)
 
@@ -332,9 +370,10 @@ def test_oversized_meta_config_is_refused_unparsed_at_once():
     import time
     text = 'a=1\n' * 1_000_000 + 'gpu_ids = [0]\n'
     start = time.perf_counter()
-    with pytest.warns(ConfigTextWarning,
-                      match=r"meta\['config'\] is 4,000,014 characters, over "
-                      r'the 262,144-character limit.*not parsed'):
+    with pytest.warns(
+            ConfigTextWarning,
+            match=r"meta\['config'\] is 4,000,014 characters, over "
+            r'the 262,144-character limit.*not parsed'):
         assert read_resume_keys(text) == {}
     assert time.perf_counter() - start < 1.0
 

@@ -12,8 +12,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401
-from mmae_plugin.engine.hooks.reseed_hook import (INACTIVE,
-                                                  SampleSeededCompose)
+from mmae_plugin.engine.hooks.reseed_hook import INACTIVE, SampleSeededCompose
 
 IMAGES = 64
 EPOCHS = 2
@@ -31,8 +30,12 @@ class FlipRecorder(Hook):
             for sample in data_batch['data_samples'])
 
 
-def train_and_record_flips(repo_root, work_dir, num_workers, persistent,
-                           max_epochs=EPOCHS, resume=False):
+def train_and_record_flips(repo_root,
+                           work_dir,
+                           num_workers,
+                           persistent,
+                           max_epochs=EPOCHS,
+                           resume=False):
     cfg = Config.fromfile(
         os.path.join(repo_root, 'configs/fashion_mnist/mmae_fmnist.py'))
     cfg.work_dir = str(work_dir)
@@ -44,8 +47,10 @@ def train_and_record_flips(repo_root, work_dir, num_workers, persistent,
     loader.persistent_workers = persistent
     loader.dataset.indices = IMAGES
     # The flip is in the pipeline here whatever the shipped config does.
-    loader.dataset.pipeline = [dict(type='RandomFlip', prob=0.5),
-                               dict(type='PackInputs')]
+    loader.dataset.pipeline = [
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackInputs')
+    ]
     runner = Runner.from_cfg(cfg)
     recorder = FlipRecorder()
     runner.register_hook(recorder, priority='LOWEST')
@@ -59,8 +64,8 @@ def train_and_record_flips(repo_root, work_dir, num_workers, persistent,
 @pytest.fixture(scope='module')
 def one_worker_run(repo_root, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp('one_worker')
-    return work_dir, train_and_record_flips(repo_root, work_dir,
-                                            num_workers=1, persistent=False)
+    return work_dir, train_and_record_flips(
+        repo_root, work_dir, num_workers=1, persistent=False)
 
 
 @pytest.fixture(scope='module')
@@ -81,10 +86,11 @@ def test_each_epoch_draws_fresh_flips(flips_one_worker):
 def test_resume_in_the_main_process_matches_a_worker_run(
         repo_root, tmp_path, one_worker_run):
     """One process: stopped after epoch 1, resumed, loading in-process."""
-    flips = train_and_record_flips(repo_root, tmp_path, num_workers=0,
-                                   persistent=False, max_epochs=1)
-    flips.update(train_and_record_flips(repo_root, tmp_path, num_workers=0,
-                                        persistent=False, resume=True))
+    flips = train_and_record_flips(
+        repo_root, tmp_path, num_workers=0, persistent=False, max_epochs=1)
+    flips.update(
+        train_and_record_flips(
+            repo_root, tmp_path, num_workers=0, persistent=False, resume=True))
     reference_dir, reference_flips = one_worker_run
     # Same flip per (epoch, sample) whoever loads it, and after resume.
     for epoch in range(EPOCHS):
@@ -93,8 +99,8 @@ def test_resume_in_the_main_process_matches_a_worker_run(
     final = torch.load(tmp_path / f'epoch_{EPOCHS}.pth')['state_dict']
     final_ref = torch.load(reference)['state_dict']
     assert final.keys() == final_ref.keys()
-    assert [k for k, v in final_ref.items() if not torch.equal(final[k], v)
-            ] == []
+    assert [k for k, v in final_ref.items()
+            if not torch.equal(final[k], v)] == []
 
 
 def test_known_deterministic_transforms_only_are_not_reseeded():
@@ -107,10 +113,12 @@ def test_known_deterministic_transforms_only_are_not_reseeded():
     class MyPack(PackInputs):  # a subclass may draw: not trusted
         pass
 
-    assert draws_nothing_at_random(Compose([
-        dict(type='Collect', keys=['img']), dict(type='PackInputs')]))
-    assert not draws_nothing_at_random(Compose([
-        dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')]))
+    assert draws_nothing_at_random(
+        Compose([dict(type='Collect', keys=['img']),
+                 dict(type='PackInputs')]))
+    assert not draws_nothing_at_random(
+        Compose([dict(type='RandomFlip', prob=0.5),
+                 dict(type='PackInputs')]))
     assert not draws_nothing_at_random(Compose([MyPack()]))
     assert TRANSFORMS.get('PackInputs') is PackInputs
 

@@ -5,31 +5,34 @@ own ``Runner`` / ``DDPStrategy`` are shown to keep upstream's behaviour.
 """
 import pytest
 import torch
+from conftest import ToyModel, make_toy_runner
 from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
 from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401
-from conftest import ToyModel, make_toy_runner
 from mmae_plugin.engine.runners import (CpuDistributedRunnerMixin,
                                         MMAEFlexibleRunner, MMAERunner)
-from mmae_plugin.engine.runners.cpu_distributed import (
-    cpu_ddp_wrapper_cfg, has_dist_accelerator)
+from mmae_plugin.engine.runners.cpu_distributed import (cpu_ddp_wrapper_cfg,
+                                                        has_dist_accelerator)
 
 # Torch's own refusal of device_ids for a CPU module, naming both arguments.
 TORCH_REFUSES_CPU_DEVICE_IDS = (r'device_ids and output_device arguments only '
                                 r'work with single-device.*device_ids \[0\]')
 
-cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
-                              reason='CPU-only behaviour')
+cpu_only = pytest.mark.skipif(
+    torch.cuda.is_available(), reason='CPU-only behaviour')
 
 
 @pytest.fixture
 def dist_env(monkeypatch, free_port):
     """Environment of a 1-process ``torchrun`` on a free local port."""
-    for key, value in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1',
-                           MASTER_ADDR='127.0.0.1',
-                           MASTER_PORT=str(free_port)).items():
+    for key, value in dict(
+            RANK='0',
+            LOCAL_RANK='0',
+            WORLD_SIZE='1',
+            MASTER_ADDR='127.0.0.1',
+            MASTER_PORT=str(free_port)).items():
         monkeypatch.setenv(key, value)
     assert not torch.distributed.is_initialized()
     yield
@@ -37,13 +40,18 @@ def dist_env(monkeypatch, free_port):
         torch.distributed.destroy_process_group()
 
 
-def ddp_runner(tmp_path, model_wrapper_cfg=None, runner_class=MMAERunner,
+def ddp_runner(tmp_path,
+               model_wrapper_cfg=None,
+               runner_class=MMAERunner,
                dist_cfg=None):
     """A distributed toy runner; ``model_wrapper_cfg`` read from its cfg."""
     cfg = None if model_wrapper_cfg is None else dict(
         model_wrapper_cfg=model_wrapper_cfg)
     return make_toy_runner(
-        tmp_path, runner_class=runner_class, launcher='pytorch', cfg=cfg,
+        tmp_path,
+        runner_class=runner_class,
+        launcher='pytorch',
+        cfg=cfg,
         env_cfg=dict(dist_cfg=dist_cfg or dict(backend='nccl')))
 
 
@@ -87,9 +95,10 @@ def test_runner_honours_an_explicit_backend(tmp_path, dist_env):
         ddp_runner(tmp_path, dist_cfg=dict(backend='mpi'))
 
 
-@pytest.mark.parametrize('probe,package', [
-    ('is_npu_available', 'torch_npu'), ('is_mlu_available', 'torch_mlu'),
-    ('is_musa_available', 'torch_musa')])
+@pytest.mark.parametrize('probe,package',
+                         [('is_npu_available', 'torch_npu'),
+                          ('is_mlu_available', 'torch_mlu'),
+                          ('is_musa_available', 'torch_musa')])
 def test_accelerator_hosts_get_mmengine_branches(tmp_path, dist_env,
                                                  monkeypatch, probe, package):
     """With an NPU/MLU/MUSA present, mmengine's own branch runs.
@@ -110,8 +119,10 @@ def test_accelerator_hosts_get_mmengine_branches(tmp_path, dist_env,
 # --------------------------------------------------------------------------
 @cpu_only
 @pytest.mark.parametrize('model_wrapper_cfg', [
-    None, dict(type='MMDistributedDataParallel'),
-    dict(type='MMDistributedDataParallel', broadcast_buffers=False)])
+    None,
+    dict(type='MMDistributedDataParallel'),
+    dict(type='MMDistributedDataParallel', broadcast_buffers=False)
+])
 def test_runner_drops_device_ids_mmengine_injects(tmp_path, dist_env,
                                                   model_wrapper_cfg):
     runner = ddp_runner(tmp_path, model_wrapper_cfg)
@@ -123,8 +134,9 @@ def test_runner_drops_device_ids_mmengine_injects(tmp_path, dist_env,
 
 
 @cpu_only
-@pytest.mark.parametrize('given', [dict(device_ids=[0]),
-                                   dict(device_ids=[0], output_device=0)])
+@pytest.mark.parametrize(
+    'given', [dict(device_ids=[0]),
+              dict(device_ids=[0], output_device=0)])
 def test_runner_keeps_device_ids_the_config_gives(tmp_path, dist_env, given):
     with pytest.raises(ValueError, match=TORCH_REFUSES_CPU_DEVICE_IDS):
         ddp_runner(tmp_path, dict(type='MMDistributedDataParallel', **given))
@@ -145,8 +157,11 @@ def test_wrapper_cfg_is_copied_not_changed():
 def test_flexible_runner_trains_ddp_on_gloo(tmp_path, dist_env, strategy):
     kwargs = {} if strategy is None else dict(strategy=strategy)
     runner = make_toy_runner(
-        tmp_path, runner_class=MMAEFlexibleRunner, launcher='pytorch',
-        env_cfg=dict(dist_cfg=dict(backend='nccl')), **kwargs)
+        tmp_path,
+        runner_class=MMAEFlexibleRunner,
+        launcher='pytorch',
+        env_cfg=dict(dist_cfg=dict(backend='nccl')),
+        **kwargs)
     assert runner.strategy.model_wrapper['device_ids'] is None
     assert_trains_with_gloo(runner)
 
@@ -158,14 +173,15 @@ def test_config_alone_runs_ddp_on_cpu_without_the_plugin_runner(
     group initialised first, and device_ids=None in the wrapper config
     (config keys override mmengine's default_args)."""
     torch.distributed.init_process_group('gloo')
-    runner = ddp_runner(tmp_path, dict(type='MMDistributedDataParallel',
-                                       device_ids=None),
-                        runner_class=Runner)
+    runner = ddp_runner(
+        tmp_path,
+        dict(type='MMDistributedDataParallel', device_ids=None),
+        runner_class=Runner)
     assert_trains_with_gloo(runner)
     from mmengine._strategy import DDPStrategy
-    wrapped = DDPStrategy(model_wrapper=dict(
-        type='MMDistributedDataParallel', device_ids=None))._wrap_model(
-            ToyModel())
+    wrapped = DDPStrategy(
+        model_wrapper=dict(type='MMDistributedDataParallel',
+                           device_ids=None))._wrap_model(ToyModel())
     assert wrapped.device_ids is None
 
 
@@ -181,8 +197,8 @@ def test_ddp_built_by_hand_reaches_torch_as_given(dist_env):
 def test_cuda_host_keeps_mmengine_device_ids(tmp_path, dist_env):
     """On a CUDA host nothing changes: NCCL, set_device, device_ids=[0]."""
     assert has_dist_accelerator()
-    runner = make_toy_runner(tmp_path, runner_class=MMAERunner,
-                             launcher='pytorch')
+    runner = make_toy_runner(
+        tmp_path, runner_class=MMAERunner, launcher='pytorch')
     assert torch.distributed.get_backend() == 'nccl'
     assert runner.model.device_ids == [0]
     assert runner.model.module.linear.weight.device.type == 'cuda'
@@ -202,7 +218,10 @@ def scoped_loader_cfg(repo_root):
     loader_cfg = cfg.train_dataloader
     assert loader_cfg.collate_fn.get('_scope_') == 'mmpretrain'
     loader_cfg.dataset = dict(
-        _scope_='mmpretrain', type='GzipFashionMNIST', split='test', indices=4,
+        _scope_='mmpretrain',
+        type='GzipFashionMNIST',
+        split='test',
+        indices=4,
         pipeline=[dict(type='PackInputs')])
     loader_cfg.update(batch_size=2, num_workers=0, persistent_workers=False)
     return loader_cfg

@@ -40,8 +40,10 @@ def numpy_loss(z1: np.ndarray, z2: np.ndarray, mu=None) -> float:
         z1, z2 = numpy_ball(z1, mu), numpy_ball(z2, mu)
     b = z1.shape[0]
     positive = sum(float(z1[i] @ z2[i]) for i in range(b)) * 2.0 / b
-    negative = sum(float(z1[i] @ z2[j])**2 for i in range(b)
-                   for j in range(b) if i != j) / (b * (b - 1))
+    negative = sum(
+        float(z1[i] @ z2[j])**2 for i in range(b)
+        for j in range(b) if i != j) / (
+            b * (b - 1))
     loss = negative - positive
     return loss if mu is None else loss / mu
 
@@ -116,8 +118,7 @@ def test_loss_and_gradient_match_numpy_with_the_ball(mu, scale):
     # No row on the ball's surface, where the projection has a kink.
     assert np.min(np.abs(norms - math.sqrt(mu))) > 1e-3
     loss, g1, g2 = torch_loss_and_grads(z1, z2, mu)
-    assert loss == pytest.approx(numpy_loss(z1, z2, mu), rel=1e-12,
-                                 abs=1e-12)
+    assert loss == pytest.approx(numpy_loss(z1, z2, mu), rel=1e-12, abs=1e-12)
     r1, r2 = numpy_finite_difference(z1, z2, mu)
     np.testing.assert_allclose(g1, r1, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(g2, r2, rtol=1e-6, atol=1e-8)
@@ -131,8 +132,10 @@ def test_rows_inside_the_ball_are_left_alone():
         pytest.approx(numpy_loss(z1, z2), rel=1e-12)
     far = torch.tensor([[3.0, 4.0], [0.0, 0.1]], dtype=torch.float64)
     projected = project_to_ball(far, 1.0)
-    assert torch.allclose(projected, torch.tensor(
-        [[0.6, 0.8], [0.0, 0.1]], dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(
+        projected,
+        torch.tensor([[0.6, 0.8], [0.0, 0.1]], dtype=torch.float64),
+        atol=1e-15)
 
 
 def test_estimator_is_symmetric_in_the_views():
@@ -159,8 +162,10 @@ def test_estimator_is_unbiased_for_the_population_loss():
         x = rng.normal(size=(b, d)) @ np.sqrt(sx)
         z1 = x + rng.normal(size=(b, d)) @ np.sqrt(se)
         z2 = x + rng.normal(size=(b, d)) @ np.sqrt(se)
-        values.append(float(spectral_contrastive_loss(
-            torch.tensor(z1), torch.tensor(z2), None)))
+        values.append(
+            float(
+                spectral_contrastive_loss(
+                    torch.tensor(z1), torch.tensor(z2), None)))
         # The same batch with the positive pairs counted as negatives.
         with_diagonal.append(-2.0 / b * np.sum(z1 * z2) +
                              np.sum((z1 @ z2.T)**2) / b**2)
@@ -188,9 +193,10 @@ def test_module_weight_and_bad_inputs():
 
 
 def test_registered_head_and_loss_build_from_configs():
-    head = MODELS.build(dict(type='SpectralContrastiveHead',
-                             loss=dict(type='SpectralContrastiveLoss',
-                                       mu=2.0)))
+    head = MODELS.build(
+        dict(
+            type='SpectralContrastiveHead',
+            loss=dict(type='SpectralContrastiveLoss', mu=2.0)))
     assert head.loss_module.mu == 2.0
     z1, z2 = pairs(5, 3, scale=1.0)
     value = head.loss(torch.tensor(z1), torch.tensor(z2))
@@ -206,10 +212,12 @@ def test_algorithm_loss_is_the_head_loss_of_the_two_projections():
     assert isinstance(model, SpectralContrastive)
     model.eval()  # fixed BatchNorm statistics: the two passes agree
     torch.manual_seed(0)
-    views = [torch.randint(0, 255, (6, 1, 28, 28), dtype=torch.uint8)
-             for _ in range(2)]
-    data = model.data_preprocessor(dict(inputs=views, data_samples=None),
-                                   training=False)
+    views = [
+        torch.randint(0, 255, (6, 1, 28, 28), dtype=torch.uint8)
+        for _ in range(2)
+    ]
+    data = model.data_preprocessor(
+        dict(inputs=views, data_samples=None), training=False)
     with torch.no_grad():
         loss = model.loss(**data)['loss']
         z1 = model.neck(model.backbone(data['inputs'][0]))[0]
@@ -218,8 +226,7 @@ def test_algorithm_loss_is_the_head_loss_of_the_two_projections():
     assert float(loss) == pytest.approx(expected, rel=1e-5)
 
 
-def test_config_trains_in_a_runner_and_logs_the_matrix_information(
-        tmp_path):
+def test_config_trains_in_a_runner_and_logs_the_matrix_information(tmp_path):
     cfg = Config.fromfile(CONFIG)
     cfg.work_dir = str(tmp_path)
     cfg.train_dataloader.batch_size = 8
@@ -235,10 +242,10 @@ def test_config_trains_in_a_runner_and_logs_the_matrix_information(
     before = {k: v.clone() for k, v in runner.model.state_dict().items()}
     runner.train()
     after = runner.model.state_dict()
-    assert any(not torch.equal(before[k], after[k])
-               for k in before if k.startswith('backbone.'))
-    paths = glob.glob(os.path.join(str(tmp_path), '*', 'vis_data',
-                                   'scalars.json'))
+    assert any(not torch.equal(before[k], after[k]) for k in before
+               if k.startswith('backbone.'))
+    paths = glob.glob(
+        os.path.join(str(tmp_path), '*', 'vis_data', 'scalars.json'))
     rows = [json.loads(line) for line in open(paths[0]) if line.strip()]
     assert [row['step'] for row in rows] == [1, 2, 3]
     for row in rows:

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 import pytest
+import scipy_matrix_info_reference as ref
 import torch
 
 import mmae_plugin  # noqa: F401  (registers the modules)
-import scipy_matrix_info_reference as ref
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
 from mmae_plugin.engine.hooks.matrix_info_taps import to_embeddings
 from mmae_plugin.evaluation.metrics import RepresentationStatistics
@@ -25,7 +25,9 @@ from mmae_plugin.models import TCRLoss
 from mmae_plugin.models.necks import pool_tokens
 
 
-def features(n: int = 300, d: int = 16, seed: int = 0,
+def features(n: int = 300,
+             d: int = 16,
+             seed: int = 0,
              offset: float = 3.0) -> torch.Tensor:
     """float32 features in a cone (a large common mean), like MAE's CLS:
     the uncentred and the centred kernels disagree on them."""
@@ -55,8 +57,10 @@ def test_hook_and_metric_agree_on_every_shared_key(kernel):
     from_hook = hook_values(z, kernel, tcr='reference', mu=1.0)
     suffix = {'covariance': 'cov', 'gram': 'gram'}[kernel]
     shared = set(from_hook) & set(from_metric)
-    assert shared == {f'entropy_{suffix}', f'erank_{suffix}', 'rankme_raw',
-                      'tcr_reference_mu1'}
+    assert shared == {
+        f'entropy_{suffix}', f'erank_{suffix}', 'rankme_raw',
+        'tcr_reference_mu1'
+    }
     for key in shared:
         assert from_hook[key] == from_metric[key], key
 
@@ -71,9 +75,9 @@ def test_metric_keys_match_their_float64_definitions():
 
 
 @pytest.mark.parametrize('alpha', [0.5, 1.0, 2.0, 3.0])
-@pytest.mark.parametrize('form,mu,centering', [
-    ('reference', 1.0, False), ('paper', 0.5, True), ('reference', 3.0, True)
-])
+@pytest.mark.parametrize('form,mu,centering', [('reference', 1.0, False),
+                                               ('paper', 0.5, True),
+                                               ('reference', 3.0, True)])
 def test_every_definition_matches_numpy(alpha, form, mu, centering):
     z = features(n=40, d=12, seed=1)
     values = one_branch_statistics(
@@ -104,8 +108,8 @@ def test_tcr_loss_maximises_the_logged_coding_rate():
         assert float(value) == pytest.approx(
             ref.coding_rate(z.double().numpy(), form, mu, centering),
             rel=1e-10)
-        logged = hook_values(z, 'covariance', tcr=form, mu=mu,
-                             centering=centering)
+        logged = hook_values(
+            z, 'covariance', tcr=form, mu=mu, centering=centering)
         assert logged[loss.key] == float(value)
 
 
@@ -113,12 +117,13 @@ def test_key_names_spell_every_setting():
     assert coding_rate_key('reference', 1, False) == 'tcr_reference_mu1'
     assert coding_rate_key('paper', 0.5, True) == 'tcr_paper_centered_mu0.5'
     z = features(n=20, d=6)
-    two = MatrixInfoHook(kernel='gram', alpha=2.0, cpu_threads=None).compute(
-        [z, z + 0.1])
-    assert set(two) == {'entropy_1_gram_alpha2', 'entropy_2_gram_alpha2',
-                        'mutual_info_gram_alpha2',
-                        'joint_entropy_gram_alpha2', 'matrix_js_gram',
-                        'spectrum_js_gram'}
+    two = MatrixInfoHook(
+        kernel='gram', alpha=2.0, cpu_threads=None).compute([z, z + 0.1])
+    assert set(two) == {
+        'entropy_1_gram_alpha2', 'entropy_2_gram_alpha2',
+        'mutual_info_gram_alpha2', 'joint_entropy_gram_alpha2',
+        'matrix_js_gram', 'spectrum_js_gram'
+    }
 
 
 def test_a_collapsed_batch_logs_nan_for_the_undefined_kernel_statistics():
@@ -139,11 +144,11 @@ def test_a_collapsed_batch_logs_nan_for_the_undefined_kernel_statistics():
 def test_every_pooling_site_computes_the_same_feature(pooling):
     tokens = torch.randn(5, 1 + 12, 8, dtype=torch.float64)
     expected = ref.pool(tokens.numpy(), pooling)
-    for pooled in (pool_token_sequence(tokens, pooling),
-                   pool_tokens(tokens, pooling),
+    for pooled in (pool_token_sequence(tokens,
+                                       pooling), pool_tokens(tokens, pooling),
                    to_embeddings(tokens, pooling)):
-        np.testing.assert_allclose(pooled.numpy(), expected, rtol=1e-12,
-                                   atol=1e-15)
+        np.testing.assert_allclose(
+            pooled.numpy(), expected, rtol=1e-12, atol=1e-15)
 
 
 def test_mmae_pools_its_feature_with_the_shared_definition():
@@ -153,7 +158,7 @@ def test_mmae_pools_its_feature_with_the_shared_definition():
     latent = torch.randn(3, 13, 128)
     for pooling in ('cls', 'mean', 'cls+mean'):
         model = MODELS.build({**cfg, 'feature': pooling})
-        torch.testing.assert_close(model.pool(latent),
-                                   pool_token_sequence(latent, pooling))
+        torch.testing.assert_close(
+            model.pool(latent), pool_token_sequence(latent, pooling))
     with pytest.raises(ValueError, match="renamed 'mean'"):
         MODELS.build({**cfg, 'feature': 'mean_visible'})

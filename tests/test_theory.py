@@ -13,8 +13,8 @@ from mmae_plugin.theory import (GLOBAL_AREA, FeatureImbalanceData,
 
 
 def small_setting(**kwargs) -> ImbalanceSetting:
-    values = dict(num_patches=16, num_local_areas=2, local_exponent=0.5,
-                  feature_dim=5)
+    values = dict(
+        num_patches=16, num_local_areas=2, local_exponent=0.5, feature_dim=5)
     values.update(kwargs)
     return ImbalanceSetting(**values)
 
@@ -28,9 +28,10 @@ def small_setting(**kwargs) -> ImbalanceSetting:
 ])
 def test_area_sizes_follow_exponent(num_patches, num_local, exponent,
                                     expected):
-    setting = ImbalanceSetting(num_patches=num_patches,
-                               num_local_areas=num_local,
-                               local_exponent=exponent)
+    setting = ImbalanceSetting(
+        num_patches=num_patches,
+        num_local_areas=num_local,
+        local_exponent=exponent)
     assert setting.area_sizes == expected
     assert sum(setting.area_sizes) == num_patches
     assert setting.imbalance_ratio == expected[0] / expected[1]
@@ -45,8 +46,8 @@ def test_features_orthonormal_and_patches_carry_own_feature():
     setting = small_setting(feature_dim=7)
     data = FeatureImbalanceData(setting, seed=3)
     gram = data.features @ data.features.T
-    torch.testing.assert_close(gram, torch.eye(setting.num_areas),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        gram, torch.eye(setting.num_areas), atol=1e-6, rtol=0)
     patches, weights = data.sample(4)
     assert patches.shape == (4, 16, 7) and weights.shape == (4, 3)
     for p in range(setting.num_patches):
@@ -65,8 +66,7 @@ def test_generator_is_seeded_and_noise_has_documented_scale():
     patches_a, weights_a = a.sample(2000)
     patches_b, _ = b.sample(2000)
     torch.testing.assert_close(patches_a, patches_b)
-    clean = weights_a[:, a.area_index].unsqueeze(-1) * a.features[
-        a.area_index]
+    clean = weights_a[:, a.area_index].unsqueeze(-1) * a.features[a.area_index]
     noise_power = (patches_a - clean).pow(2).sum(-1).mean()
     assert abs(noise_power.item() - 0.25) < 0.01
 
@@ -90,8 +90,8 @@ def test_zero_init_gives_uniform_attention_over_visible_patches():
     model = OneLayerAttention(setting.num_patches, setting.feature_dim)
     assert torch.count_nonzero(model.qk) == 0
     patches, _ = data.sample(3)
-    visible = random_visible_mask(3, 16, 0.75, torch.Generator().manual_seed(
-        0))
+    visible = random_visible_mask(3, 16, 0.75,
+                                  torch.Generator().manual_seed(0))
     _, attention = model(patches, visible)
     expected = visible.float() / visible.sum(1, keepdim=True)
     torch.testing.assert_close(attention,
@@ -160,8 +160,8 @@ def test_mae_loss_matches_hand_float64_computation():
 
 
 def test_infonce_loss_matches_hand_float64_computation():
-    model, patches, visible_1, visible_2 = random_model_and_batch(seed=2,
-                                                                  batch=4)
+    model, patches, visible_1, visible_2 = random_model_and_batch(
+        seed=2, batch=4)
     qk = model.qk.detach().double()
     f1 = hand_outputs(qk, patches, visible_1).mean(1)
     f2 = hand_outputs(qk, patches, visible_2).mean(1)
@@ -193,11 +193,13 @@ def test_gradient_step_equals_theta_minus_lr_grad(objective):
     loss = objective_value(model, patches, setting,
                            torch.Generator().manual_seed(9))
     applied = gradient_descent_step(model, loss, lr=0.7)
-    torch.testing.assert_close(applied.double(), ref_grad, atol=1e-5,
-                               rtol=1e-4)
-    torch.testing.assert_close(model.qk.detach().double(),
-                               before.double() - 0.7 * ref_grad, atol=1e-5,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        applied.double(), ref_grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        model.qk.detach().double(),
+        before.double() - 0.7 * ref_grad,
+        atol=1e-5,
+        rtol=1e-4)
 
 
 # ------------------------------------------------------------------ metrics
@@ -249,9 +251,15 @@ def test_evaluate_feature_coefficient_is_one_for_perfect_own_area_attention():
 
 def test_short_mae_training_raises_own_area_attention():
     data = FeatureImbalanceData(small_setting(), seed=0)
-    history = train(data, TrainSetting(objective='mae', steps=60, lr=20.0,
-                                       batch_size=16, eval_interval=30,
-                                       eval_batch_size=64))
+    history = train(
+        data,
+        TrainSetting(
+            objective='mae',
+            steps=60,
+            lr=20.0,
+            batch_size=16,
+            eval_interval=30,
+            eval_batch_size=64))
     assert history['step'] == [0, 30, 60]
     own_init = torch.tensor(history['own_area_attention'][0])
     own_final = torch.tensor(history['own_area_attention'][-1])
@@ -276,12 +284,13 @@ def test_own_area_ceiling_matches_enumeration(num_patches, area_size,
     from mmae_plugin.theory import own_area_attention_ceiling
 
     # Query is patch 0 (masked); its area is {0, ..., area_size - 1}.
-    masks = [m for m in combinations(range(num_patches), num_visible)
-             if 0 not in m]
+    masks = [
+        m for m in combinations(range(num_patches), num_visible) if 0 not in m
+    ]
     hits = sum(any(q < area_size for q in m) for m in masks)
     assert own_area_attention_ceiling(area_size, num_patches,
-                                      num_visible) == pytest.approx(
-                                          hits / len(masks))
+                                      num_visible) == pytest.approx(hits /
+                                                                    len(masks))
 
 
 def test_perfect_own_area_attention_reaches_the_ceiling():
@@ -317,10 +326,10 @@ def test_global_weight_std_and_weight_mean_shape_the_weights():
     assert setting.weight_stds == [3.0, 1.0, 1.0]
     data = FeatureImbalanceData(setting, seed=0)
     patches, weights = data.sample(40000, torch.Generator().manual_seed(0))
-    torch.testing.assert_close(weights.mean(0), torch.full((3, ), 1.5),
-                               atol=0.05, rtol=0)
-    torch.testing.assert_close(weights.std(0), torch.tensor([3.0, 1.0, 1.0]),
-                               atol=0.05, rtol=0)
+    torch.testing.assert_close(
+        weights.mean(0), torch.full((3, ), 1.5), atol=0.05, rtol=0)
+    torch.testing.assert_close(
+        weights.std(0), torch.tensor([3.0, 1.0, 1.0]), atol=0.05, rtol=0)
     # Patches still carry exactly their own area's weighted feature.
     p = int((data.area_index == 0).nonzero()[0])
     torch.testing.assert_close(patches[:, p],
@@ -338,8 +347,8 @@ def test_bad_weight_options_name_the_parameter(kwargs, name):
 
 
 def test_cosine_infonce_and_masked_pooling_match_float64_hand_computation():
-    model, patches, visible_1, visible_2 = random_model_and_batch(seed=4,
-                                                                  batch=4)
+    model, patches, visible_1, visible_2 = random_model_and_batch(
+        seed=4, batch=4)
     qk = model.qk.detach().double()
     out_1 = hand_outputs(qk, patches, visible_1)
     out_2 = hand_outputs(qk, patches, visible_2)
@@ -360,8 +369,14 @@ def test_cosine_infonce_and_masked_pooling_match_float64_hand_computation():
         ]
         log_norm = math.log(sum(math.exp(v) for v in logits))
         expected += -(logits[i] - log_norm) / 4
-    loss = infonce_loss(model, patches, visible_1, visible_2, tau,
-                        similarity='cosine', pooling='masked')
+    loss = infonce_loss(
+        model,
+        patches,
+        visible_1,
+        visible_2,
+        tau,
+        similarity='cosine',
+        pooling='masked')
     assert loss.item() == pytest.approx(expected, rel=1e-5)
 
 
@@ -377,13 +392,12 @@ def test_visible_pooling_averages_the_visible_queries_only():
 
 def test_masked_and_full_views_use_one_unmasked_view():
     model, patches, _, _ = random_model_and_batch(seed=6, batch=4)
-    setting = TrainSetting(objective='cl', cl_views='masked_and_full',
-                           temperature=0.5)
+    setting = TrainSetting(
+        objective='cl', cl_views='masked_and_full', temperature=0.5)
     loss = objective_value(model, patches, setting,
                            torch.Generator().manual_seed(3))
     first = random_visible_mask(4, 16, 0.75, torch.Generator().manual_seed(3))
-    expected = infonce_loss(model, patches, first,
-                            torch.ones_like(first), 0.5)
+    expected = infonce_loss(model, patches, first, torch.ones_like(first), 0.5)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
@@ -402,11 +416,11 @@ def test_bad_cl_options_name_the_parameter(kwargs, name):
 def test_bad_pooling_and_similarity_arguments_are_refused():
     model, patches, visible_1, visible_2 = random_model_and_batch(seed=0)
     with pytest.raises(ValueError, match='pooling'):
-        infonce_loss(model, patches, visible_1, visible_2, 0.1,
-                     pooling='first')
+        infonce_loss(
+            model, patches, visible_1, visible_2, 0.1, pooling='first')
     with pytest.raises(ValueError, match='similarity'):
-        infonce_loss(model, patches, visible_1, visible_2, 0.1,
-                     similarity='euclid')
+        infonce_loss(
+            model, patches, visible_1, visible_2, 0.1, similarity='euclid')
 
 
 def test_feature_and_position_correlations_read_the_qk_blocks():
@@ -424,13 +438,15 @@ def test_feature_and_position_correlations_read_the_qk_blocks():
     for k in range(3):
         rows = [p for p in range(16) if index[p] == k]
         for j in range(3):
-            fp = sum(float(qk[5 + p, :5] @ data.features[j].double())
-                     for p in rows) / len(rows)
+            fp = sum(
+                float(qk[5 + p, :5] @ data.features[j].double())
+                for p in rows) / len(rows)
             pairs = [(p, q) for p in rows for q in range(16)
                      if index[q] == j and q != p]
             pp = sum(float(qk[5 + p, 5 + q]) for p, q in pairs) / len(pairs)
             assert correlations['feature_position_correlation'][
-                k, j].item() == pytest.approx(fp, rel=1e-5, abs=1e-6)
+                k, j].item() == pytest.approx(
+                    fp, rel=1e-5, abs=1e-6)
             assert correlations['position_correlation'][k, j].item() == \
                 pytest.approx(pp, rel=1e-5, abs=1e-6)
 
@@ -445,12 +461,18 @@ def short_cl_run(variant_name: str, steps: int = 200) -> dict:
     # softmax tails are ~10x slower unless flushed.
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
-    base_train = TrainSetting(objective='cl', steps=steps, lr=20.0,
-                              eval_interval=steps, eval_batch_size=128)
+    base_train = TrainSetting(
+        objective='cl',
+        steps=steps,
+        lr=20.0,
+        eval_interval=steps,
+        eval_batch_size=128)
     try:
-        (history, ) = run_variant(CL_VARIANTS[variant_name],
-                                  ImbalanceSetting(local_exponent=0.5),
-                                  base_train, seeds=[0])
+        (history, ) = run_variant(
+            CL_VARIANTS[variant_name],
+            ImbalanceSetting(local_exponent=0.5),
+            base_train,
+            seeds=[0])
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)
@@ -490,14 +512,18 @@ def test_cl_ablation_tool_writes_json_and_figures(tmp_path):
     import os.path as osp
     import subprocess
     import sys
-    tool = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                    'tools', 'theory', 'run_cl_ablation.py')
+    tool = osp.join(
+        osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'theory',
+        'run_cl_ablation.py')
     out = tmp_path / 'ablation'
     proc = subprocess.run([
-        sys.executable, tool, '--out-dir', str(out), '--variants',
-        'default', 'tau_10', '--seeds', '0', '1', '--steps', '4',
-        '--eval-interval', '2'
-    ], capture_output=True, text=True, timeout=300)
+        sys.executable, tool, '--out-dir',
+        str(out), '--variants', 'default', 'tau_10', '--seeds', '0', '1',
+        '--steps', '4', '--eval-interval', '2'
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     payload = json.loads((out / 'cl_ablation.json').read_text())
     results = payload['results']

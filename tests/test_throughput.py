@@ -15,16 +15,16 @@ STATS = dict(mean=[72.94], std=[90.02], to_rgb=False)
 
 def build(**kwargs):
     init_default_scope('mmpretrain')
-    return MODELS.build(dict(type='BatchFlipDataPreprocessor', **STATS,
-                             **kwargs))
+    return MODELS.build(
+        dict(type='BatchFlipDataPreprocessor', **STATS, **kwargs))
 
 
 def batch(size=64):
     gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (size, 1, 28, 28), dtype=torch.uint8,
-                           generator=gen)
-    return dict(inputs=images, data_samples=[DataSample()
-                                             for _ in range(size)])
+    images = torch.randint(
+        0, 256, (size, 1, 28, 28), dtype=torch.uint8, generator=gen)
+    return dict(
+        inputs=images, data_samples=[DataSample() for _ in range(size)])
 
 
 def reference(data):
@@ -56,8 +56,8 @@ def test_random_flips_follow_torch_generator_and_only_in_training():
     out = pre(data, True)['inputs']
     torch.manual_seed(123)
     expected_mask = torch.rand(256) < 0.5  # the documented draw
-    flipped = torch.tensor([torch.equal(o, p.flip(-1))
-                             for o, p in zip(out, plain)])
+    flipped = torch.tensor(
+        [torch.equal(o, p.flip(-1)) for o, p in zip(out, plain)])
     kept = torch.tensor([torch.equal(o, p) for o, p in zip(out, plain)])
     assert bool((flipped | kept).all())
     assert torch.equal(flipped, expected_mask)
@@ -69,8 +69,9 @@ def test_random_flips_follow_torch_generator_and_only_in_training():
 
 def test_multi_view_inputs_flip_each_view():
     data = batch(8)
-    views = dict(inputs=[data['inputs'], data['inputs'].clone()],
-                 data_samples=data['data_samples'])
+    views = dict(
+        inputs=[data['inputs'], data['inputs'].clone()],
+        data_samples=data['data_samples'])
     out = build(flip_prob=1.0)(views, True)['inputs']
     plain = reference(data)
     assert all(torch.equal(view, plain.flip(-1)) for view in out)
@@ -107,18 +108,22 @@ def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
         'model.neck.decoder_num_heads=2'
     ]
     proc = subprocess.run([
-        sys.executable, f'{repo_root}/dev/benchmarks/bench_gpu.py',
-        '--device', 'cpu', '--iters', '2', '--image-size', '32',
-        '--out', str(out), '--markdown', str(summary),
-        '--cfg-options', *shrink
-    ], cwd=repo_root, capture_output=True, text=True)
+        sys.executable, f'{repo_root}/dev/benchmarks/bench_gpu.py', '--device',
+        'cpu', '--iters', '2', '--image-size', '32', '--out',
+        str(out), '--markdown',
+        str(summary), '--cfg-options', *shrink
+    ],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result['failed_cases'] == []
     folder = result['image_folder']
     assert (folder['images'], folder['jpeg'], folder['png']) == (8, 7, 1)
     assert result['dataloader_alone']['pipeline'] == [
-        'LoadImageFromFile', 'RandomResizedCrop', 'RandomFlip', 'PackInputs']
+        'LoadImageFromFile', 'RandomResizedCrop', 'RandomFlip', 'PackInputs'
+    ]
     block = result['amp']['float32']
     cases = block['cases']
     assert set(cases) == {'MAE', 'M-MAE'}

@@ -13,8 +13,11 @@ from mmae_plugin.models.necks import POOLINGS, TokenPoolingNeck, pool_tokens
 
 def numpy_pool(tokens: np.ndarray, pooling: str) -> np.ndarray:
     cls_token, patch_mean = tokens[:, 0], tokens[:, 1:].mean(axis=1)
-    return {'cls': cls_token, 'mean': patch_mean,
-            'cls+mean': np.concatenate([cls_token, patch_mean], 1)}[pooling]
+    return {
+        'cls': cls_token,
+        'mean': patch_mean,
+        'cls+mean': np.concatenate([cls_token, patch_mean], 1)
+    }[pooling]
 
 
 @pytest.mark.parametrize('pooling', POOLINGS)
@@ -22,7 +25,8 @@ def test_pool_tokens_matches_numpy(pooling):
     tokens = torch.randn(5, 1 + 49, 8, dtype=torch.float64)
     np.testing.assert_allclose(
         pool_tokens(tokens, pooling).numpy(),
-        numpy_pool(tokens.numpy(), pooling), rtol=1e-12)
+        numpy_pool(tokens.numpy(), pooling),
+        rtol=1e-12)
 
 
 @pytest.mark.parametrize('pooling', POOLINGS)
@@ -31,8 +35,10 @@ def test_raw_pooling_equals_the_backbone_own_outputs(pooling):
     and as 'featmap' (mean over H, W) with the same weights."""
     cfg = Config.fromfile('configs/fashion_mnist/knn_fmnist.py').model.backbone
     torch.manual_seed(0)
-    raw, cls_vit, map_vit = (MODELS.build({**cfg, 'out_type': out_type})
-                             for out_type in ('raw', 'cls_token', 'featmap'))
+    raw, cls_vit, map_vit = (
+        MODELS.build({
+            **cfg, 'out_type': out_type
+        }) for out_type in ('raw', 'cls_token', 'featmap'))
     cls_vit.load_state_dict(raw.state_dict())
     map_vit.load_state_dict(raw.state_dict())
     x = torch.randn(4, 1, 28, 28)
@@ -40,8 +46,11 @@ def test_raw_pooling_equals_the_backbone_own_outputs(pooling):
         pooled = pool_tokens(raw(x)[-1], pooling)
         cls_token = cls_vit(x)[-1]
         patch_mean = map_vit(x)[-1].mean(dim=(2, 3))
-    expected = {'cls': cls_token, 'mean': patch_mean,
-                'cls+mean': torch.cat([cls_token, patch_mean], 1)}[pooling]
+    expected = {
+        'cls': cls_token,
+        'mean': patch_mean,
+        'cls+mean': torch.cat([cls_token, patch_mean], 1)
+    }[pooling]
     torch.testing.assert_close(pooled, expected, rtol=0, atol=1e-6)
 
 
@@ -80,6 +89,8 @@ def test_clsmean_knn_classifier_features():
         tokens = model.image_encoder(x)[-1]
         feats = model.extract_feat(x)
     assert feats.shape == (2, 256)
-    np.testing.assert_allclose(feats.numpy(),
-                               numpy_pool(tokens.numpy(), 'cls+mean'),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        feats.numpy(),
+        numpy_pool(tokens.numpy(), 'cls+mean'),
+        rtol=1e-5,
+        atol=1e-6)

@@ -23,13 +23,16 @@ PRETRAIN = 'configs/fashion_mnist/mmae_fmnist.py'
 LINEAR = 'configs/fashion_mnist/linear_fmnist.py'
 TINY_TRAIN = [
     'train_dataloader.dataset.indices=32', 'train_dataloader.batch_size=16',
-    'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False'
+    'train_dataloader.num_workers=0',
+    'train_dataloader.persistent_workers=False'
 ]
 
 
 def run_tool(repo_root, script, argv):
     proc = subprocess.run([sys.executable, f'tools/{script}', *argv],
-                          cwd=repo_root, capture_output=True, text=True,
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -44,7 +47,7 @@ def mmpretrain_config(script, argv, monkeypatch):
 
 
 def as_dumped(cfg, tmp_path):
-    """``cfg`` after the dump / load round trip the runner's copy went through."""
+    """``cfg`` after the dump / load round trip of the runner's copy."""
     path = tmp_path / f'expected_{osp.basename(cfg.filename)}'
     cfg.dump(str(path))
     return Config.fromfile(str(path)).to_dict()
@@ -61,8 +64,8 @@ def pretrained(repo_root, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp('pretrain')
     config = doc_config(repo_root, 'tensorboard-config', work_dir)
     run_tool(repo_root, 'train.py', [
-        config, '--work-dir', str(work_dir), '--cfg-options',
-        'train_cfg.max_epochs=1', *TINY_TRAIN
+        config, '--work-dir',
+        str(work_dir), '--cfg-options', 'train_cfg.max_epochs=1', *TINY_TRAIN
     ])
     return work_dir / 'epoch_1.pth'
 
@@ -86,9 +89,10 @@ def test_train_config_equals_mmpretrains_and_cfg_options_come_last(
     # mmpretrain folds --cfg-options in after --resume: load_from survives,
     # so the run resumes from that checkpoint (epoch 1) and trains epoch 2.
     argv = [
-        PRETRAIN, '--work-dir', str(work_dir), '--resume', '--no-pin-memory',
-        '--auto-scale-lr', '--cfg-options', f'load_from={pretrained}',
-        'train_cfg.max_epochs=2', *TINY_TRAIN
+        PRETRAIN, '--work-dir',
+        str(work_dir), '--resume', '--no-pin-memory', '--auto-scale-lr',
+        '--cfg-options', f'load_from={pretrained}', 'train_cfg.max_epochs=2',
+        *TINY_TRAIN
     ]
     proc = run_tool(repo_root, 'train.py', argv)
     ours = dumped_config(work_dir, PRETRAIN)
@@ -101,9 +105,8 @@ def test_train_config_equals_mmpretrains_and_cfg_options_come_last(
                                                                     False)
     assert ours['auto_scale_lr'] == dict(base_batch_size=256, enable=True)
     assert 'resumed epoch: 1' in proc.stdout + proc.stderr
-    assert sorted(p for p in os.listdir(work_dir) if p.endswith('.pth')) == [
-        'epoch_2.pth'
-    ]
+    assert sorted(p for p in os.listdir(work_dir)
+                  if p.endswith('.pth')) == ['epoch_2.pth']
 
 
 def test_test_config_equals_mmpretrains_with_tta(repo_root, pretrained,
@@ -119,8 +122,8 @@ def test_test_config_equals_mmpretrains_with_tta(repo_root, pretrained,
     ]
     run_tool(repo_root, 'test.py', argv)
     ours = dumped_config(tmp_path, LINEAR)
-    theirs = as_dumped(mmpretrain_config('test.py', argv, monkeypatch),
-                       tmp_path)
+    theirs = as_dumped(
+        mmpretrain_config('test.py', argv, monkeypatch), tmp_path)
     assert ours == theirs
     # mmpretrain's flip TTA wraps the classifier and its test pipeline.
     assert ours['model']['type'] == 'mmpretrain.AverageClsScoreTTA'

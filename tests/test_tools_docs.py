@@ -13,11 +13,10 @@ import re
 
 import numpy as np
 import torch
+from doc_snippets import doc_block, doc_config
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
-
-from doc_snippets import doc_block, doc_config
 
 
 def test_documented_regularizer_trains_in_mmae(repo_root, tmp_path,
@@ -39,7 +38,8 @@ def test_documented_regularizer_trains_in_mmae(repo_root, tmp_path,
     assert abs(reg(z).item() - expected) < 1e-6
     # One real MMAE loss: the term is logged under its own name, with a
     # gradient reaching the encoder.
-    images = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    images = torch.randn(
+        4, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     losses = model.loss(images, [DataSample() for _ in range(4)])
     assert {'loss_rec', 'loss_spread'} <= set(losses)
     assert torch.isfinite(losses['loss_spread'])
@@ -62,10 +62,11 @@ def read(path):
 
 def markdown_pages(repo_root):
     """README.md, docs/*.md and the collection READMEs."""
-    return [osp.join(repo_root, 'README.md'),
-            *sorted(glob.glob(osp.join(repo_root, 'docs', '*.md'))),
-            *sorted(glob.glob(osp.join(repo_root, 'configs', '*',
-                                       'README.md')))]
+    return [
+        osp.join(repo_root, 'README.md'),
+        *sorted(glob.glob(osp.join(repo_root, 'docs', '*.md'))),
+        *sorted(glob.glob(osp.join(repo_root, 'configs', '*', 'README.md')))
+    ]
 
 
 def github_anchor(heading):
@@ -96,12 +97,16 @@ def relative_links(path):
 def test_readme_is_a_front_door_linking_every_docs_page(repo_root):
     readme = read(osp.join(repo_root, 'README.md'))
     assert len(readme.splitlines()) <= README_MAX_LINES
-    linked = {osp.normpath(target) for target, _ in
-              relative_links(osp.join(repo_root, 'README.md'))}
+    linked = {
+        osp.normpath(target)
+        for target, _ in relative_links(osp.join(repo_root, 'README.md'))
+    }
     pages = glob.glob(osp.join(repo_root, 'docs', '*.md'))
     assert len(pages) >= 10
-    unlinked = [osp.relpath(p, repo_root) for p in pages
-                if osp.normpath(p) not in linked]
+    unlinked = [
+        osp.relpath(p, repo_root) for p in pages
+        if osp.normpath(p) not in linked
+    ]
     assert not unlinked, f'docs pages the README does not link: {unlinked}'
     # The two commands, the test one exactly as CI runs it.
     ci = read(osp.join(repo_root, '.ci', 'run'))
@@ -111,13 +116,13 @@ def test_readme_is_a_front_door_linking_every_docs_page(repo_root):
     assert 'source .venv/bin/activate' in readme
 
 
-def test_readme_links_the_generated_results_instead_of_copying_them(
-        repo_root):
+def test_readme_links_the_generated_results_instead_of_copying_them(repo_root):
     readme = read(osp.join(repo_root, 'README.md'))
     results = read(osp.join(repo_root, 'docs', 'results.md'))
-    rows = [line for line in results.splitlines()
-            if line.startswith('| ') and not line.startswith('| cell')
-            and '---' not in line]
+    rows = [
+        line for line in results.splitlines() if line.startswith('| ')
+        and not line.startswith('| cell') and '---' not in line
+    ]
     assert len(rows) > 20
     copied = [row for row in rows if row in readme]
     assert not copied, copied
@@ -171,23 +176,32 @@ def test_zoo_tables_show_the_metafiles_results(repo_root):
     written by hand from the metafiles: each entry's row shows its top-1."""
     import yaml
     stale = []
-    for metafile in glob.glob(osp.join(repo_root, 'configs', '*',
-                                       'metafile.yml')):
+    for metafile in glob.glob(
+            osp.join(repo_root, 'configs', '*', 'metafile.yml')):
         for model in yaml.safe_load(read(metafile))['Models']:
             if not model.get('Results'):
                 continue
             top1 = model['Results'][0]['Metrics']['Top 1 Accuracy']
-            collection = {'M-MAE': 'mmae', 'U-MAE': 'umae', 'MAE': 'mae'}[
-                model['In Collection']]
+            collection = {
+                'M-MAE': 'mmae',
+                'U-MAE': 'umae',
+                'MAE': 'mae'
+            }[model['In Collection']]
             for page in ('docs/evaluation.md',
                          f'configs/{collection}/README.md'):
-                rows = [line for line in read(osp.join(repo_root,
-                                                       page)).splitlines()
-                        if line.startswith(f"| `{model['Name']}`")]
-                cells = [cell.split()[0] for row in rows
-                         for cell in row.split('|')[1:] if cell.strip()]
-                numbers = {float(c) for c in cells
-                           if re.fullmatch(r'\d+(\.\d+)?', c)}
+                rows = [
+                    line
+                    for line in read(osp.join(repo_root, page)).splitlines()
+                    if line.startswith(f"| `{model['Name']}`")
+                ]
+                cells = [
+                    cell.split()[0] for row in rows
+                    for cell in row.split('|')[1:] if cell.strip()
+                ]
+                numbers = {
+                    float(c)
+                    for c in cells if re.fullmatch(r'\d+(\.\d+)?', c)
+                }
                 if len(rows) != 1 or top1 not in numbers:
                     stale.append(f"{page}: {model['Name']} {top1}")
     assert not stale, stale

@@ -13,15 +13,16 @@ import sys
 import pytest
 from mmengine.visualization import LocalVisBackend
 
-SCRIPT = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
-                  'analysis', 'plot_matrix_info.py')
+SCRIPT = osp.join(
+    osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis',
+    'plot_matrix_info.py')
 ONE_BRANCH_KEYS = ('entropy_cov', 'erank_cov', 'rankme_raw',
                    'tcr_reference_mu1')
 
 
 def write_run(work_dir, scalars_per_step):
-    backend = LocalVisBackend(save_dir=str(work_dir / '20260101_000000' /
-                                           'vis_data'))
+    backend = LocalVisBackend(
+        save_dir=str(work_dir / '20260101_000000' / 'vis_data'))
     for step, scalars in enumerate(scalars_per_step, start=1):
         backend.add_scalars(scalars, step=step)
     return work_dir
@@ -29,13 +30,18 @@ def write_run(work_dir, scalars_per_step):
 
 def plot(*args):
     return subprocess.run([sys.executable, SCRIPT, *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True,
+                          text=True,
+                          timeout=120)
 
 
 def test_one_branch_run_draws_its_four_quantities(tmp_path):
-    run = write_run(tmp_path / 'mmae', [
-        {f'minfo/{key}': 1.0 + 0.1 * step for key in ONE_BRANCH_KEYS} |
-        {'loss': 1.0} for step in range(5)])
+    run = write_run(
+        tmp_path / 'mmae',
+        [{f'minfo/{key}': 1.0 + 0.1 * step
+          for key in ONE_BRANCH_KEYS} | {
+              'loss': 1.0
+          } for step in range(5)])
     out = tmp_path / 'figures'
     result = plot(run, '--out-dir', out, '--labels', 'M-MAE')
     assert result.returncode == 0, result.stderr[-3000:]
@@ -73,6 +79,7 @@ def test_tcr_reference_lines_bound_the_hooks_tcr(batch, dim, mu):
     """The floor is a collapsed batch's TCR, the ceiling a flat spectrum's,
     and a random batch lies between, as the hook computes TCR."""
     import torch
+
     from mmae_plugin.engine.hooks.matrix_info_hook import coding_rate
     lines = load_plot_module().reference_lines(dim, batch, mu)
     (floor, floor_label, _), (ceiling, _, _) = lines['tcr']
@@ -86,14 +93,18 @@ def test_tcr_reference_lines_bound_the_hooks_tcr(batch, dim, mu):
         floor, rel=1e-12)
     rank = min(batch, dim)
     # B rows spread evenly over r orthonormal directions: flat spectrum.
-    basis = torch.linalg.qr(torch.randn(dim, dim, generator=generator,
-                                        dtype=torch.float64))[0][:rank]
+    basis = torch.linalg.qr(
+        torch.randn(dim, dim, generator=generator,
+                    dtype=torch.float64))[0][:rank]
     flat = basis.repeat(batch // rank, 1)
     assert coding_rate(flat, 'reference', mu).item() == pytest.approx(
         ceiling, rel=1e-12)
     for seed in range(5):
-        z = torch.randn(batch, dim, dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(seed))
+        z = torch.randn(
+            batch,
+            dim,
+            dtype=torch.float64,
+            generator=torch.Generator().manual_seed(seed))
         assert floor < coding_rate(z, 'reference', mu).item() < ceiling
     for key in ('erank', 'rankme'):
         assert [value for value, _, _ in lines[key]] == [1.0, float(rank)]
@@ -101,16 +112,19 @@ def test_tcr_reference_lines_bound_the_hooks_tcr(batch, dim, mu):
 
 def test_reference_lines_without_sizes_keep_only_the_size_free_bounds():
     lines = load_plot_module().reference_lines(None, 64)
-    assert lines == {'erank': [(1.0, 'collapse: 1', ':')],
-                     'rankme': [(1.0, 'collapse: 1', ':')]}
+    assert lines == {
+        'erank': [(1.0, 'collapse: 1', ':')],
+        'rankme': [(1.0, 'collapse: 1', ':')]
+    }
 
 
 def test_single_logged_point_is_marked_and_reference_lines_drawn(
         tmp_path, monkeypatch):
     """A run with one logged point shows it; the bounds are on the axes."""
     module = load_plot_module()
-    run = write_run(tmp_path / 'mmae', [
-        {f'minfo/{key}': 2.0 for key in ONE_BRANCH_KEYS}])
+    run = write_run(tmp_path / 'mmae',
+                    [{f'minfo/{key}': 2.0
+                      for key in ONE_BRANCH_KEYS}])
     drawn = {}
     original = module.draw
 
@@ -120,24 +134,28 @@ def test_single_logged_point_is_marked_and_reference_lines_drawn(
 
     monkeypatch.setattr(module, 'draw', recording_draw)
     monkeypatch.setattr(sys, 'argv', [
-        'plot_matrix_info.py', str(run), '--out-dir', str(tmp_path / 'out'),
-        '--feature-dim', '128', '--batch-size', '256'])
+        'plot_matrix_info.py',
+        str(run), '--out-dir',
+        str(tmp_path / 'out'), '--feature-dim', '128', '--batch-size', '256'
+    ])
     module.main()
     import math
     tcr_lines = drawn['tcr_reference_mu1'].get_lines()
     curve = tcr_lines[0]
     assert list(curve.get_xdata()) == [1] and curve.get_marker() == 'o'
     levels = sorted(line.get_ydata()[0] for line in tcr_lines[1:])
-    assert levels == pytest.approx([math.log(1 + 256 / 128),
-                                    128 * math.log(1 + 256 / 128 ** 2)])
+    assert levels == pytest.approx(
+        [math.log(1 + 256 / 128), 128 * math.log(1 + 256 / 128**2)])
     erank_levels = sorted(line.get_ydata()[0]
                           for line in drawn['erank_cov'].get_lines()[1:])
     assert erank_levels == [1.0, 128.0]
     # Every rank axis names its kernel.
     assert 'correlation kernel, centred' in drawn['erank_cov'].get_ylabel()
     assert 'raw features' in drawn['rankme_raw'].get_ylabel()
-    legend = [text.get_text() for text in
-              drawn['tcr_reference_mu1'].get_legend().get_texts()]
+    legend = [
+        text.get_text()
+        for text in drawn['tcr_reference_mu1'].get_legend().get_texts()
+    ]
     assert legend[1] == 'collapse floor: log(1 + B/d) = 1.099'
 
 
@@ -154,7 +172,8 @@ def test_tcr_lines_use_the_mu_the_key_names_and_old_keys_still_draw():
     assert module.axis_label('erank') == 'Effective rank'  # an older log
     assert sorted(['tcr_reference_mu1', 'erank_gram', 'mutual_info_cov'],
                   key=module.draw_order) == [
-        'mutual_info_cov', 'erank_gram', 'tcr_reference_mu1']
+                      'mutual_info_cov', 'erank_gram', 'tcr_reference_mu1'
+                  ]
 
 
 def test_bad_sizes_are_refused_naming_the_option(tmp_path):
@@ -180,8 +199,9 @@ def test_run_without_matrix_info_is_refused(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------
 # tools/theory/run_imbalance.py: one seed shows no spread, the claim reads
 # --------------------------------------------------------------------------
-IMBALANCE = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
-                     'theory', 'run_imbalance.py')
+IMBALANCE = osp.join(
+    osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'theory',
+    'run_imbalance.py')
 
 
 def load_imbalance_module():
@@ -208,10 +228,14 @@ def test_imbalance_one_seed_run_prints_no_fake_spread_and_a_readable_claim(
     import json
     out = tmp_path / 'theory'
     proc = subprocess.run([
-        sys.executable, IMBALANCE, '--out-dir', str(out), '--seeds', '0',
-        '--exponents', '0.5', '--num-patches', '16', '--steps', '4',
-        '--eval-interval', '2', '--batch-size', '4', '--feature-dim', '4'
-    ], capture_output=True, text=True, timeout=300)
+        sys.executable, IMBALANCE, '--out-dir',
+        str(out), '--seeds', '0', '--exponents', '0.5', '--num-patches', '16',
+        '--steps', '4', '--eval-interval', '2', '--batch-size', '4',
+        '--feature-dim', '4'
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert '+/-' not in proc.stdout and '+-' not in proc.stdout
     assert 'init -> final (one seed)' in proc.stdout
@@ -226,12 +250,13 @@ def test_imbalance_one_seed_run_prints_no_fake_spread_and_a_readable_claim(
                 if line.startswith('claim at kappa=0.5'))
     assert lines[head].endswith(f': {verdict}')
     for offset, (key, label) in enumerate(
-            (('mae_global_rises', 'MAE, global area:'),
-             ('mae_local_rises', 'MAE, local areas:'),
-             ('cl_global_rises', 'CL, global area:'),
-             ('cl_local_rises', 'CL, local areas:')), start=1):
+        (('mae_global_rises', 'MAE, global area:'),
+         ('mae_local_rises', 'MAE, local areas:'),
+         ('cl_global_rises', 'CL, global area:'),
+         ('cl_local_rises', 'CL, local areas:')),
+            start=1):
         expected = 'rises' if claim[key] else 'does not rise'
-        assert lines[head + offset].split() == [*label.split(),
-                                                *expected.split()]
+        assert lines[head +
+                     offset].split() == [*label.split(), *expected.split()]
     for name in ('attention_curves', 'phase_diagram'):
         assert (out / f'{name}.png').stat().st_size > 1000

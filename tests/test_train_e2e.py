@@ -22,8 +22,13 @@ SMOKE = [
 
 def run(repo_root, args, env):
     """Run a tool with ``env`` (conftest's CPU/gloo environment)."""
-    proc = subprocess.run(args, cwd=repo_root, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        args,
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -45,7 +50,10 @@ def config(repo_root, tmp_path_factory):
 
 
 def dist_train(repo_root, env, config, work_dir, *options, resume=False):
-    args = ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir)]
+    args = [
+        'bash', 'tools/dist_train.sh', config, '2', '--work-dir',
+        str(work_dir)
+    ]
     if resume:
         args.append('--resume')
     return run(repo_root, args + ['--cfg-options', *SMOKE, *options], env)
@@ -82,9 +90,8 @@ def test_two_process_cpu_training_writes_checkpoints(uninterrupted):
     assert ckpt['meta']['epoch'] == 2
     losses = train_losses(uninterrupted)
     # 512 images / (2 ranks x 64) = 4 iterations per epoch.
-    assert [(e, i) for e, i, *_ in losses] == [(e, i) for e in (1, 2)
-                                               for i in range(4 * e - 3,
-                                                              4 * e + 1)]
+    assert [(e, i) for e, i, *_ in losses
+            ] == [(e, i) for e in (1, 2) for i in range(4 * e - 3, 4 * e + 1)]
     assert all(tcr < 0 for *_, tcr in losses)
 
 
@@ -92,9 +99,9 @@ def test_the_resume_test_runs_at_the_shipped_dataloader_settings(config):
     cfg = Config.fromfile(config)
     assert cfg.train_dataloader.num_workers == 1
     assert cfg.train_dataloader.persistent_workers is True
-    assert not any(option.startswith(('train_dataloader.num_workers',
-                                      'train_dataloader.persistent'))
-                   for option in SMOKE)
+    assert not any(
+        option.startswith(('train_dataloader.num_workers',
+                           'train_dataloader.persistent')) for option in SMOKE)
 
 
 def test_resumed_run_matches_uninterrupted_run_bit_for_bit(
@@ -107,14 +114,21 @@ def test_resumed_run_matches_uninterrupted_run_bit_for_bit(
     dist_train(repo_root, cpu_dist_env_factory(), config, tmp_path,
                'train_cfg.max_epochs=1')
     assert not (tmp_path / 'epoch_2.pth').exists()
-    dist_train(repo_root, cpu_dist_env_factory(), config, tmp_path,
-               'train_cfg.max_epochs=2', resume=True)
+    dist_train(
+        repo_root,
+        cpu_dist_env_factory(),
+        config,
+        tmp_path,
+        'train_cfg.max_epochs=2',
+        resume=True)
     assert train_losses(tmp_path) == train_losses(uninterrupted)
     final = torch.load(tmp_path / 'epoch_2.pth')['state_dict']
     final_ref = torch.load(uninterrupted / 'epoch_2.pth')['state_dict']
     assert final.keys() == final_ref.keys()
-    differing = [key for key, value in final_ref.items()
-                 if not torch.equal(final[key], value)]
+    differing = [
+        key for key, value in final_ref.items()
+        if not torch.equal(final[key], value)
+    ]
     assert differing == [], f'{len(differing)} of {len(final_ref)} differ'
 
 
@@ -122,12 +136,13 @@ def test_linear_probe_loads_pretrained_and_dist_test_evaluates(
         repo_root, uninterrupted, tmp_path, cpu_dist_env_factory):
     pretrained = uninterrupted / 'epoch_2.pth'
     run(repo_root, [
-        sys.executable, 'tools/train.py', 'configs/fashion_mnist/linear_fmnist.py',
-        '--work-dir', str(tmp_path), '--cfg-options',
+        sys.executable, 'tools/train.py',
+        'configs/fashion_mnist/linear_fmnist.py', '--work-dir',
+        str(tmp_path), '--cfg-options',
         f'model.backbone.init_cfg.checkpoint={pretrained}',
-        'train_dataloader.dataset.indices=64', 'train_dataloader.batch_size=32',
-        'val_dataloader.dataset.indices=64', 'train_cfg.max_epochs=1',
-        'train_cfg.val_interval=1'
+        'train_dataloader.dataset.indices=64',
+        'train_dataloader.batch_size=32', 'val_dataloader.dataset.indices=64',
+        'train_cfg.max_epochs=1', 'train_cfg.val_interval=1'
     ], cpu_dist_env_factory())
     probe = torch.load(tmp_path / 'epoch_1.pth')['state_dict']
     backbone = torch.load(pretrained)['state_dict']
@@ -137,8 +152,9 @@ def test_linear_probe_loads_pretrained_and_dist_test_evaluates(
     out = tmp_path / 'metrics.json'
     run(repo_root, [
         'bash', 'tools/dist_test.sh', 'configs/fashion_mnist/linear_fmnist.py',
-        str(tmp_path / 'epoch_1.pth'), '2', '--work-dir', str(tmp_path),
-        '--out', str(out), '--out-item', 'metrics', '--cfg-options',
+        str(tmp_path / 'epoch_1.pth'), '2', '--work-dir',
+        str(tmp_path), '--out',
+        str(out), '--out-item', 'metrics', '--cfg-options',
         'test_dataloader.dataset.indices=64'
     ], cpu_dist_env_factory())
     metrics = json.loads(out.read_text())

@@ -66,7 +66,8 @@ def record():
         'Runner.setup_env': vars(Runner)['setup_env'],
         'FlexibleRunner.build_dataloader':
             vars(FlexibleRunner)['build_dataloader'],
-        'FlexibleRunner.build_strategy': vars(FlexibleRunner)['build_strategy'],
+        'FlexibleRunner.build_strategy':
+            vars(FlexibleRunner)['build_strategy'],
         'dist.utils._init_dist_pytorch': dist_utils._init_dist_pytorch,
         'dist.init_dist': mmengine.dist.init_dist,
         'dist.utils.init_dist': dist_utils.init_dist,
@@ -143,9 +144,13 @@ def run_python(code, **env):
     for variable in OPT_OUTS.values():
         environment.setdefault(variable, '')
     environment.update(env)
-    proc = subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
-                          cwd=REPO, env=environment, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(code)],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -186,8 +191,12 @@ def test_each_opt_out_keeps_only_its_own_module_upstream(module):
 def test_an_unclear_opt_out_value_is_refused_by_name():
     environment = dict(os.environ, MMAE_UNSAFE_RESUME_CONFIG='yes')
     proc = subprocess.run(
-        [sys.executable, '-c', 'import mmengine, mmae_plugin'], cwd=REPO,
-        env=environment, capture_output=True, text=True, timeout=300)
+        [sys.executable, '-c', 'import mmengine, mmae_plugin'],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert proc.returncode != 0
     assert "MMAE_UNSAFE_RESUME_CONFIG='yes': set it to 1" in proc.stderr
 
@@ -252,7 +261,8 @@ PACKAGE_CONFIG = "_base_ = ['mmpretrain::_base_/default_runtime.py']\n"
 def test_plugin_import_neither_imports_pkg_resources_nor_warns(tmp_path):
     plain = tmp_path / 'plain.py'
     plain.write_text(PLAIN_CONFIG)
-    proc = run_python(f'''
+    proc = run_python(
+        f'''
         import sys, warnings
         warnings.simplefilter('always')
         with warnings.catch_warnings(record=True) as caught:
@@ -262,7 +272,8 @@ def test_plugin_import_neither_imports_pkg_resources_nor_warns(tmp_path):
             Config.fromfile({str(plain)!r})
         print('pkg_resources:', 'pkg_resources' in sys.modules,
               any('pkg_resources' in str(w.message) for w in caught))
-    ''', PYTHONWARNINGS='default')
+    ''',
+        PYTHONWARNINGS='default')
     assert 'pkg_resources: False False' in proc.stdout
 
 
@@ -291,7 +302,9 @@ def test_tools_say_what_to_install_without_pkg_resources(tmp_path):
     package = tmp_path / 'package.py'
     package.write_text(PACKAGE_CONFIG)
     environment = dict(os.environ, CUDA_VISIBLE_DEVICES='')
-    proc = subprocess.run([sys.executable, '-c', textwrap.dedent(f'''
+    proc = subprocess.run([
+        sys.executable, '-c',
+        textwrap.dedent(f'''
         import sys
         sys.modules['pkg_resources'] = None  # as after setuptools 82
         sys.path.insert(0, 'tools')
@@ -299,7 +312,12 @@ def test_tools_say_what_to_install_without_pkg_resources(tmp_path):
                     '--work-dir', {str(tmp_path / 'work')!r}]
         from _cli import run_mmpretrain_tool
         run_mmpretrain_tool('train.py')
-    ''')], cwd=REPO, env=environment, capture_output=True, text=True,
+    ''')
+    ],
+                          cwd=REPO,
+                          env=environment,
+                          capture_output=True,
+                          text=True,
                           timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -35,8 +35,11 @@ def test_importing_the_checks_imports_no_framework_and_no_plugin_module():
               'mmpretrain' in sys.modules)
         print('plugin:', ','.join(plugin))
     ''')
-    proc = subprocess.run([sys.executable, '-c', code], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, '-c', code],
+                          cwd=REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'framework: False False' in proc.stdout, proc.stdout
     assert ('plugin: mmae_plugin,mmae_plugin.utils,'
@@ -48,8 +51,10 @@ def test_each_general_check_has_one_home():
         assert getattr(validation, name).__module__ == validation.__name__
     # matrix_info's checks use check_real and nothing else of the module.
     assert matrix_validation.check_real is check_real
-    assert not [name for name in GENERAL if name != 'check_real'
-                and hasattr(matrix_validation, name)]
+    assert not [
+        name for name in GENERAL
+        if name != 'check_real' and hasattr(matrix_validation, name)
+    ]
 
 
 def test_check_bool_refuses_truthy_values():

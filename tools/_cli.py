@@ -47,7 +47,8 @@ def load_mmpretrain_tool(name: str) -> Dict[str, Any]:
         The script's globals (``parse_args``, ``merge_args``, ``main``).
     """
     import mmae_plugin.registration  # noqa: F401  (registers components)
-    return runpy.run_path(mmpretrain_tool_path(name), run_name='mmpretrain_tool')
+    return runpy.run_path(
+        mmpretrain_tool_path(name), run_name='mmpretrain_tool')
 
 
 def run_mmpretrain_tool(name: str) -> None:

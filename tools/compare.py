@@ -44,74 +44,124 @@ def positive(text: str) -> int:
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """What is compared: arms, seeds, budget, protocol."""
     group = parser.add_argument_group('comparison')
-    group.add_argument('--arm', action='append', required=True,
-                       metavar="'NAME=CONFIG [KEY=VALUE ...]'",
-                       help='one arm: a training config (a path, or one '
-                       'shipped in mmae_plugin/.mim/) and its --cfg-options; '
-                       'CONFIG "random" is the evaluation encoder untrained '
-                       '(repeat for every arm)')
-    group.add_argument('--label', action='append', default=[],
-                       metavar='NAME=TEXT',
-                       help="an arm's name in the report")
-    group.add_argument('--reference', required=True,
-                       help='the arm every other is paired with')
+    group.add_argument(
+        '--arm',
+        action='append',
+        required=True,
+        metavar="'NAME=CONFIG [KEY=VALUE ...]'",
+        help='one arm: a training config (a path, or one '
+        'shipped in mmae_plugin/.mim/) and its --cfg-options; '
+        'CONFIG "random" is the evaluation encoder untrained '
+        '(repeat for every arm)')
+    group.add_argument(
+        '--label',
+        action='append',
+        default=[],
+        metavar='NAME=TEXT',
+        help="an arm's name in the report")
+    group.add_argument(
+        '--reference',
+        required=True,
+        help='the arm every other is paired with')
     group.add_argument('--seeds', type=int, nargs='+', required=True)
-    group.add_argument('--epochs', type=positive, required=True,
-                       help='training epochs of every trained arm')
-    group.add_argument('--eval-epochs', type=positive, nargs='+',
-                       help='epochs evaluated (ending at --epochs; default '
-                       'only --epochs)')
-    group.add_argument('--images', type=positive,
-                       help='train on the first N training images')
-    group.add_argument('--cfg-options', nargs='+', default=[],
-                       metavar='KEY=VALUE',
-                       help='options of every trained arm (before its own)')
+    group.add_argument(
+        '--epochs',
+        type=positive,
+        required=True,
+        help='training epochs of every trained arm')
+    group.add_argument(
+        '--eval-epochs',
+        type=positive,
+        nargs='+',
+        help='epochs evaluated (ending at --epochs; default '
+        'only --epochs)')
+    group.add_argument(
+        '--images', type=positive, help='train on the first N training images')
+    group.add_argument(
+        '--cfg-options',
+        nargs='+',
+        default=[],
+        metavar='KEY=VALUE',
+        help='options of every trained arm (before its own)')
     group = parser.add_argument_group('evaluation protocol')
-    group.add_argument('--eval-config',
-                       help='KNNClassifier config of the frozen evaluation '
-                       '(a cls+mean one gives every pooling)')
-    group.add_argument('--poolings', nargs='+', default=['cls', 'cls+mean'],
-                       choices=layout.POOLINGS)
-    group.add_argument('--shots', type=positive, nargs='*', default=[10, 100],
-                       help='labels per class of the low-shot probes')
-    group.add_argument('--bank-images', type=positive,
-                       help='first N training images for kNN and probes')
-    group.add_argument('--test-images', type=positive,
-                       help='first M test images classified')
-    group.add_argument('--weight-decay', type=float, default=1e-4,
-                       help='L2 coefficient of the linear probes')
-    group.add_argument('--test-config', action='append', default=[],
-                       metavar='NAME=CONFIG',
-                       help='also run tools/test.py CONFIG on each '
-                       'checkpoint; its metrics are NAME/<metric>')
+    group.add_argument(
+        '--eval-config',
+        help='KNNClassifier config of the frozen evaluation '
+        '(a cls+mean one gives every pooling)')
+    group.add_argument(
+        '--poolings',
+        nargs='+',
+        default=['cls', 'cls+mean'],
+        choices=layout.POOLINGS)
+    group.add_argument(
+        '--shots',
+        type=positive,
+        nargs='*',
+        default=[10, 100],
+        help='labels per class of the low-shot probes')
+    group.add_argument(
+        '--bank-images',
+        type=positive,
+        help='first N training images for kNN and probes')
+    group.add_argument(
+        '--test-images', type=positive, help='first M test images classified')
+    group.add_argument(
+        '--weight-decay',
+        type=float,
+        default=1e-4,
+        help='L2 coefficient of the linear probes')
+    group.add_argument(
+        '--test-config',
+        action='append',
+        default=[],
+        metavar='NAME=CONFIG',
+        help='also run tools/test.py CONFIG on each '
+        'checkpoint; its metrics are NAME/<metric>')
 
 
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group('execution (submitit)')
-    group.add_argument('--cluster', choices=('local', 'slurm'),
-                       default='local')
+    group.add_argument(
+        '--cluster', choices=('local', 'slurm'), default='local')
     group.add_argument('--partition', help='Slurm partition')
-    group.add_argument('--gpus', type=int, default=0,
-                       help='GPUs per job (one task each; more than one '
-                       'runs MMEngine with --launcher slurm)')
-    group.add_argument('--cpus-per-task', type=positive, default=1,
-                       help='CPU cores (and torch threads) per task')
-    group.add_argument('--time-min', type=positive, default=24 * 60,
-                       help='time limit per job; a job reaching it is '
-                       'requeued and continues')
-    group.add_argument('--parallel', type=positive, default=1,
-                       help='local executor: jobs at once')
-    group.add_argument('--no-wait', action='store_true',
-                       help='submit and exit (report later)')
-    group.add_argument('--restore', metavar='RUNS_JSON',
-                       help="take up this comparison's finished results "
-                       'from a runs.json (another machine, lost run '
-                       'folders); unfinished runs train again')
+    group.add_argument(
+        '--gpus',
+        type=int,
+        default=0,
+        help='GPUs per job (one task each; more than one '
+        'runs MMEngine with --launcher slurm)')
+    group.add_argument(
+        '--cpus-per-task',
+        type=positive,
+        default=1,
+        help='CPU cores (and torch threads) per task')
+    group.add_argument(
+        '--time-min',
+        type=positive,
+        default=24 * 60,
+        help='time limit per job; a job reaching it is '
+        'requeued and continues')
+    group.add_argument(
+        '--parallel',
+        type=positive,
+        default=1,
+        help='local executor: jobs at once')
+    group.add_argument(
+        '--no-wait',
+        action='store_true',
+        help='submit and exit (report later)')
+    group.add_argument(
+        '--restore',
+        metavar='RUNS_JSON',
+        help="take up this comparison's finished results "
+        'from a runs.json (another machine, lost run '
+        'folders); unfinished runs train again')
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--report', help='markdown path (default '
-                        '<out-dir>/report.md)')
+    parser.add_argument(
+        '--report', help='markdown path (default '
+        '<out-dir>/report.md)')
     parser.add_argument('--title', help='the page title')
     parser.add_argument('--notes', help='markdown file appended to the page')
 
@@ -122,11 +172,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split('Examples::')[1])
     commands = parser.add_subparsers(dest='command', required=True)
-    run = commands.add_parser('run', help='run (or continue) a comparison, '
-                              'then report')
-    for command in (run, commands.add_parser(
-            'report', help='report from runs.json'), commands.add_parser(
-            'status', help='which runs and evaluations are done')):
+    run = commands.add_parser(
+        'run', help='run (or continue) a comparison, '
+        'then report')
+    for command in (run,
+                    commands.add_parser(
+                        'report', help='report from runs.json'),
+                    commands.add_parser(
+                        'status', help='which runs and evaluations are done')):
         command.add_argument('--out-dir', required=True)
     add_spec_arguments(run)
     add_execution_arguments(run)
@@ -149,16 +202,18 @@ def spec_of(args: argparse.Namespace) -> Comparison:
     unknown = set(labels) - {arm.name for arm in arms}
     if unknown:
         raise ValueError(f'--label for unknown arms: {sorted(unknown)}')
-    arms = [parse_arm(text, labels.get(arm.name, ''))
-            for text, arm in zip(args.arm, arms)]
+    arms = [
+        parse_arm(text, labels.get(arm.name, ''))
+        for text, arm in zip(args.arm, arms)
+    ]
     protocol = Protocol(args.eval_config, tuple(args.poolings),
-                        tuple(args.shots), args.bank_images,
-                        args.test_images, args.weight_decay,
+                        tuple(args.shots), args.bank_images, args.test_images,
+                        args.weight_decay,
                         tuple(pairs(args.test_config, '--test-config')))
-    return Comparison(tuple(arms), args.reference, tuple(args.seeds),
-                      args.epochs, tuple(args.eval_epochs or [args.epochs]),
-                      protocol, args.images,
-                      parse_options(args.cfg_options))
+    return Comparison(
+        tuple(arms), args.reference, tuple(args.seeds), args.epochs,
+        tuple(args.eval_epochs or [args.epochs]), protocol, args.images,
+        parse_options(args.cfg_options))
 
 
 def run(args: argparse.Namespace, command: str) -> int:
@@ -171,14 +226,17 @@ def run(args: argparse.Namespace, command: str) -> int:
     spec = layout.freeze(args.out_dir, asked)
     if args.restore:
         restored = records.restore_runs(args.out_dir, args.restore)
-        print(f'[compare] restored {restored[0]} evaluations and the curves '
-              f'of {restored[1]} runs from {args.restore}', flush=True)
+        print(
+            f'[compare] restored {restored[0]} evaluations and the curves '
+            f'of {restored[1]} runs from {args.restore}',
+            flush=True)
     resources = jobs.Resources(args.cluster, args.cpus_per_task, args.gpus,
                                args.partition, args.time_min, args.parallel)
     todo = jobs.unfinished_runs(args.out_dir, spec)
-    print(f'[compare] {len(spec.runs()) - len(todo)} of {len(spec.runs())} '
-          f'runs finished; submitting {len(todo)} ({args.cluster})',
-          flush=True)
+    print(
+        f'[compare] {len(spec.runs()) - len(todo)} of {len(spec.runs())} '
+        f'runs finished; submitting {len(todo)} ({args.cluster})',
+        flush=True)
     submitted = jobs.submit(args.out_dir, spec, resources, todo)
     if args.no_wait:
         return 0

@@ -4,7 +4,8 @@
 # and contrastive models of the same size are compared on identical inputs.
 # mmengine forbids one key in two sibling bases, so this file only defines a
 # variable; including configs add it with
-# `default_hooks = dict(attention_locality={{_base_.attention_locality_hook}})`.
+# `default_hooks = dict(
+#      attention_locality={{_base_.attention_locality_hook}})`.
 attention_locality_hook = dict(
     type='AttentionLocalityHook',
     interval=1,

@@ -34,10 +34,21 @@ optim_wrapper = dict(
             '.pos_embed': dict(decay_mult=0.0),
         }))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=True, begin=0, end=1,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', T_max=9, by_epoch=True, begin=1, end=10,
-         eta_min=1e-6, convert_to_iter_based=True),
+    dict(
+        type='LinearLR',
+        start_factor=1e-3,
+        by_epoch=True,
+        begin=0,
+        end=1,
+        convert_to_iter_based=True),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=9,
+        by_epoch=True,
+        begin=1,
+        end=10,
+        eta_min=1e-6,
+        convert_to_iter_based=True),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=10, val_interval=1)
 val_cfg = dict()

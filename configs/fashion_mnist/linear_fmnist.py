@@ -24,10 +24,21 @@ optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='LARS', lr=20.0, weight_decay=0.0, momentum=0.9))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-4, by_epoch=True, begin=0, end=1,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', T_max=4, by_epoch=True, begin=1, end=5,
-         eta_min=0.0, convert_to_iter_based=True),
+    dict(
+        type='LinearLR',
+        start_factor=1e-4,
+        by_epoch=True,
+        begin=0,
+        end=1,
+        convert_to_iter_based=True),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=4,
+        by_epoch=True,
+        begin=1,
+        end=5,
+        eta_min=0.0,
+        convert_to_iter_based=True),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=5, val_interval=5)
 val_cfg = dict()

@@ -7,8 +7,12 @@ model = dict(
     type='MMAE',
     feature='cls',
     regularizer=dict(
-        type='TCRLoss', mu=1.0, form='reference', centering=False,
-        gather='global', loss_weight=0.01))
+        type='TCRLoss',
+        mu=1.0,
+        form='reference',
+        centering=False,
+        gather='global',
+        loss_weight=0.01))
 
 # RegularizerSkipHook: reports the steps whose regulariser term was skipped
 # (MMAE's logged reg_skipped code). A named default hook: default_hooks is

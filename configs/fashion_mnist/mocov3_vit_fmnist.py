@@ -20,23 +20,37 @@ temperature = 0.2
 # Two asymmetric views as in MoCo v3's ViT recipe, restricted to transforms
 # that make sense for 28 x 28 grayscale images (no colour jitter/grayscale).
 view_pipeline1 = [
-    dict(type='RandomResizedCrop', scale=28, crop_ratio_range=(0.2, 1.),
-         backend='pillow'),
-    dict(type='GaussianBlur', magnitude_range=(0.1, 1.0),
-         magnitude_std='inf', prob=0.5),
+    dict(
+        type='RandomResizedCrop',
+        scale=28,
+        crop_ratio_range=(0.2, 1.),
+        backend='pillow'),
+    dict(
+        type='GaussianBlur',
+        magnitude_range=(0.1, 1.0),
+        magnitude_std='inf',
+        prob=0.5),
     dict(type='RandomFlip', prob=0.5),
 ]
 view_pipeline2 = [
-    dict(type='RandomResizedCrop', scale=28, crop_ratio_range=(0.2, 1.),
-         backend='pillow'),
-    dict(type='GaussianBlur', magnitude_range=(0.1, 1.0),
-         magnitude_std='inf', prob=0.1),
+    dict(
+        type='RandomResizedCrop',
+        scale=28,
+        crop_ratio_range=(0.2, 1.),
+        backend='pillow'),
+    dict(
+        type='GaussianBlur',
+        magnitude_range=(0.1, 1.0),
+        magnitude_std='inf',
+        prob=0.1),
     dict(type='Solarize', thr=128, prob=0.2),
     dict(type='RandomFlip', prob=0.5),
 ]
 train_pipeline = [
-    dict(type='MultiView', num_views=[1, 1],
-         transforms=[view_pipeline1, view_pipeline2]),
+    dict(
+        type='MultiView',
+        num_views=[1, 1],
+        transforms=[view_pipeline1, view_pipeline2]),
     dict(type='PackInputs'),
 ]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))

@@ -13,17 +13,30 @@ model = dict(backbone=dict(init_cfg=None))
 
 optim_wrapper = dict(
     constructor='MergedGroupsOptimWrapperConstructor',
-    paramwise_cfg=dict(_delete_=True, custom_keys={
-        '.ln': dict(decay_mult=0.0),
-        '.bias': dict(decay_mult=0.0),
-        '.cls_token': dict(decay_mult=0.0),
-        '.pos_embed': dict(decay_mult=0.0),
-    }))
+    paramwise_cfg=dict(
+        _delete_=True,
+        custom_keys={
+            '.ln': dict(decay_mult=0.0),
+            '.bias': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0),
+            '.pos_embed': dict(decay_mult=0.0),
+        }))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=True, begin=0, end=1,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', T_max=4, by_epoch=True, begin=1, end=5,
-         eta_min=1e-6, convert_to_iter_based=True),
+    dict(
+        type='LinearLR',
+        start_factor=1e-3,
+        by_epoch=True,
+        begin=0,
+        end=1,
+        convert_to_iter_based=True),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=4,
+        by_epoch=True,
+        begin=1,
+        end=5,
+        eta_min=1e-6,
+        convert_to_iter_based=True),
 ]
 # The evidence study evaluates the frozen features itself; no validation.
 train_cfg = dict(_delete_=True, by_epoch=True, max_epochs=5)

@@ -27,8 +27,10 @@ from typing import Dict, List, Tuple
 
 RELEASE_TAGS = {'mmengine': 'v0.10.7', 'mmpretrain': 'v1.2.0'}
 # What each suite's tests read besides tests/ (mmpretrain's read configs/).
-EXPORTED_PATHS = {'mmengine': ['tests', 'pytest.ini'],
-                  'mmpretrain': ['tests', 'configs', 'setup.cfg']}
+EXPORTED_PATHS = {
+    'mmengine': ['tests', 'pytest.ini'],
+    'mmpretrain': ['tests', 'configs', 'setup.cfg']
+}
 # Test-only requirements of the upstream suites that the plugin's own
 # environment does not need; installed into an overlay venv, never into it.
 TEST_REQUIREMENTS = ['parameterized', 'pytest-timeout', 'scikit-learn']
@@ -61,7 +63,9 @@ def source_tree(suite: str, source: str, out: str) -> str:
                          'tests/ nor a git repository')
     archive = subprocess.run(
         ['git', f'--git-dir={git_dir}', 'archive', RELEASE_TAGS[suite]] +
-        EXPORTED_PATHS[suite], check=True, stdout=subprocess.PIPE).stdout
+        EXPORTED_PATHS[suite],
+        check=True,
+        stdout=subprocess.PIPE).stdout
     subprocess.run(['tar', '-x', '-C', tree], input=archive, check=True)
     return tree
 
@@ -79,14 +83,18 @@ def overlay_python(out: str) -> str:
     python = osp.join(venv, 'bin', 'python')
     if not osp.exists(python):
         subprocess.run([sys.executable, '-m', 'venv', venv], check=True)
-        purelib = subprocess.run(
-            [python, '-c', 'import sysconfig; '
-             'print(sysconfig.get_paths()["purelib"])'],
-            check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+        purelib = subprocess.run([
+            python, '-c', 'import sysconfig; '
+            'print(sysconfig.get_paths()["purelib"])'
+        ],
+                                 check=True,
+                                 stdout=subprocess.PIPE,
+                                 text=True).stdout.strip()
         with open(osp.join(purelib, '_base_environment.pth'), 'w') as pth:
             pth.write(sysconfig.get_paths()['purelib'] + '\n')
-        subprocess.run([python, '-m', 'pip', 'install', '-q'] +
-                       TEST_REQUIREMENTS, check=True)
+        subprocess.run(
+            [python, '-m', 'pip', 'install', '-q'] + TEST_REQUIREMENTS,
+            check=True)
     return python
 
 
@@ -106,24 +114,29 @@ def run_suite(python: str, tree: str, paths: List[str], junit: str,
         pytest's exit status.
     """
     env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(
-        [HERE, REPO_ROOT] + ([env['PYTHONPATH']]
-                             if env.get('PYTHONPATH') else []))
+    env['PYTHONPATH'] = os.pathsep.join([HERE, REPO_ROOT] + (
+        [env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
     # A module that fails to import (a missing optional dependency) fails the
     # same way in both runs; the rest of the suite still runs.
     # --tb=native: pytest's own traceback formatting re-parses sources and
     # crashes the whole session on Python 3.11's AST recursion check after
     # some of mmengine's tests.
-    command = [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-               '--continue-on-collection-errors', '--tb=native',
-               f'--junitxml={junit}', f'--timeout={timeout}', '-o',
-               'junit_family=xunit1'] + paths
+    command = [
+        python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+        '--continue-on-collection-errors', '--tb=native',
+        f'--junitxml={junit}', f'--timeout={timeout}', '-o',
+        'junit_family=xunit1'
+    ] + paths
     if with_plugin:
         command[3:3] = ['-p', 'mmae_import_plugin']
     log = junit[:-len('.xml')] + '.log'
     with open(log, 'w') as log_file:
-        return subprocess.run(command, cwd=tree, env=env, stdout=log_file,
-                              stderr=subprocess.STDOUT).returncode
+        return subprocess.run(
+            command,
+            cwd=tree,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT).returncode
 
 
 def expand_paths(tree: str, paths: List[str]) -> List[str]:
@@ -145,9 +158,8 @@ def expand_paths(tree: str, paths: List[str]) -> List[str]:
             expanded.append(path)
             continue
         for name in sorted(os.listdir(osp.join(tree, 'tests'))):
-            if name.startswith('test_') and (
-                    name.endswith('.py')
-                    or osp.isdir(osp.join(tree, 'tests', name))):
+            if name.startswith('test_') and (name.endswith('.py') or osp.isdir(
+                    osp.join(tree, 'tests', name))):
                 expanded.append(f'tests/{name}')
     return expanded
 
@@ -212,15 +224,20 @@ def summary(name: str, results: Dict[str, str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('suites', nargs='+', metavar='SUITE=SOURCE[:PATHS]',
-                        help='e.g. mmengine=/src/mmengine or '
-                        'mmpretrain=/src/mmpretrain:tests/test_apis,'
-                        'tests/test_engine')
+    parser.add_argument(
+        'suites',
+        nargs='+',
+        metavar='SUITE=SOURCE[:PATHS]',
+        help='e.g. mmengine=/src/mmengine or '
+        'mmpretrain=/src/mmpretrain:tests/test_apis,'
+        'tests/test_engine')
     parser.add_argument('--out', required=True, help='output folder')
-    parser.add_argument('--timeout', type=int, default=900,
-                        help='per-test timeout in seconds')
-    parser.add_argument('--modes', default='plain,plugin',
-                        help='which runs to do (comma separated)')
+    parser.add_argument(
+        '--timeout', type=int, default=900, help='per-test timeout in seconds')
+    parser.add_argument(
+        '--modes',
+        default='plain,plugin',
+        help='which runs to do (comma separated)')
     args = parser.parse_args()
     out = osp.abspath(args.out)
     os.makedirs(osp.join(out, 'junit'), exist_ok=True)
@@ -233,18 +250,20 @@ def main() -> None:
                              f'got {suite!r}')
         source, _, paths = rest.partition(':')
         tree = source_tree(suite, source, out)
-        test_paths = expand_paths(tree, paths.split(',') if paths
-                                  else ['tests'])
+        test_paths = expand_paths(tree,
+                                  paths.split(',') if paths else ['tests'])
         for mode in args.modes.split(','):
             for path in test_paths:
                 junit = junit_path(out, suite, mode, path)
                 status = run_suite(python, tree, [path], junit,
                                    mode == 'plugin', args.timeout)
-                print(f'{suite} {mode} {path}: pytest exit status {status}',
-                      flush=True)
-        junits = {mode: [junit_path(out, suite, mode, path)
-                         for path in test_paths]
-                  for mode in ('plain', 'plugin')}
+                print(
+                    f'{suite} {mode} {path}: pytest exit status {status}',
+                    flush=True)
+        junits = {
+            mode: [junit_path(out, suite, mode, path) for path in test_paths]
+            for mode in ('plain', 'plugin')
+        }
         if not all(osp.exists(j) for j in junits['plain'] + junits['plugin']):
             continue
         plain, plugin = outcomes(junits['plain']), outcomes(junits['plugin'])

@@ -182,7 +182,8 @@ def copy_file_attributes(fd: int, old: Optional[os.stat_result],
 
 
 @contextlib.contextmanager
-def open_atomically(filepath: str, mode: str = 'wb',
+def open_atomically(filepath: str,
+                    mode: str = 'wb',
                     encoding: Optional[str] = None) -> Iterator[IO]:
     """A file to write ``filepath`` through; readers see old or new only.
 
@@ -216,7 +217,8 @@ def open_atomically(filepath: str, mode: str = 'wb',
     remove_orphan_temporaries(folder, name)
     try:
         fd, tmp_path = tempfile.mkstemp(
-            dir=folder, prefix=f'.{name}.{writer_identity()}.{os.getpid()}.',
+            dir=folder,
+            prefix=f'.{name}.{writer_identity()}.{os.getpid()}.',
             suffix='.tmp')
     except OSError as err:
         raise _naming(err, filepath) from err
@@ -235,7 +237,8 @@ def open_atomically(filepath: str, mode: str = 'wb',
         raise
 
 
-def write_atomically(data: Union[bytes, str], filepath: str,
+def write_atomically(data: Union[bytes, str],
+                     filepath: str,
                      mode: str = 'wb',
                      encoding: Optional[str] = None) -> None:
     """Write ``data`` to ``filepath`` so readers see the old or new file only.

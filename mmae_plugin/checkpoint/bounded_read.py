@@ -24,14 +24,15 @@ def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, 'a FIFO'), (stat.S_ISCHR,
                                                    'a character device'),
                        (stat.S_ISBLK, 'a block device'),
-                       (stat.S_ISSOCK, 'a socket'),
-                       (stat.S_ISDIR, 'a directory')):
+                       (stat.S_ISSOCK, 'a socket'), (stat.S_ISDIR,
+                                                     'a directory')):
         if test(mode):
             return name
     return 'not a regular file'
 
 
-def read_small_text(path: str, what: str,
+def read_small_text(path: str,
+                    what: str,
                     limit: int = SUSPICIOUS_FILE_LIMIT) -> str:
     """Read a small regular text file, refusing anything else by name.
 
@@ -51,7 +52,8 @@ def read_small_text(path: str, what: str,
     """
     # O_NONBLOCK: opening a FIFO with no writer returns at once instead of
     # waiting for one; the type check on the descriptor then refuses it.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, 'O_CLOEXEC', 0))
+    fd = os.open(path,
+                 os.O_RDONLY | os.O_NONBLOCK | getattr(os, 'O_CLOEXEC', 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

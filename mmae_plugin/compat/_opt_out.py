@@ -40,6 +40,9 @@ def opted_out(variable: str, risk: str) -> bool:
         raise ValueError(
             f'{variable}={value!r}: set it to 1 to keep upstream behaviour '
             '(unsafe, see docs/upstream_workarounds.md) or to 0 / unset it')
-    warnings.warn(f'{variable}=1: mmae_plugin leaves upstream behaviour in '
-                  f'place, so {risk}', UpstreamBehaviourWarning, stacklevel=2)
+    warnings.warn(
+        f'{variable}=1: mmae_plugin leaves upstream behaviour in '
+        f'place, so {risk}',
+        UpstreamBehaviourWarning,
+        stacklevel=2)
     return True

@@ -68,7 +68,6 @@ OPTED_OUT = opted_out(
 #: torch >= 2.6 takes ``(object, 'module.name')`` in ``add_safe_globals``.
 NAMED_SAFE_GLOBALS = TorchVersion(torch.__version__) >= (2, 6)
 
-
 #: The statistics ``HistoryBuffer`` defines itself; the only names the
 #: restricted ``getattr`` below resolves, whatever a checkpoint contains.
 BUILTIN_STATISTICS = ('min', 'max', 'current', 'mean')
@@ -216,8 +215,10 @@ def named_safe_global(obj: Any, path: str) -> Any:
         return (obj, path)
     module, name = path.rsplit('.', 1)
     if isinstance(obj, type):
-        alias = type(name, (obj, ), {'__module__': module,
-                                     '__qualname__': name})
+        alias = type(name, (obj, ), {
+            '__module__': module,
+            '__qualname__': name
+        })
         if issubclass(obj, CheckpointHistoryBuffer):
             _HISTORY_BUFFER_ALIASES.append(alias)
         return alias
@@ -286,8 +287,8 @@ def allow_registered_statistic(method: Callable) -> None:
     if not module or not qualname or '<locals>' in qualname:
         return  # pickle cannot store it by path, so no checkpoint names it
     parts = qualname.split('.')
-    safe = [(RegisteredStatistic(method.__name__, method),
-             f'{module}.{qualname}')]
+    safe = [(RegisteredStatistic(method.__name__,
+                                 method), f'{module}.{qualname}')]
     for depth in range(1, len(parts)):
         owner = '.'.join([module] + parts[:depth])
         safe.append((RegisteredStatisticOwner(owner), owner))
@@ -336,8 +337,10 @@ def prefer_real_entries_to_stand_ins() -> None:
     @functools.wraps(original)
     def get_user_allowed_globals() -> Dict[str, Any]:
         allowed = original()
-        stand_in_paths = {path for path, found in allowed.items()
-                          if type(found) in STAND_IN_TYPES}
+        stand_in_paths = {
+            path
+            for path, found in allowed.items() if type(found) in STAND_IN_TYPES
+        }
         if stand_in_paths:
             for entry in list(unpickler._marked_safe_globals_set):
                 found = entry[0] if isinstance(entry, tuple) else entry
@@ -430,21 +433,26 @@ def checkpoint_safe_globals() -> List[Any]:
     """
     import numpy as np
     from mmengine.config.config import ConfigDict
-
     # numpy arrays and scalars inside HistoryBuffer (message hub) and meta;
     # numpy 1.26's numpy._core.multiarray re-exports numpy.core's.
     from numpy._core import multiarray
-    dtype_classes = [type(np.dtype(t)) for t in (
-        np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8,
-        np.bool_)]
+    dtype_classes = [
+        type(np.dtype(t)) for t in (np.float64, np.float32, np.float16,
+                                    np.int64, np.int32, np.uint8, np.bool_)
+    ]
     return [
         named_safe_global(
             CheckpointHistoryBuffer,
             f'{HistoryBuffer.__module__}.{HistoryBuffer.__qualname__}'),
-        ConfigDict, np.ndarray, np.dtype, *dtype_classes,
-        *[named_safe_global(function, f'{module}.{function.__name__}')
-          for function in (multiarray._reconstruct, multiarray.scalar)
-          for module in ('numpy.core.multiarray', 'numpy._core.multiarray')],
+        ConfigDict,
+        np.ndarray,
+        np.dtype,
+        *dtype_classes,
+        *[
+            named_safe_global(function, f'{module}.{function.__name__}')
+            for function in (multiarray._reconstruct, multiarray.scalar)
+            for module in ('numpy.core.multiarray', 'numpy._core.multiarray')
+        ],
         # Protocol 2 pickles bytes (numpy's array data) as
         # _codecs.encode(str, 'latin1'); torch >= 2.5 allows it by default.
         codecs.encode,

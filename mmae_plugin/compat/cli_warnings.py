@@ -53,6 +53,8 @@ def quiet_known_upstream_warnings() -> Iterator[None]:
     """
     with quiet_pkg_resources_deprecation():
         warnings.filterwarnings(
-            'ignore', message=re.escape(MSDA_TEXT), category=UserWarning,
+            'ignore',
+            message=re.escape(MSDA_TEXT),
+            category=UserWarning,
             module=MSDA_MODULE)
         yield

@@ -69,13 +69,15 @@ def refuse_config_from_checkpoint(original: Any) -> Any:
     """
 
     @functools.wraps(original)
-    def init_model(self, cfg: Any, weights: Optional[str],
+    def init_model(self,
+                   cfg: Any,
+                   weights: Optional[str],
                    device: str = 'cpu') -> Any:
         # Same test as upstream's ``if not cfg:`` branch, checked before the
         # checkpoint is read so a refused call reads nothing.
         if not cfg and weights is not None:
-            raise ValueError(_MESSAGE.format(weights=weights,
-                                             cls=type(self).__name__))
+            raise ValueError(
+                _MESSAGE.format(weights=weights, cls=type(self).__name__))
         return original(self, cfg, weights, device)
 
     init_model._mmae_fixed = True

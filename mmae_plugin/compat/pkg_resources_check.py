@@ -71,6 +71,8 @@ def quiet_pkg_resources_deprecation() -> Iterator[None]:
     """
     with warnings.catch_warnings():
         warnings.filterwarnings(
-            'ignore', message=re.escape(DEPRECATION_TEXT),
-            category=UserWarning, module=DEPRECATION_MODULES)
+            'ignore',
+            message=re.escape(DEPRECATION_TEXT),
+            category=UserWarning,
+            module=DEPRECATION_MODULES)
         yield

@@ -226,7 +226,7 @@ class MmengineWithLiteralConfigText(types.ModuleType):
 
 
 def read_resume_config_without_executing() -> None:
-    """Make both runners' resume parse ``meta.config`` instead of running it."""
+    """Make both runners' resume parse ``meta.config``, never run it."""
     if OPTED_OUT:
         return
     import mmengine.runner._flexible_runner as flexible_runner_module

@@ -68,9 +68,12 @@ class PackEncodedJpeg(BaseTransform):
                  interpolation: str = 'bicubic') -> None:
         flip_prob = check_real(flip_prob, 'flip_prob', minimum=0, maximum=1)
         self.crop = RandomResizedCrop(
-            scale=scale, crop_ratio_range=crop_ratio_range,
-            aspect_ratio_range=aspect_ratio_range, max_attempts=max_attempts,
-            interpolation=interpolation, backend='pillow')
+            scale=scale,
+            crop_ratio_range=crop_ratio_range,
+            aspect_ratio_range=aspect_ratio_range,
+            max_attempts=max_attempts,
+            interpolation=interpolation,
+            backend='pillow')
         self.scale = scale
         self.flip_prob = flip_prob
 
@@ -105,10 +108,14 @@ class PackEncodedJpeg(BaseTransform):
             inputs = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
             inputs = self.crop_on_cpu(data, box, flip)
-        sample = DataSample(metainfo=dict(
-            img_path=path, ori_shape=(height, width), crop_box=box,
-            flip=flip, encoded=encoded,
-            img_shape=(self.scale, self.scale)))
+        sample = DataSample(
+            metainfo=dict(
+                img_path=path,
+                ori_shape=(height, width),
+                crop_box=box,
+                flip=flip,
+                encoded=encoded,
+                img_shape=(self.scale, self.scale)))
         return dict(inputs=inputs, data_samples=sample)
 
     def crop_on_cpu(self, data: bytes, box: Sequence[int],
@@ -117,15 +124,15 @@ class PackEncodedJpeg(BaseTransform):
         import mmcv
         image = mmcv.imfrombytes(data, flag='color', channel_order='rgb')
         top, left, height, width = box
-        image = mmcv.imcrop(image, np.array(
-            [left, top, left + width - 1, top + height - 1]))
-        image = mmcv.imresize(image, (self.scale, self.scale),
-                              interpolation=self.crop.interpolation,
-                              backend='pillow')
+        image = mmcv.imcrop(
+            image, np.array([left, top, left + width - 1, top + height - 1]))
+        image = mmcv.imresize(
+            image, (self.scale, self.scale),
+            interpolation=self.crop.interpolation,
+            backend='pillow')
         if flip:
             image = mmcv.imflip(image, direction='horizontal')
-        return torch.from_numpy(
-            np.ascontiguousarray(image.transpose(2, 0, 1)))
+        return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(scale={self.scale}, crop_ratio_range='

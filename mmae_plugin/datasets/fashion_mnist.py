@@ -38,8 +38,9 @@ def read_file_bytes(path: str) -> bytes:
     except gzip.BadGzipFile as err:
         raise CorruptDataError(path, f'not a gzip file ({err})') from None
     except EOFError:
-        raise CorruptDataError(path, 'truncated gzip stream (it ends before '
-                               'the end-of-stream marker)') from None
+        raise CorruptDataError(
+            path, 'truncated gzip stream (it ends before '
+            'the end-of-stream marker)') from None
     except zlib.error as err:
         raise CorruptDataError(path, f'damaged gzip data ({err})') from None
 
@@ -62,8 +63,9 @@ def read_idx_ubyte(path: str, ndim: int) -> np.ndarray:
         raise CorruptDataError(path, 'the file is empty')
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise CorruptDataError(path, f'{len(data)} bytes, too short for the '
-                               f'{header}-byte IDX header')
+        raise CorruptDataError(
+            path, f'{len(data)} bytes, too short for the '
+            f'{header}-byte IDX header')
     magic = int.from_bytes(data[:4], 'big')
     expected = (IDX_UBYTE << 8) | ndim
     if magic != expected:
@@ -107,8 +109,10 @@ class GzipFashionMNIST(FashionMNIST):
             (``pipeline``, ``test_mode``...).
     """
 
-    def __init__(self, data_root: str = DEFAULT_FASHION_MNIST_ROOT,
-                 split: str = 'train', download: bool = False,
+    def __init__(self,
+                 data_root: str = DEFAULT_FASHION_MNIST_ROOT,
+                 split: str = 'train',
+                 download: bool = False,
                  indices: Optional[Union[int, Sequence[int]]] = None,
                  **kwargs) -> None:
         if not isinstance(data_root, (str, os.PathLike)):
@@ -117,8 +121,12 @@ class GzipFashionMNIST(FashionMNIST):
         check_choice(split, 'split', SPLITS)
         check_bool(download, 'download')
         check_indices(indices)
-        super().__init__(data_root=str(data_root), split=split,
-                         download=download, indices=indices, **kwargs)
+        super().__init__(
+            data_root=str(data_root),
+            split=split,
+            download=download,
+            indices=indices,
+            **kwargs)
 
     def _locate(self, gz_name: str) -> Optional[str]:
         root = self.data_prefix['root']
@@ -138,15 +146,17 @@ class GzipFashionMNIST(FashionMNIST):
                 raise FileNotFoundError(
                     f'Fashion-MNIST not found in data_root='
                     f"{self.data_prefix['root']!r}: it needs "
-                    'train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz)'
-                    ', t10k-images-idx3-ubyte(.gz) and t10k-labels-idx1-ubyte'
+                    'train-images-idx3-ubyte(.gz), '
+                    'train-labels-idx1-ubyte(.gz), t10k-images-idx3-ubyte(.gz)'
+                    ' and t10k-labels-idx1-ubyte'
                     '(.gz). On Debian/Ubuntu: apt-get install -y '
-                    f'dataset-fashion-mnist (installs {DEFAULT_FASHION_MNIST_ROOT})'
+                    'dataset-fashion-mnist (installs '
+                    f'{DEFAULT_FASHION_MNIST_ROOT})'
                     ', or set download=True with internet access.')
             self._download()
         files = self.train_list if self.split == 'train' else self.test_list
-        images, labels = self._read_checked(self._locate(files[0][0]),
-                                            self._locate(files[1][0]))
+        images, labels = self._read_checked(
+            self._locate(files[0][0]), self._locate(files[1][0]))
         check_indices_in_range(self._indices, len(labels))
         return [
             dict(img=img, gt_label=int(label))

@@ -26,6 +26,6 @@ __all__ = [
     'matrix_kl_divergence', 'matrix_js_divergence', 'spectrum_js_divergence',
     'effective_rank', 'rankme', 'normalized_covariance', 'normalized_gram',
     'FactoredPSD', 'TCR_FORMS', 'coding_rate', 'coding_rate_key', 'POOLINGS',
-    'pool_token_sequence', 'KERNELS', 'one_branch_statistics',
-    'statistic_key', 'two_branch_statistics'
+    'pool_token_sequence', 'KERNELS', 'one_branch_statistics', 'statistic_key',
+    'two_branch_statistics'
 ]

@@ -24,9 +24,8 @@ from torch import Tensor
 from ..utils.validation import check_non_negative
 from .kernels import FactoredPSD, PSDInput
 from .spectrum import (check_nonzero_trace, dense_symmetric, eigenvalues,
-                       normalize_spectrum,
-                       prepare_input, prepared_size, prepared_spectrum,
-                       shannon_entropy)
+                       normalize_spectrum, prepare_input, prepared_size,
+                       prepared_spectrum, shannon_entropy)
 from .validation import check_eigenvalues_psd, check_same_size, resolve_dtype
 
 #: Relative gap below which two eigenvalues are treated as equal in the
@@ -117,7 +116,9 @@ def _rescaled_to_trace_n(K: PSDInput, name: str,
     return sym * (sym.shape[0] / trace)
 
 
-def matrix_kl_divergence(K1: PSDInput, K2: PSDInput, eps: float = 1e-8,
+def matrix_kl_divergence(K1: PSDInput,
+                         K2: PSDInput,
+                         eps: float = 1e-8,
                          dtype: Optional[torch.dtype] = None) -> Tensor:
     """Matrix KL divergence ``tr[K1 (log K1 - log K2)]`` (Definition 4).
 
@@ -147,8 +148,10 @@ def matrix_kl_divergence(K1: PSDInput, K2: PSDInput, eps: float = 1e-8,
     lam1 = lam1.clamp_min(0)
     # tr[K1 log(K1 + eps I)] is a spectral function of K1: eigenvalues only.
     shifted = lam1 + eps
-    floor = max(lam1.numel() * torch.finfo(lam1.dtype).eps *
-                float(shifted.detach().max()), torch.finfo(lam1.dtype).tiny)
+    floor = max(
+        lam1.numel() * torch.finfo(lam1.dtype).eps *
+        float(shifted.detach().max()),
+        torch.finfo(lam1.dtype).tiny)
     self_term = (lam1 * torch.log(shifted.clamp_min(floor))).sum()
     k2_dtype = None if isinstance(K2, FactoredPSD) else K2.dtype
     return self_term - _TraceTimesLogm.apply(k1, k2, eps, k2_dtype)
@@ -173,8 +176,9 @@ def _mixture(p1: PSDInput, p2: PSDInput) -> PSDInput:
         parts = []
         for factored in (p1, p2):
             trace = factored.trace()
-            parts.append(factored.factor / trace.sqrt()
-                         if float(trace.detach()) > 0 else factored.factor)
+            parts.append(
+                factored.factor /
+                trace.sqrt() if float(trace.detach()) > 0 else factored.factor)
         return FactoredPSD(torch.cat(parts, dim=1) / math.sqrt(2.0))
     densities = []
     for prepared in (p1, p2):
@@ -190,7 +194,8 @@ def _input_dtype(K: PSDInput) -> Optional[torch.dtype]:
     return None if isinstance(K, FactoredPSD) else K.dtype
 
 
-def matrix_js_divergence(K1: PSDInput, K2: PSDInput,
+def matrix_js_divergence(K1: PSDInput,
+                         K2: PSDInput,
                          dtype: Optional[torch.dtype] = None) -> Tensor:
     """Matrix (quantum) Jensen-Shannon divergence (appendix B, Definition 8).
 
@@ -227,7 +232,8 @@ def _padded_descending(p: Tensor, n: int) -> Tensor:
     return ordered
 
 
-def spectrum_js_divergence(K1: PSDInput, K2: PSDInput,
+def spectrum_js_divergence(K1: PSDInput,
+                           K2: PSDInput,
                            dtype: Optional[torch.dtype] = None) -> Tensor:
     """JS divergence between the normalised eigenvalue distributions.
 
@@ -252,5 +258,5 @@ def spectrum_js_divergence(K1: PSDInput, K2: PSDInput,
     check_same_size(n1, n2)
     q1 = _padded_descending(normalize_spectrum(vals1, 'K1'), n1)
     q2 = _padded_descending(normalize_spectrum(vals2, 'K2'), n2)
-    return shannon_entropy((q1 + q2) / 2) - (shannon_entropy(q1) +
-                                             shannon_entropy(q2)) / 2
+    return shannon_entropy(
+        (q1 + q2) / 2) - (shannon_entropy(q1) + shannon_entropy(q2)) / 2

@@ -18,9 +18,8 @@ import torch
 from torch import Tensor
 
 from .kernels import FactoredPSD, PSDInput
-from .spectrum import (check_psd_by_cholesky, prepare_input,
-                       prepared_size, prepared_spectrum, purity,
-                       renyi_entropy)
+from .spectrum import (check_psd_by_cholesky, prepare_input, prepared_size,
+                       prepared_spectrum, purity, renyi_entropy)
 from .validation import check_alpha, check_same_size
 
 
@@ -48,7 +47,8 @@ def _check_psd_cheaply(prepared: PSDInput, K: PSDInput, name: str) -> None:
         check_psd_by_cholesky(prepared, name, K.dtype)
 
 
-def matrix_entropy(K: PSDInput, alpha: float = 1.0,
+def matrix_entropy(K: PSDInput,
+                   alpha: float = 1.0,
                    dtype: Optional[torch.dtype] = None) -> Tensor:
     """Matrix-based Renyi entropy ``H_alpha(K)`` (Definition 1), in nats.
 
@@ -73,7 +73,8 @@ def matrix_entropy(K: PSDInput, alpha: float = 1.0,
     return renyi_entropy(prepared_spectrum(prepared, 'K', input_dtype), alpha)
 
 
-def hadamard_product(K1: PSDInput, K2: PSDInput,
+def hadamard_product(K1: PSDInput,
+                     K2: PSDInput,
                      dtype: Optional[torch.dtype] = None) -> PSDInput:
     """``K1 o K2`` on its cheaper representation.
 
@@ -96,7 +97,9 @@ def hadamard_product(K1: PSDInput, K2: PSDInput,
     return _hadamard(p1, p2)
 
 
-def matrix_joint_entropy(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
+def matrix_joint_entropy(K1: PSDInput,
+                         K2: PSDInput,
+                         alpha: float = 1.0,
                          dtype: Optional[torch.dtype] = None) -> Tensor:
     """Matrix-based joint entropy ``H_alpha(K1, K2) = H_alpha(K1 o K2)``.
 
@@ -120,7 +123,9 @@ def matrix_joint_entropy(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
     return renyi_entropy(prepared_spectrum(product, 'K1 o K2'), alpha)
 
 
-def matrix_mutual_information(K1: PSDInput, K2: PSDInput, alpha: float = 1.0,
+def matrix_mutual_information(K1: PSDInput,
+                              K2: PSDInput,
+                              alpha: float = 1.0,
                               dtype: Optional[torch.dtype] = None) -> Tensor:
     """Matrix-based mutual information (Definition 2).
 

@@ -55,8 +55,8 @@ class _SignedRidgeGramLogdet(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, scale: float, ridge: float,
-                samples_side: bool, offset: float, sign: float) -> Tensor:
+    def forward(ctx, z: Tensor, scale: float, ridge: float, samples_side: bool,
+                offset: float, sign: float) -> Tensor:
         scaled = z * scale if scale != 1.0 else z
         gram = scaled @ scaled.T if samples_side else scaled.T @ scaled
         gram.diagonal().add_(ridge)
@@ -82,8 +82,11 @@ class _SignedRidgeGramLogdet(torch.autograd.Function):
         return direction * (grad * ctx.factor), None, None, None, None, None
 
 
-def signed_ridge_gram_logdet(z: Tensor, ridge: float, samples_side: bool,
-                             scale: float = 1.0, offset: float = 0.0,
+def signed_ridge_gram_logdet(z: Tensor,
+                             ridge: float,
+                             samples_side: bool,
+                             scale: float = 1.0,
+                             offset: float = 0.0,
                              sign: float = 1.0) -> Tensor:
     """``sign * (offset + logdet(ridge I + Gram(scale z)))`` in one node.
 
@@ -163,8 +166,7 @@ def ridge_gram_logdet_flagged(z: Tensor, mu: float,
     chol, info = _ridge_gram_cholesky(z, mu, samples_side)
     ok = info == 0
     eye = torch.eye(chol.shape[0], dtype=chol.dtype, device=chol.device)
-    value = _RidgeGramLogdet.apply(z, torch.where(ok, chol, eye),
-                                   samples_side)
+    value = _RidgeGramLogdet.apply(z, torch.where(ok, chol, eye), samples_side)
     return torch.where(ok, value, math.nan), ok
 
 

@@ -42,7 +42,8 @@ class FactoredPSD:
         if not isinstance(factor, Tensor) or factor.dim() != 2:
             shape = tuple(factor.shape) if isinstance(factor, Tensor) else \
                 type(factor).__name__
-            raise ValueError(f'factor must be a 2-D (n, r) tensor, got {shape}')
+            raise ValueError(
+                f'factor must be a 2-D (n, r) tensor, got {shape}')
         if not factor.is_floating_point():
             raise TypeError(f'factor must be a floating tensor, got dtype '
                             f'{factor.dtype}')
@@ -70,7 +71,7 @@ class FactoredPSD:
         return self.factor.pow(2).sum()
 
     def small_gram(self) -> Tensor:
-        """The matrix of the cheaper side: ``F^T F`` if r < n else ``F F^T``."""
+        """The cheaper side's matrix: ``F^T F`` if r < n else ``F F^T``."""
         f = self.factor
         return f.T @ f if self.inner_size < self.size else f @ f.T
 
@@ -129,7 +130,8 @@ def _normalize_rows(z: Tensor) -> Tensor:
     return torch.where(dead, torch.zeros_like(z), z / norm)
 
 
-def normalized_covariance(z: Tensor, factored: bool = False,
+def normalized_covariance(z: Tensor,
+                          factored: bool = False,
                           dtype: Optional[torch.dtype] = None) -> PSDInput:
     """Batch-normalised covariance ``K = zb^T zb / B`` (d x d, unit diagonal).
 
@@ -152,11 +154,12 @@ def normalized_covariance(z: Tensor, factored: bool = False,
     check_features(z, name='z', min_samples=2)
     check_bool(factored, 'factored')
     zb = _standardize_columns(to_compute_dtype(z, dtype))
-    factor = zb.T / zb.shape[0] ** 0.5
+    factor = zb.T / zb.shape[0]**0.5
     return FactoredPSD(factor) if factored else factor @ factor.T
 
 
-def normalized_gram(z: Tensor, factored: bool = False,
+def normalized_gram(z: Tensor,
+                    factored: bool = False,
                     dtype: Optional[torch.dtype] = None) -> PSDInput:
     """Gram matrix ``zn zn^T`` of l2-normalised rows (B x B, unit diagonal).
 

@@ -43,7 +43,8 @@ def check_pooling_name(pooling, name: str = 'pooling') -> str:
     return check_choice(pooling, name, POOLINGS)
 
 
-def pool_token_sequence(tokens: Tensor, pooling: str,
+def pool_token_sequence(tokens: Tensor,
+                        pooling: str,
                         num_extra_tokens: int = 1) -> Tensor:
     """Pool (B, T, C) tokens into (B, C), or (B, 2C) for ``'cls+mean'``.
 

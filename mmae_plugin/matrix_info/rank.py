@@ -63,7 +63,8 @@ def effective_rank(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     return torch.exp(shannon_entropy(s / total))
 
 
-def rankme(z: Tensor, eps: float = 1e-7,
+def rankme(z: Tensor,
+           eps: float = 1e-7,
            dtype: Optional[torch.dtype] = None) -> Tensor:
     """RankMe: ``exp(-sum p log p)`` with ``p = s / ||s||_1 + eps``.
 

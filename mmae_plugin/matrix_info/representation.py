@@ -92,8 +92,8 @@ def kernel_matrix(z: Tensor, kernel: str) -> PSDInput:
     return KERNELS[check_kernel(kernel)](z, factored=True)
 
 
-def _undefined(names: Sequence[str], kernel: str, alpha: float,
-               undefined: str, error: ZeroMatrixError) -> Dict[str, Tensor]:
+def _undefined(names: Sequence[str], kernel: str, alpha: float, undefined: str,
+               error: ZeroMatrixError) -> Dict[str, Tensor]:
     """NaN for every named statistic of a zero kernel, or the error."""
     if check_choice(undefined, 'undefined', UNDEFINED) == 'raise':
         raise error
@@ -101,7 +101,9 @@ def _undefined(names: Sequence[str], kernel: str, alpha: float,
     return {statistic_key(name, kernel, alpha): nan for name in names}
 
 
-def kernel_statistics(z: Tensor, kernel: str, alpha: float = 1.0,
+def kernel_statistics(z: Tensor,
+                      kernel: str,
+                      alpha: float = 1.0,
                       undefined: str = 'raise') -> Dict[str, Tensor]:
     """Entropy and effective rank of one kernel of ``z``.
 
@@ -123,8 +125,10 @@ def kernel_statistics(z: Tensor, kernel: str, alpha: float = 1.0,
         return _undefined(('entropy', 'erank'), kernel, alpha, undefined,
                           error)
     von_neumann = entropy if alpha == 1.0 else matrix_entropy(matrix, 1.0)
-    return {statistic_key('entropy', kernel, alpha): entropy,
-            statistic_key('erank', kernel): torch.exp(von_neumann)}
+    return {
+        statistic_key('entropy', kernel, alpha): entropy,
+        statistic_key('erank', kernel): torch.exp(von_neumann)
+    }
 
 
 def one_branch_statistics(z: Tensor,
@@ -151,16 +155,18 @@ def one_branch_statistics(z: Tensor,
     for kernel in kernels:
         values.update(kernel_statistics(z, kernel, alpha, undefined))
     values[RANKME_KEY] = rankme(z, RANKME_EPS)
-    values[coding_rate_key(form, mu, centering)] = coding_rate(
-        z, form, mu, centering)
+    values[coding_rate_key(form, mu,
+                           centering)] = coding_rate(z, form, mu, centering)
     return values
 
 
-TWO_BRANCH_NAMES = ('entropy_1', 'entropy_2', 'mutual_info',
-                    'joint_entropy', 'matrix_js', 'spectrum_js')
+TWO_BRANCH_NAMES = ('entropy_1', 'entropy_2', 'mutual_info', 'joint_entropy',
+                    'matrix_js', 'spectrum_js')
 
 
-def two_branch_statistics(z1: Tensor, z2: Tensor, kernel: str,
+def two_branch_statistics(z1: Tensor,
+                          z2: Tensor,
+                          kernel: str,
                           alpha: float = 1.0,
                           undefined: str = 'raise') -> Dict[str, Tensor]:
     """Per-branch entropy, MI, joint entropy, matrix and spectrum JS.
@@ -191,5 +197,7 @@ def two_branch_statistics(z1: Tensor, z2: Tensor, kernel: str,
             spectrum_js=spectrum_js_divergence(k1, k2))
     except ZeroMatrixError as error:
         return _undefined(TWO_BRANCH_NAMES, kernel, alpha, undefined, error)
-    return {statistic_key(name, kernel, alpha): value
-            for name, value in values.items()}
+    return {
+        statistic_key(name, kernel, alpha): value
+        for name, value in values.items()
+    }

@@ -26,7 +26,8 @@ from .validation import (check_eigenvalues_psd, check_finite_symmetric,
                          to_compute_dtype)
 
 
-def dense_symmetric(K: Tensor, name: str,
+def dense_symmetric(K: Tensor,
+                    name: str,
                     dtype: Optional[torch.dtype] = None) -> Tensor:
     """Validate a dense matrix and return its symmetric part in ``dtype``.
 
@@ -69,11 +70,12 @@ def check_psd_by_cholesky(sym: Tensor, name: str,
     shifted.diagonal().add_(ridge)
     _, info = torch.linalg.cholesky_ex(shifted)
     if int(info) != 0:
-        check_eigenvalues_psd(torch.linalg.eigvalsh(detached), name,
-                              input_dtype)
+        check_eigenvalues_psd(
+            torch.linalg.eigvalsh(detached), name, input_dtype)
 
 
-def eigenvalues(K: PSDInput, name: str,
+def eigenvalues(K: PSDInput,
+                name: str,
                 dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, int]:
     """Non-negative eigenvalues of a PSD matrix, on its cheaper side.
 
@@ -98,7 +100,7 @@ def eigenvalues(K: PSDInput, name: str,
 
 
 def prepare_input(K: PSDInput, name: str,
-             dtype: Optional[torch.dtype]) -> PSDInput:
+                  dtype: Optional[torch.dtype]) -> PSDInput:
     """Factor cast to the compute dtype, or the checked symmetric matrix.
 
     Args:
@@ -123,8 +125,9 @@ def prepared_size(prepared: PSDInput) -> int:
     return prepared.shape[0]
 
 
-def prepared_spectrum(prepared: PSDInput, name: str = '',
-              input_dtype: Optional[torch.dtype] = None) -> Tensor:
+def prepared_spectrum(prepared: PSDInput,
+                      name: str = '',
+                      input_dtype: Optional[torch.dtype] = None) -> Tensor:
     """Density-matrix eigenvalues of a prepared matrix (cheaper side).
 
     Args:
@@ -262,12 +265,12 @@ def log_power_sum(p: Tensor, alpha: float) -> Tensor:
     # alpha p^(alpha-1) finite at p = 0 (its exact value there is infinite).
     cleaned, floored = _split_at_noise_floor(p)
     scale = p.detach().max()
-    scaled_sum = ((cleaned / scale) *
-                  (floored / scale).pow(alpha - 1.0)).sum()
+    scaled_sum = ((cleaned / scale) * (floored / scale).pow(alpha - 1.0)).sum()
     return alpha * torch.log(scale) + torch.log(scaled_sum)
 
 
-def purity(K: PSDInput, name: str,
+def purity(K: PSDInput,
+           name: str,
            dtype: Optional[torch.dtype] = None) -> Tensor:
     """``tr(rho^2) = ||K||_F^2 / (tr K)^2`` without an eigendecomposition.
 

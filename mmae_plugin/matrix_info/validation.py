@@ -39,8 +39,8 @@ def check_finite_result(value: Tensor, what: str, hint: str = '') -> Tensor:
         ``value``.
     """
     if not bool(torch.isfinite(value.detach()).all()):
-        raise ValueError(f'{what} is not finite ({value.detach()}); {hint}'
-                         .rstrip('; '))
+        raise ValueError(
+            f'{what} is not finite ({value.detach()}); {hint}'.rstrip('; '))
     return value
 
 
@@ -194,7 +194,9 @@ def check_eigenvalues_psd(eigvals: Tensor, name: str,
                          f'eigenvalues >= -{tol:.1g} x largest, rounding)')
 
 
-def check_same_size(n1: int, n2: int, name1: str = 'K1',
+def check_same_size(n1: int,
+                    n2: int,
+                    name1: str = 'K1',
                     name2: str = 'K2') -> None:
     """Raise unless two matrices have the same size.
 

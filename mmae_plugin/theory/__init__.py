@@ -21,10 +21,9 @@ __all__ = [
     'GLOBAL_AREA', 'FeatureImbalanceData', 'ImbalanceSetting', 'area_index',
     'orthonormal_features', 'OneLayerAttention', 'random_visible_mask',
     'mae_loss', 'infonce_loss', 'view_representation', 'area_attention_mass',
-    'own_area_attention', 'own_area_attention_ceiling',
-    'feature_coefficients', 'evaluate', 'attention_correlations',
-    'OBJECTIVES', 'CL_VIEWS', 'POOLINGS', 'SIMILARITIES',
-    'TrainSetting', 'gradient_descent_step', 'objective_value', 'train',
-    'attention_entropy', 'mean_attention_distance', 'patch_grid_distances',
-    'query_key_normalized_mutual_information'
+    'own_area_attention', 'own_area_attention_ceiling', 'feature_coefficients',
+    'evaluate', 'attention_correlations', 'OBJECTIVES', 'CL_VIEWS', 'POOLINGS',
+    'SIMILARITIES', 'TrainSetting', 'gradient_descent_step', 'objective_value',
+    'train', 'attention_entropy', 'mean_attention_distance',
+    'patch_grid_distances', 'query_key_normalized_mutual_information'
 ]

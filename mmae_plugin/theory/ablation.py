@@ -44,24 +44,39 @@ BASE_TEMPERATURE = 0.1
 CL_VARIANTS: Dict[str, CLVariant] = {
     v.name: v
     for v in (
-        CLVariant('default', 'lab default: dot InfoNCE, tau 0.1, mean of all '
-                  'tokens, two masked views, z ~ N(0, 1)'),
-        CLVariant('cosine', 'cosine-similarity InfoNCE',
-                  train=dict(cl_similarity='cosine')),
-        CLVariant('pool_masked', 'representation = mean of masked queries',
-                  train=dict(cl_pooling='masked')),
-        CLVariant('view_full', 'views: one masked, one unmasked',
-                  train=dict(cl_views='masked_and_full')),
+        CLVariant(
+            'default', 'lab default: dot InfoNCE, tau 0.1, mean of all '
+            'tokens, two masked views, z ~ N(0, 1)'),
+        CLVariant(
+            'cosine',
+            'cosine-similarity InfoNCE',
+            train=dict(cl_similarity='cosine')),
+        CLVariant(
+            'pool_masked',
+            'representation = mean of masked queries',
+            train=dict(cl_pooling='masked')),
+        CLVariant(
+            'view_full',
+            'views: one masked, one unmasked',
+            train=dict(cl_views='masked_and_full')),
         CLVariant('tau_1', 'tau 1 (same step)', train=dict(temperature=1.0)),
         # x10, not x100: a step that compensated 1 / tau fully saturated
         # the softmax within a few steps (one seed of three stalled).
-        CLVariant('tau_10', 'tau 10 (step x10)',
-                  train=dict(temperature=10.0), lr_scale=10.0),
-        CLVariant('global_std_2', 'global weight std 2 (information gap)',
-                  data=dict(global_weight_std=2.0)),
+        CLVariant(
+            'tau_10',
+            'tau 10 (step x10)',
+            train=dict(temperature=10.0),
+            lr_scale=10.0),
+        CLVariant(
+            'global_std_2',
+            'global weight std 2 (information gap)',
+            data=dict(global_weight_std=2.0)),
         # Mean 2 makes representations ~5x longer; step / 10 keeps it stable.
-        CLVariant('weight_mean_2', 'every weight z_k ~ N(2, 1) (step / 10)',
-                  data=dict(weight_mean=2.0), lr_scale=0.1),
+        CLVariant(
+            'weight_mean_2',
+            'every weight z_k ~ N(2, 1) (step / 10)',
+            data=dict(weight_mean=2.0),
+            lr_scale=0.1),
     )
 }
 
@@ -159,17 +174,22 @@ def curve_values(history: Dict, quantity: str) -> List[float]:
     """
     g = GLOBAL_AREA
     readers = {
-        'own_global': lambda i: history['own_area_attention'][i][g],
-        'own_local': lambda i: local_mean(history['own_area_attention'][i]),
-        'local_to_global': lambda i: local_mean(
+        'own_global':
+        lambda i: history['own_area_attention'][i][g],
+        'own_local':
+        lambda i: local_mean(history['own_area_attention'][i]),
+        'local_to_global':
+        lambda i: local_mean(
             [row[g] for row in history['area_attention_mass'][i]]),
-        'fp_global': lambda i: history['feature_position_correlation'][i][g][
-            g],
-        'fp_local_own': lambda i: local_mean([
-            row[k] for k, row in enumerate(
-                history['feature_position_correlation'][i])
+        'fp_global':
+        lambda i: history['feature_position_correlation'][i][g][g],
+        'fp_local_own':
+        lambda i: local_mean([
+            row[k]
+            for k, row in enumerate(history['feature_position_correlation'][i])
         ]),
-        'fp_local_global': lambda i: local_mean(
+        'fp_local_global':
+        lambda i: local_mean(
             [row[g] for row in history['feature_position_correlation'][i]]),
     }
     if quantity not in readers:
@@ -188,8 +208,8 @@ def mean_spread(values: Sequence[float]) -> Dict[str, Optional[float]]:
     std = None
     if len(values) > 1:
         std = math.sqrt(sum((v - mean)**2 for v in values) / len(values))
-    return dict(mean=mean, std=std, min=min(values), max=max(values),
-                n=len(values))
+    return dict(
+        mean=mean, std=std, min=min(values), max=max(values), n=len(values))
 
 
 def summarise_variant(histories: Sequence[Dict]) -> Dict[str, Dict]:
@@ -205,6 +225,7 @@ def summarise_variant(histories: Sequence[Dict]) -> Dict[str, Dict]:
     summary = {}
     for quantity in QUANTITIES:
         curves = [curve_values(h, quantity) for h in histories]
-        summary[quantity] = dict(init=mean_spread([c[0] for c in curves]),
-                                 final=mean_spread([c[-1] for c in curves]))
+        summary[quantity] = dict(
+            init=mean_spread([c[0] for c in curves]),
+            final=mean_spread([c[-1] for c in curves]))
     return summary

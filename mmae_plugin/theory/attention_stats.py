@@ -109,8 +109,8 @@ def query_key_normalized_mutual_information(
     key_entropy = -torch.special.xlogy(key_marginal, key_marginal).sum(-1)
     conditional_entropy = attention_entropy(attn)
     mutual_information = (key_entropy - conditional_entropy).clamp_min(0.0)
-    query_entropy = torch.log(torch.tensor(float(num_queries),
-                                           dtype=torch.float64))
+    query_entropy = torch.log(
+        torch.tensor(float(num_queries), dtype=torch.float64))
     normaliser = torch.sqrt(query_entropy * key_entropy)
     return torch.where(normaliser > _EPS,
                        mutual_information / normaliser.clamp_min(_EPS),

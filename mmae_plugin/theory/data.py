@@ -1,4 +1,4 @@
-"""Synthetic images with one dominant global area and several small local areas.
+"""Synthetic images: one dominant global area and several small local areas.
 
 This module generates data for the setting analysed in "A Theoretical Analysis
 of Self-Supervised Learning for Vision Transformers" (ICLR 2025 submission,
@@ -68,16 +68,19 @@ class ImbalanceSetting:
     def __post_init__(self) -> None:
         check_int(self.num_patches, 'num_patches', minimum=2)
         check_int(self.num_local_areas, 'num_local_areas', minimum=1)
-        check_real(self.local_exponent, 'local_exponent', minimum=0,
-                   strict=True)
+        check_real(
+            self.local_exponent, 'local_exponent', minimum=0, strict=True)
         if self.local_exponent >= 1:  # the open interval (0, 1)
             raise ValueError(f'local_exponent must be a finite number > 0 '
                              f'and < 1, got {self.local_exponent!r}')
         # At least one dimension per area (the features are orthonormal).
         check_int(self.feature_dim, 'feature_dim', minimum=self.num_areas)
         check_non_negative(self.noise_std, 'noise_std')
-        check_real(self.global_weight_std, 'global_weight_std', minimum=0,
-                   strict=True)
+        check_real(
+            self.global_weight_std,
+            'global_weight_std',
+            minimum=0,
+            strict=True)
         check_real(self.weight_mean, 'weight_mean')
         global_size = self.area_sizes[GLOBAL_AREA]
         if global_size < self.local_area_size:
@@ -143,8 +146,8 @@ def orthonormal_features(num_areas: int, dim: int,
         torch.Tensor: ``(num_areas, dim)`` float32 matrix with orthonormal
         rows (a uniformly random orthonormal frame, via QR with sign fix).
     """
-    gaussian = torch.randn(dim, num_areas, generator=generator,
-                           dtype=torch.float64)
+    gaussian = torch.randn(
+        dim, num_areas, generator=generator, dtype=torch.float64)
     q, r = torch.linalg.qr(gaussian)
     # The sign fix makes the frame Haar-distributed instead of QR-biased.
     q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
@@ -196,8 +199,9 @@ class FeatureImbalanceData:
         # (mean 0, std 1) reproduce the original stream bit for bit.
         weights = torch.randn(batch_size, s.num_areas, generator=generator)
         weights = weights * torch.tensor(s.weight_stds) + s.weight_mean
-        patches = (weights[:, self.area_index].unsqueeze(-1) *
-                   self.features[self.area_index].unsqueeze(0))
+        patches = (
+            weights[:, self.area_index].unsqueeze(-1) *
+            self.features[self.area_index].unsqueeze(0))
         if s.noise_std > 0:
             noise = torch.randn(patches.shape, generator=generator)
             patches = patches + noise * (s.noise_std / s.feature_dim**0.5)

@@ -50,8 +50,8 @@ def area_attention_mass(attention: torch.Tensor, visible: torch.Tensor,
         over all (sample, masked query) pairs of area ``k``. Rows sum to 1
         (NaN for an area that never has a masked query).
     """
-    key_area = torch.nn.functional.one_hot(area_index, num_areas).to(
-        attention.dtype)
+    key_area = torch.nn.functional.one_hot(area_index,
+                                           num_areas).to(attention.dtype)
     # Masked keys carry zero probability already, so no extra key masking.
     mass = attention @ key_area  # (B, P, K): per query, mass on each area
     # (B, P, K): 1 where the query is masked and belongs to area k.
@@ -145,17 +145,17 @@ def position_pair_average(matrix: torch.Tensor, area_index: torch.Tensor,
         over ``p`` in area ``k`` and ``q != p`` in area ``j`` (a masked
         query is never its own visible key, so ``p == q`` is left out).
     """
-    onehot = torch.nn.functional.one_hot(area_index, num_areas).to(
-        matrix.dtype)
+    onehot = torch.nn.functional.one_hot(area_index,
+                                         num_areas).to(matrix.dtype)
     off_diagonal = 1.0 - torch.eye(matrix.shape[0], dtype=matrix.dtype)
     total = onehot.T @ (matrix * off_diagonal) @ onehot
     counts = onehot.T @ off_diagonal @ onehot
     return total / counts
 
 
-def attention_correlations(model: OneLayerAttention, features: torch.Tensor,
-                           area_index: torch.Tensor
-                           ) -> Dict[str, torch.Tensor]:
+def attention_correlations(
+        model: OneLayerAttention, features: torch.Tensor,
+        area_index: torch.Tensor) -> Dict[str, torch.Tensor]:
     """Area means of the FP and of the position-position correlations.
 
     Args:
@@ -181,8 +181,8 @@ def attention_correlations(model: OneLayerAttention, features: torch.Tensor,
 @torch.no_grad()
 def evaluate(model: OneLayerAttention, patches: torch.Tensor,
              weights: torch.Tensor, visible: torch.Tensor,
-             features: torch.Tensor, area_index: torch.Tensor
-             ) -> Dict[str, torch.Tensor]:
+             features: torch.Tensor,
+             area_index: torch.Tensor) -> Dict[str, torch.Tensor]:
     """All tracked quantities on one fixed evaluation batch.
 
     Args:
@@ -203,7 +203,8 @@ def evaluate(model: OneLayerAttention, patches: torch.Tensor,
     num_areas = features.shape[0]
     mass = area_attention_mass(attention, visible, area_index, num_areas)
     masked = (~visible).to(patches.dtype)
-    error = ((outputs - patches).pow(2).sum(-1) * masked).sum(1) / masked.sum(1)
+    error = (
+        (outputs - patches).pow(2).sum(-1) * masked).sum(1) / masked.sum(1)
     return dict(
         own_area_attention=torch.diagonal(mass).clone(),
         area_attention_mass=mass,

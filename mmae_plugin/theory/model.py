@@ -56,8 +56,9 @@ class OneLayerAttention(nn.Module):
         """
         batch = patches.shape[0]
         content = patches * visible.unsqueeze(-1).to(patches.dtype)
-        positions = torch.eye(self.num_patches, dtype=patches.dtype,
-                              device=patches.device).expand(batch, -1, -1)
+        positions = torch.eye(
+            self.num_patches, dtype=patches.dtype,
+            device=patches.device).expand(batch, -1, -1)
         return torch.cat([content, positions], dim=-1)
 
     def attention(self, patches: torch.Tensor,

@@ -43,8 +43,9 @@ def random_visible_mask(batch_size: int, num_patches: int, mask_ratio: float,
         raise ValueError(f'mask_ratio={mask_ratio!r} is invalid: expected a '
                          'float in [0, 1).')
     num_masked = min(round(num_patches * mask_ratio), num_patches - 1)
-    ranks = torch.rand(batch_size, num_patches,
-                       generator=generator).argsort(dim=1).argsort(dim=1)
+    ranks = torch.rand(
+        batch_size, num_patches,
+        generator=generator).argsort(dim=1).argsort(dim=1)
     return ranks >= num_masked
 
 

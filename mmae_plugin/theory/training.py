@@ -109,9 +109,14 @@ def objective_value(model: OneLayerAttention, patches: torch.Tensor,
         second = draw_mask()
     else:
         second = torch.ones_like(first)
-    return infonce_loss(model, patches, first, second, setting.temperature,
-                        similarity=setting.cl_similarity,
-                        pooling=setting.cl_pooling)
+    return infonce_loss(
+        model,
+        patches,
+        first,
+        second,
+        setting.temperature,
+        similarity=setting.cl_similarity,
+        pooling=setting.cl_pooling)
 
 
 def gradient_descent_step(model: OneLayerAttention, loss: torch.Tensor,
@@ -161,18 +166,21 @@ def train(data: FeatureImbalanceData,
     generator = torch.Generator().manual_seed(setting.seed)
     eval_patches, eval_weights = data.sample(setting.eval_batch_size,
                                              generator)
-    eval_visible = random_visible_mask(setting.eval_batch_size,
-                                       s.num_patches, setting.mask_ratio,
-                                       generator)
+    eval_visible = random_visible_mask(setting.eval_batch_size, s.num_patches,
+                                       setting.mask_ratio, generator)
 
     def measure() -> Dict[str, torch.Tensor]:
         return evaluate(model, eval_patches, eval_weights, eval_visible,
                         data.features, data.area_index)
 
     history: Dict[str, List] = dict(
-        step=[], train_loss=[], own_area_attention=[],
-        area_attention_mass=[], reconstruction_error=[],
-        feature_coefficient=[], feature_position_correlation=[],
+        step=[],
+        train_loss=[],
+        own_area_attention=[],
+        area_attention_mass=[],
+        reconstruction_error=[],
+        feature_coefficient=[],
+        feature_position_correlation=[],
         position_correlation=[])
     _record(history, 0, measure())
     history['train_loss'].append(float('nan'))

@@ -72,8 +72,12 @@ def check_bool(value: Any, name: str) -> bool:
     return value
 
 
-def check_real(value: Any, name: str, *, minimum: Optional[float] = None,
-               strict: bool = False, maximum: Optional[float] = None) -> float:
+def check_real(value: Any,
+               name: str,
+               *,
+               minimum: Optional[float] = None,
+               strict: bool = False,
+               maximum: Optional[float] = None) -> float:
     """Return ``value`` as a float, or raise unless it is an allowed number.
 
     Booleans, strings, tensors and complex numbers are refused
@@ -97,11 +101,11 @@ def check_real(value: Any, name: str, *, minimum: Optional[float] = None,
     try:
         number = float(value)
     except OverflowError:  # an int beyond float64, e.g. 10**400
-        raise ValueError(f'{name} must be a finite number {allowed}, got '
-                         f'{_short_repr(value)}, which overflows float64'
-                         ) from None
-    low_ok = minimum is None or (number > minimum if strict
-                                 else number >= minimum)
+        raise ValueError(
+            f'{name} must be a finite number {allowed}, got '
+            f'{_short_repr(value)}, which overflows float64') from None
+    low_ok = minimum is None or (number > minimum
+                                 if strict else number >= minimum)
     high_ok = maximum is None or number <= maximum
     if not (math.isfinite(number) and low_ok and high_ok):
         raise ValueError(f'{name} must be a finite number {allowed}, got '

@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint's frozen encoder: kNN, cached linear probe, statistics.
+"""A checkpoint's frozen encoder evaluated: kNN, linear probe, statistics.
 
 One pass of feature extraction over the training and test sets of a kNN
 config (``configs/fashion_mnist/knn_fmnist.py``), then
@@ -17,7 +17,8 @@ For multi-process kNN use ``tools/dist_test.sh`` with the kNN config.
 
 Example::
 
-    python tools/analysis/evaluate_frozen.py configs/fashion_mnist/knn_fmnist.py \\
+    python tools/analysis/evaluate_frozen.py \\
+        configs/fashion_mnist/knn_fmnist.py \\
         work_dirs/mmae_fmnist/epoch_5.pth --out metrics.json
 """
 import argparse
@@ -48,20 +49,32 @@ def parse_args() -> argparse.Namespace:
         description='kNN, cached linear probe and representation statistics '
         'of a frozen encoder')
     parser.add_argument('config', help='kNN config (model: KNNClassifier)')
-    parser.add_argument('checkpoint', help='pretraining or classifier '
-                        'checkpoint (its backbone.* weights are used)')
+    parser.add_argument(
+        'checkpoint',
+        help='pretraining or classifier '
+        'checkpoint (its backbone.* weights are used)')
     parser.add_argument('--out', help='write the metrics to this JSON file')
-    parser.add_argument('--save-linear', metavar='PATH',
-                        help='save the fitted probe as a linear-probe '
-                        'config checkpoint')
-    parser.add_argument('--weight-decay', type=float, default=1e-4,
-                        help='l2 coefficient of the linear probe')
-    parser.add_argument('--amp', action='store_true',
-                        help='extract the features with automatic mixed '
-                        'precision (bfloat16 on CPUs), as tools/test.py '
-                        '--amp does')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override settings of the config (key=value)')
+    parser.add_argument(
+        '--save-linear',
+        metavar='PATH',
+        help='save the fitted probe as a linear-probe '
+        'config checkpoint')
+    parser.add_argument(
+        '--weight-decay',
+        type=float,
+        default=1e-4,
+        help='l2 coefficient of the linear probe')
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        help='extract the features with automatic mixed '
+        'precision (bfloat16 on CPUs), as tools/test.py '
+        '--amp does')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override settings of the config (key=value)')
     return parser.parse_args()
 
 
@@ -73,8 +86,11 @@ def main() -> None:
         cfg.merge_from_dict(args.cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmpretrain'))
     metrics, probe, encoder = evaluate_frozen_encoder(
-        cfg, args.checkpoint, linear_weight_decay=args.weight_decay,
-        amp=args.amp, progress=True)
+        cfg,
+        args.checkpoint,
+        linear_weight_decay=args.weight_decay,
+        amp=args.amp,
+        progress=True)
     for key, value in metrics.items():
         print(f'{key}: {value:.4f}')
     if args.out:

@@ -29,23 +29,30 @@ from studies import predictors  # noqa: E402
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('runs_json', help="a comparison's out dir or "
-                        'runs.json')
-    parser.add_argument('--pooling', default='cls',
-                        help='feature pooling (cls, cls+mean, mean)')
-    parser.add_argument('--accuracy', default='linear_top1',
-                        help='accuracy metric (default linear_top1)')
-    parser.add_argument('--epoch', type=int,
-                        help='fixed budget of (a) and (c) (default: the '
-                        "reference arm's last epoch, or without it the "
-                        'last epoch every trained arm reached)')
-    parser.add_argument('--reference', default='mae',
-                        help='the arm that is lambda = 0 in (c)')
-    parser.add_argument('--statistics', nargs='+',
-                        default=list(predictors.STATISTICS))
+    parser.add_argument(
+        'runs_json', help="a comparison's out dir or "
+        'runs.json')
+    parser.add_argument(
+        '--pooling',
+        default='cls',
+        help='feature pooling (cls, cls+mean, mean)')
+    parser.add_argument(
+        '--accuracy',
+        default='linear_top1',
+        help='accuracy metric (default linear_top1)')
+    parser.add_argument(
+        '--epoch',
+        type=int,
+        help='fixed budget of (a) and (c) (default: the '
+        "reference arm's last epoch, or without it the "
+        'last epoch every trained arm reached)')
+    parser.add_argument(
+        '--reference', default='mae', help='the arm that is lambda = 0 in (c)')
+    parser.add_argument(
+        '--statistics', nargs='+', default=list(predictors.STATISTICS))
     parser.add_argument('--resamples', type=int, default=10000)
-    parser.add_argument('--seed', type=int, default=0,
-                        help='seed of the bootstrap')
+    parser.add_argument(
+        '--seed', type=int, default=0, help='seed of the bootstrap')
     parser.add_argument('--json', help='also write the numbers here')
     return parser.parse_args(argv)
 
@@ -56,14 +63,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         rows = predictors.load_rows(args.runs_json)
         epoch = predictors.fixed_epoch(rows, args.epoch, args.reference)
-        results = predictors.correlations(
-            rows, args.pooling, args.accuracy, epoch, args.reference,
-            args.statistics, args.resamples, args.seed)
+        results = predictors.correlations(rows, args.pooling, args.accuracy,
+                                          epoch, args.reference,
+                                          args.statistics, args.resamples,
+                                          args.seed)
     except (OSError, ValueError, KeyError, IndexError) as error:
         raise SystemExit(f'label_free_predictors.py: error: {error}')
     notes = predictors.inapplicable(rows, epoch, args.reference)
-    print('\n'.join(predictors.report_lines(
-        rows, results, args.pooling, args.accuracy, args.resamples, notes)))
+    print('\n'.join(
+        predictors.report_lines(rows, results, args.pooling, args.accuracy,
+                                args.resamples, notes)))
     if args.json:
         predictors.write_json(args.json, results)
 

@@ -38,15 +38,22 @@ def parse_args() -> argparse.Namespace:
     """Parse command-line arguments."""
     parser = argparse.ArgumentParser(
         description='Plot attention distance / collapse per layer')
-    parser.add_argument('runs', nargs='+',
-                        help='work dirs, run dirs or scalars.json files')
+    parser.add_argument(
+        'runs', nargs='+', help='work dirs, run dirs or scalars.json files')
     parser.add_argument('--labels', nargs='+', help='one label per run')
-    parser.add_argument('--epoch', type=int, default=None,
-                        help='probe epoch to plot (default: the last)')
-    parser.add_argument('--out', default='attention_locality.png',
-                        help='output figure (.png/.pdf; both are written)')
-    parser.add_argument('--json', default=None,
-                        help='also write the plotted numbers to this file')
+    parser.add_argument(
+        '--epoch',
+        type=int,
+        default=None,
+        help='probe epoch to plot (default: the last)')
+    parser.add_argument(
+        '--out',
+        default='attention_locality.png',
+        help='output figure (.png/.pdf; both are written)')
+    parser.add_argument(
+        '--json',
+        default=None,
+        help='also write the plotted numbers to this file')
     return parser.parse_args()
 
 
@@ -110,8 +117,9 @@ def per_layer(probe: Dict) -> Dict[str, Dict[str, List[float]]]:
         layers = sorted(maps['mean_map'])
         result[stat] = dict(
             mean=[maps['mean_map'][i] for i in layers],
-            heads=[[maps['heads_map'][i][h] for h in sorted(
-                maps['heads_map'][i])] for i in layers])
+            heads=[[
+                maps['heads_map'][i][h] for h in sorted(maps['heads_map'][i])
+            ] for i in layers])
     return result
 
 
@@ -129,21 +137,31 @@ def main() -> None:
         probes = load_probes(find_scalars(run))
         final, first = select(probes, args.epoch), probes[0]
         final_stats, first_stats = per_layer(final), per_layer(first)
-        summary[label] = dict(epoch=final.get('epoch'), final=final_stats,
-                              init_epoch=first.get('epoch'),
-                              init=first_stats)
+        summary[label] = dict(
+            epoch=final.get('epoch'),
+            final=final_stats,
+            init_epoch=first.get('epoch'),
+            init=first_stats)
         color = colors[index % len(colors)]
         for ax, (stat, title) in zip(axes, STATS):
             means = final_stats[stat]['mean']
             layers = list(range(len(means)))
-            ax.plot(layers, means, '-o', color=color,
-                    label=f"{label} (epoch {final.get('epoch')})")
+            ax.plot(
+                layers,
+                means,
+                '-o',
+                color=color,
+                label=f"{label} (epoch {final.get('epoch')})")
             for layer, heads in enumerate(final_stats[stat]['heads']):
-                ax.scatter([layer] * len(heads), heads, s=8, color=color,
-                           alpha=0.4)
+                ax.scatter(
+                    [layer] * len(heads), heads, s=8, color=color, alpha=0.4)
             if first is not final:
-                ax.plot(layers, first_stats[stat]['mean'], '--',
-                        color=color, alpha=0.5)
+                ax.plot(
+                    layers,
+                    first_stats[stat]['mean'],
+                    '--',
+                    color=color,
+                    alpha=0.5)
             ax.set_title(title, fontsize=10)
             ax.set_xlabel('layer')
             ax.set_xticks(layers)

@@ -18,7 +18,8 @@ uncentred Gram kernel of the unit rows), and every axis label says which:
   ``matrix_js_<k>`` (figure 3a), ``spectrum_js_<k>`` (figure 3b),
   ``entropy_1_<k>``, ``entropy_2_<k>``;
 * one-branch runs (MAE, U-MAE, M-MAE): ``entropy_<k>``, ``erank_<k>``,
-  ``rankme_raw`` (RankMe of the raw features), ``tcr_<form>[_centered]_mu<mu>``.
+  ``rankme_raw`` (RankMe of the raw features),
+  ``tcr_<form>[_centered]_mu<mu>``.
 
 Keys of older logs (``erank``, ``tcr``...) are drawn too, labelled by name.
 Every logged point is marked (up to 60 points per curve; a run with a single
@@ -40,8 +41,8 @@ It exits with status 1 and says why when there is nothing to draw.
 import argparse
 import glob
 import json
-import os
 import math
+import os
 import os.path as osp
 import re
 from typing import Dict, List, Optional, Tuple
@@ -66,8 +67,10 @@ QUANTITIES = {
     'rankme': 'RankMe',
     'tcr': 'Total coding rate (nats)',
 }
-KERNEL_WORDS = {'cov': 'correlation kernel, centred',
-                'gram': 'Gram of unit rows, uncentred'}
+KERNEL_WORDS = {
+    'cov': 'correlation kernel, centred',
+    'gram': 'Gram of unit rows, uncentred'
+}
 KERNEL_KEY = re.compile(
     r'^(?P<base>mutual_info|joint_entropy|matrix_js|spectrum_js|entropy_1|'
     r'entropy_2|entropy|erank)_(?P<kernel>cov|gram)'
@@ -96,30 +99,45 @@ def parse_args() -> argparse.Namespace:
         description='Plot matrix information quantities logged by '
         'MatrixInfoHook (paper figures 1-3)')
     parser.add_argument(
-        'work_dirs', nargs='+', help='work dirs of training runs (or their '
+        'work_dirs',
+        nargs='+',
+        help='work dirs of training runs (or their '
         'scalars.json files)')
     parser.add_argument(
-        '--labels', nargs='+', help='legend label per work dir (default: '
+        '--labels',
+        nargs='+',
+        help='legend label per work dir (default: '
         'the model type from the dumped config, else the folder name)')
     parser.add_argument(
-        '--keys', nargs='+', default=None,
+        '--keys',
+        nargs='+',
+        default=None,
         help='logged quantities to draw, e.g. erank_cov rankme_raw '
         '(default: every one the runs logged)')
     parser.add_argument(
         '--prefix', default='minfo', help='scalar prefix of MatrixInfoHook')
     parser.add_argument(
-        '--out-dir', default='work_dirs/matrix_info_figures',
+        '--out-dir',
+        default='work_dirs/matrix_info_figures',
         help='folder for the PNG and PDF files')
     parser.add_argument(
-        '--smooth', type=int, default=1,
+        '--smooth',
+        type=int,
+        default=1,
         help='moving-average window (in logged points)')
     parser.add_argument('--title', default=None, help='figure title')
     parser.add_argument(
-        '--feature-dim', type=positive_int, default=None, metavar='D',
+        '--feature-dim',
+        type=positive_int,
+        default=None,
+        metavar='D',
         help='feature dimension d the hook saw (the embedding width, e.g. '
         '128 for the Fashion-MNIST ViT): draws the full-rank and TCR lines')
     parser.add_argument(
-        '--batch-size', type=positive_int, default=None, metavar='B',
+        '--batch-size',
+        type=positive_int,
+        default=None,
+        metavar='B',
         help='global batch B the hook sampled (all ranks): with '
         '--feature-dim, draws the full-rank and TCR lines')
     return parser.parse_args()
@@ -195,7 +213,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def reference_lines(feature_dim: Optional[int], batch_size: Optional[int],
+def reference_lines(feature_dim: Optional[int],
+                    batch_size: Optional[int],
                     mu: float = 1.0) -> References:
     """Bounds of erank, RankMe and TCR, as horizontal reference lines.
 
@@ -217,8 +236,8 @@ def reference_lines(feature_dim: Optional[int], batch_size: Optional[int],
     d, b = feature_dim, batch_size
     rank = min(b, d)
     for key in ('erank', 'rankme'):
-        lines[key].append((float(rank), f'flat spectrum: min(B, d) = {rank}',
-                           '--'))
+        lines[key].append(
+            (float(rank), f'flat spectrum: min(B, d) = {rank}', '--'))
     trace = mu * b / d
     mu_text = '' if mu == 1 else f'{mu:g}'
     lines['tcr'] = [
@@ -266,8 +285,8 @@ def read_series(path: str, prefix: str) -> Series:
             row = json.loads(line)
             for key, value in row.items():
                 if key.startswith(f'{prefix}/'):
-                    steps, values = series.setdefault(
-                        key[len(prefix) + 1:], ([], []))
+                    steps, values = series.setdefault(key[len(prefix) + 1:],
+                                                      ([], []))
                     steps.append(int(row['step']))
                     values.append(float(value))
     return series
@@ -297,7 +316,10 @@ def moving_average(values: List[float], window: int) -> List[float]:
     return out
 
 
-def draw(ax, runs: List[Tuple[str, Series]], key: str, smooth: int,
+def draw(ax,
+         runs: List[Tuple[str, Series]],
+         key: str,
+         smooth: int,
          references: Optional[References] = None) -> None:
     """One panel: ``key`` over training, one curve per method.
 
@@ -313,11 +335,15 @@ def draw(ax, runs: List[Tuple[str, Series]], key: str, smooth: int,
             continue
         steps, values = series[key]
         marker = 'o' if len(steps) <= MAX_MARKED_POINTS else None
-        ax.plot(steps, moving_average(values, smooth), label=label,
-                marker=marker, markersize=4)
+        ax.plot(
+            steps,
+            moving_average(values, smooth),
+            label=label,
+            marker=marker,
+            markersize=4)
     for value, label, style in (references or {}).get(key, []):
-        ax.axhline(value, color='grey', linestyle=style, linewidth=1,
-                   label=label)
+        ax.axhline(
+            value, color='grey', linestyle=style, linewidth=1, label=label)
     ax.set_xlabel('Training iteration')
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(axis_label(key))
@@ -334,8 +360,11 @@ def save(fig, out_dir: str, name: str) -> List[str]:
     return paths
 
 
-def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
-         smooth: int = 1, title: Optional[str] = None,
+def plot(runs: List[Tuple[str, Series]],
+         keys: List[str],
+         out_dir: str,
+         smooth: int = 1,
+         title: Optional[str] = None,
          references: Optional[References] = None) -> List[str]:
     """Draw the combined figure and one figure per quantity.
 
@@ -353,8 +382,8 @@ def plot(runs: List[Tuple[str, Series]], keys: List[str], out_dir: str,
     os.makedirs(out_dir, exist_ok=True)
     columns = min(2, len(keys))
     rows = (len(keys) + columns - 1) // columns
-    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(6 * columns, 4 * rows), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         draw(ax, runs, key, smooth, references)
     for ax in list(axes.flat)[len(keys):]:
@@ -387,9 +416,8 @@ def keys_to_draw(runs: List[Tuple[str, Series]],
     wanted = requested if requested else sorted(logged, key=draw_order)
     keys = [key for key in wanted if key in logged]
     if not keys:
-        raise SystemExit(
-            f'plot_matrix_info: nothing to draw: no run logged '
-            f'{wanted}; the runs logged {sorted(logged)}')
+        raise SystemExit(f'plot_matrix_info: nothing to draw: no run logged '
+                         f'{wanted}; the runs logged {sorted(logged)}')
     for key in wanted:
         if requested and key not in logged:
             print(f'warning: no run logged {key!r}; it is left out')
@@ -411,8 +439,10 @@ def main() -> None:
         runs.append((label, read_series(path, args.prefix)))
     keys = keys_to_draw(runs, args.keys)
     ranks = reference_lines(args.feature_dim, args.batch_size)
-    references = {key: lines_for_key(key, ranks, args.feature_dim,
-                                     args.batch_size) for key in keys}
+    references = {
+        key: lines_for_key(key, ranks, args.feature_dim, args.batch_size)
+        for key in keys
+    }
     if any(base_name(key) == 'tcr' for key in keys) and \
             (args.feature_dim is None or args.batch_size is None):
         print('note: pass --feature-dim and --batch-size to draw the TCR '

@@ -86,7 +86,10 @@ TOP_LEVEL_RULES: List[Tuple[str, str]] = [
     (r'^head\.0\.', 'neck.bn.'),
     (r'^head\.1\.', 'head.layers.head.'),
 ]
-BLOCK_PREFIXES = {'blocks': 'backbone.layers', 'decoder_blocks': 'neck.decoder_blocks'}
+BLOCK_PREFIXES = {
+    'blocks': 'backbone.layers',
+    'decoder_blocks': 'neck.decoder_blocks'
+}
 # Wrapper prefixes that training scripts add (DDP, model EMA, torch.compile).
 STRIPPED_PREFIXES = ('module.', '_orig_mod.')
 # Fields that hold the weights: FAIR MAE's `model`, mmengine's
@@ -169,8 +172,9 @@ def strip_wrappers(key: str) -> str:
     return key
 
 
-def convert_state_dict(state_dict: Mapping[str, torch.Tensor]
-                       ) -> 'OrderedDict[str, torch.Tensor]':
+def convert_state_dict(
+    state_dict: Mapping[str,
+                        torch.Tensor]) -> 'OrderedDict[str, torch.Tensor]':
     """Rename every key of a FAIR MAE / timm ViT state dict.
 
     Args:
@@ -346,10 +350,16 @@ def convert_file(src: str, dst: str) -> List[str]:
             'would overwrite it. Give another output path')
     dst_dir = osp.dirname(osp.abspath(dst))
     if not osp.isdir(dst_dir):
-        raise FileNotFoundError(f'dst={dst!r}: folder {dst_dir} does not exist')
+        raise FileNotFoundError(
+            f'dst={dst!r}: folder {dst_dir} does not exist')
     state_dict = convert_state_dict(extract_state_dict(load_checkpoint(src)))
-    save_atomically({'state_dict': state_dict,
-                     'meta': {'converted_from': osp.basename(src)}}, dst)
+    save_atomically(
+        {
+            'state_dict': state_dict,
+            'meta': {
+                'converted_from': osp.basename(src)
+            }
+        }, dst)
     return list(state_dict)
 
 
@@ -394,8 +404,9 @@ def main() -> int:
             OSError) as error:
         # One line naming the problem; the type says which kind it is.
         message = error.args[0] if isinstance(error, KeyError) else error
-        print(f'{parser.prog}: error: {type(error).__name__}: {message}',
-              file=sys.stderr)
+        print(
+            f'{parser.prog}: error: {type(error).__name__}: {message}',
+            file=sys.stderr)
         return 1
     parts = sorted({key.split('.')[0] for key in keys})
     print(f'converted {len(keys)} tensors ({", ".join(parts)}) to {args.dst}')

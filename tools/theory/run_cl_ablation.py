@@ -31,9 +31,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from mmae_plugin.theory import ImbalanceSetting, TrainSetting  # noqa: E402
-from mmae_plugin.theory.ablation import (CL_VARIANTS, check_variant_names,  # noqa
-                                         curve_values, run_variant,
-                                         summarise_variant, variant_settings)
+from mmae_plugin.theory.ablation import CL_VARIANTS  # noqa
+from mmae_plugin.theory.ablation import (check_variant_names, curve_values,
+                                         run_variant, summarise_variant,
+                                         variant_settings)
 
 DEFAULT_VARIANTS = list(CL_VARIANTS)
 
@@ -43,29 +44,41 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description='One-factor-at-a-time study of the lab\'s CL setting')
     parser.add_argument('--out-dir', default='work_dirs/theory_cl_ablation')
-    parser.add_argument('--variants', nargs='+', default=DEFAULT_VARIANTS,
-                        help=f'names from {DEFAULT_VARIANTS}')
-    parser.add_argument('--exponent', type=float, default=0.5,
-                        help='local-area exponent kappa')
+    parser.add_argument(
+        '--variants',
+        nargs='+',
+        default=DEFAULT_VARIANTS,
+        help=f'names from {DEFAULT_VARIANTS}')
+    parser.add_argument(
+        '--exponent',
+        type=float,
+        default=0.5,
+        help='local-area exponent kappa')
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--steps', type=int, default=800)
-    parser.add_argument('--lr', type=float, default=20.0,
-                        help='base step size (a variant may scale it)')
+    parser.add_argument(
+        '--lr',
+        type=float,
+        default=20.0,
+        help='base step size (a variant may scale it)')
     parser.add_argument('--batch-size', type=int, default=32)
     parser.add_argument('--mask-ratio', type=float, default=0.75)
     parser.add_argument('--eval-interval', type=int, default=50)
-    parser.add_argument('--threads', type=int, default=1,
-                        help='torch CPU threads')
+    parser.add_argument(
+        '--threads', type=int, default=1, help='torch CPU threads')
     return parser.parse_args()
 
 
 def base_settings(args: argparse.Namespace) -> tuple:
     """The lab's default data and CL settings at the chosen exponent."""
     data = ImbalanceSetting(local_exponent=args.exponent)
-    train = TrainSetting(objective='cl', steps=args.steps, lr=args.lr,
-                         batch_size=args.batch_size,
-                         mask_ratio=args.mask_ratio,
-                         eval_interval=args.eval_interval)
+    train = TrainSetting(
+        objective='cl',
+        steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        mask_ratio=args.mask_ratio,
+        eval_interval=args.eval_interval)
     return data, train
 
 
@@ -114,24 +127,37 @@ def plot_curves(results: Dict, args: argparse.Namespace) -> None:
     names = list(results)
     columns = min(4, len(names))
     rows = -(-len(names) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns,
-                                                     2.9 * rows),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        rows,
+        columns,
+        figsize=(3.4 * columns, 2.9 * rows),
+        squeeze=False,
+        sharey=True)
     seeds = len(args.seeds)
     for ax, name in zip(axes.flat, names):
         histories = results[name]['histories']
         steps = histories[0]['step']
-        for quantity, label, style, color in (
-            ('own_global', 'global own-area', 'o-', 'tab:red'),
-            ('own_local', 'local own-area', 's--', 'tab:orange'),
-            ('local_to_global', 'local -> global', '^:', 'tab:purple')):
+        for quantity, label, style, color in (('own_global', 'global own-area',
+                                               'o-', 'tab:red'),
+                                              ('own_local', 'local own-area',
+                                               's--', 'tab:orange'),
+                                              ('local_to_global',
+                                               'local -> global', '^:',
+                                               'tab:purple')):
             mean, low, high = band(histories, quantity)
-            ax.plot(steps, mean, style, color=color, markersize=3,
-                    markevery=max(1, len(steps) // 8),
-                    label=f'{label} (n={seeds} seeds)')
+            ax.plot(
+                steps,
+                mean,
+                style,
+                color=color,
+                markersize=3,
+                markevery=max(1,
+                              len(steps) // 8),
+                label=f'{label} (n={seeds} seeds)')
             ax.fill_between(steps, low, high, color=color, alpha=0.15)
-        ax.set_title(textwrap.fill(f"{name}: {results[name]['description']}",
-                                   48), fontsize=7)
+        ax.set_title(
+            textwrap.fill(f"{name}: {results[name]['description']}", 48),
+            fontsize=7)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(names):]:
@@ -141,8 +167,10 @@ def plot_curves(results: Dict, args: argparse.Namespace) -> None:
     for row in axes:
         row[0].set_ylabel('attention mass of masked queries')
     axes.flat[0].legend(fontsize=6, loc='upper right')
-    fig.suptitle(f'CL variants at kappa={args.exponent} (mean over seeds '
-                 f'{args.seeds}, band = min..max)', fontsize=9)
+    fig.suptitle(
+        f'CL variants at kappa={args.exponent} (mean over seeds '
+        f'{args.seeds}, band = min..max)',
+        fontsize=9)
     fig.tight_layout()
     save(fig, osp.join(args.out_dir, 'cl_ablation_curves'))
 
@@ -153,26 +181,30 @@ def plot_final(results: Dict, args: argparse.Namespace) -> None:
     fig, ax = plt.subplots(figsize=(1.0 + 0.9 * len(names), 3.6))
     positions = list(range(len(names)))
     seeds = len(args.seeds)
-    for quantity, marker, color, shift, label in (
-        ('own_global', 'o', 'tab:red', -0.12, 'global own-area'),
-        ('own_local', 's', 'tab:orange', 0.12, 'local own-area')):
+    for quantity, marker, color, shift, label in (('own_global', 'o',
+                                                   'tab:red', -0.12,
+                                                   'global own-area'),
+                                                  ('own_local', 's',
+                                                   'tab:orange', 0.12,
+                                                   'local own-area')):
         finals = [results[n]['summary'][quantity]['final'] for n in names]
         spreads = [f['std'] for f in finals]
         ax.errorbar([p + shift for p in positions],
                     [f['mean'] for f in finals],
-                    yerr=None if None in spreads else spreads, fmt=marker,
-                    color=color, capsize=3,
+                    yerr=None if None in spreads else spreads,
+                    fmt=marker,
+                    color=color,
+                    capsize=3,
                     label=f'{label}, final (n={seeds} seeds)')
         init = results[names[0]]['summary'][quantity]['init']['mean']
-        ax.axhline(init, color=color, ls=':', lw=0.8,
-                   label=f'{label}, init')
+        ax.axhline(init, color=color, ls=':', lw=0.8, label=f'{label}, init')
     ax.set_xticks(positions, names, rotation=30, ha='right', fontsize=8)
     ax.set_ylabel('own-area attention of masked queries')
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(f'CL after {args.steps} GD steps, kappa={args.exponent}',
-                 fontsize=9)
+    ax.set_title(
+        f'CL after {args.steps} GD steps, kappa={args.exponent}', fontsize=9)
     fig.tight_layout()
     save(fig, osp.join(args.out_dir, 'cl_ablation_final'))
 

@@ -31,15 +31,15 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402,F401
 import torch  # noqa: E402
+from mmengine.utils import ProgressBar  # noqa: E402,I001
 
 # The framework-free mmae_plugin.theory before mmengine: imported after it,
 # mmae_plugin would register every component, importing mmpretrain.models
 # (and so mmcv-lite's MultiScaleDeformableAttention warning) for nothing.
-from mmae_plugin.theory import (GLOBAL_AREA, FeatureImbalanceData,  # noqa
-                                ImbalanceSetting, TrainSetting,
+from mmae_plugin.theory import FeatureImbalanceData  # noqa
+from mmae_plugin.theory import (GLOBAL_AREA, ImbalanceSetting, TrainSetting,
                                 own_area_attention_ceiling,
                                 query_key_normalized_mutual_information, train)
-from mmengine.utils import ProgressBar  # noqa: E402,I001
 
 OBJECTIVE_LABELS = {'mae': 'MAE', 'cl': 'CL (InfoNCE)'}
 OBJECTIVE_COLORS = {'mae': 'tab:blue', 'cl': 'tab:red'}
@@ -49,16 +49,27 @@ def parse_args() -> argparse.Namespace:
     """Parse command-line arguments."""
     parser = argparse.ArgumentParser(
         description='MAE vs CL on one-layer ViTs under feature imbalance')
-    parser.add_argument('--out-dir', default='work_dirs/theory_imbalance',
-                        help='directory for the JSON and the figures')
-    parser.add_argument('--exponents', type=float, nargs='+',
-                        default=[0.2, 0.35, 0.5, 0.6, 0.65],
-                        help='local-area exponents kappa (local area size '
-                        '= round(P ** kappa)); smaller = more imbalanced')
-    parser.add_argument('--chosen-exponent', type=float, default=0.5,
-                        help='exponent at which the claim is checked')
-    parser.add_argument('--objectives', nargs='+', default=['mae', 'cl'],
-                        choices=['mae', 'cl'])
+    parser.add_argument(
+        '--out-dir',
+        default='work_dirs/theory_imbalance',
+        help='directory for the JSON and the figures')
+    parser.add_argument(
+        '--exponents',
+        type=float,
+        nargs='+',
+        default=[0.2, 0.35, 0.5, 0.6, 0.65],
+        help='local-area exponents kappa (local area size '
+        '= round(P ** kappa)); smaller = more imbalanced')
+    parser.add_argument(
+        '--chosen-exponent',
+        type=float,
+        default=0.5,
+        help='exponent at which the claim is checked')
+    parser.add_argument(
+        '--objectives',
+        nargs='+',
+        default=['mae', 'cl'],
+        choices=['mae', 'cl'])
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--num-patches', type=int, default=64)
     parser.add_argument('--num-local-areas', type=int, default=3)
@@ -66,27 +77,38 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--noise-std', type=float, default=0.0)
     parser.add_argument('--steps', type=int, default=1500)
     parser.add_argument('--lr', type=float, default=20.0)
-    parser.add_argument('--cl-lr', type=float, default=None,
-                        help='step size of the CL runs (default: --lr); '
-                        'InfoNCE gradients scale like 1 / temperature, so '
-                        'a larger --temperature may want a larger step')
-    parser.add_argument('--batch-size', type=int, default=32,
-                        help='CL uses batch-size - 1 negatives per anchor')
+    parser.add_argument(
+        '--cl-lr',
+        type=float,
+        default=None,
+        help='step size of the CL runs (default: --lr); '
+        'InfoNCE gradients scale like 1 / temperature, so '
+        'a larger --temperature may want a larger step')
+    parser.add_argument(
+        '--batch-size',
+        type=int,
+        default=32,
+        help='CL uses batch-size - 1 negatives per anchor')
     parser.add_argument('--mask-ratio', type=float, default=0.75)
-    parser.add_argument('--temperature', type=float, default=0.1,
-                        help='InfoNCE temperature; 0.1 is the '
-                        'discriminative regime in which CL spreads '
-                        'attention over the areas, 10 (with --cl-lr 200) '
-                        'the near-linear regime in which it concentrates '
-                        'on the global area (docs/theory.md)')
+    parser.add_argument(
+        '--temperature',
+        type=float,
+        default=0.1,
+        help='InfoNCE temperature; 0.1 is the '
+        'discriminative regime in which CL spreads '
+        'attention over the areas, 10 (with --cl-lr 200) '
+        'the near-linear regime in which it concentrates '
+        'on the global area (docs/theory.md)')
     parser.add_argument('--eval-interval', type=int, default=50)
-    parser.add_argument('--threads', type=int, default=2,
-                        help='torch CPU threads')
-    parser.add_argument('--from-json', default=None,
-                        help='skip training: recompute summaries and '
-                        'figures from the histories of an earlier '
-                        'imbalance_results.json (its sweep arguments are '
-                        'used)')
+    parser.add_argument(
+        '--threads', type=int, default=2, help='torch CPU threads')
+    parser.add_argument(
+        '--from-json',
+        default=None,
+        help='skip training: recompute summaries and '
+        'figures from the histories of an earlier '
+        'imbalance_results.json (its sweep arguments are '
+        'used)')
     return parser.parse_args()
 
 
@@ -116,10 +138,10 @@ def format_stat(stats: Dict[str, Optional[float]]) -> str:
     return f"{stats['mean']:.3f} +/- {stats['std']:.3f}"
 
 
-CLAIM_PARTS = (('mae_global_rises', 'MAE, global area'),
-               ('mae_local_rises', 'MAE, local areas'),
-               ('cl_global_rises', 'CL, global area'),
-               ('cl_local_rises', 'CL, local areas'))
+CLAIM_PARTS = (('mae_global_rises', 'MAE, global area'), ('mae_local_rises',
+                                                          'MAE, local areas'),
+               ('cl_global_rises', 'CL, global area'), ('cl_local_rises',
+                                                        'CL, local areas'))
 
 
 def format_claim(claim: Dict[str, object], exponent: float) -> List[str]:
@@ -133,9 +155,11 @@ def format_claim(claim: Dict[str, object], exponent: float) -> List[str]:
         Lines: the verdict, what rose and what did not, the criterion.
     """
     verdict = 'HOLDS' if claim['claim_holds'] else 'DOES NOT HOLD'
-    lines = [f'claim at kappa={exponent} (MAE\'s own-area attention rises on '
-             'the global and the local areas, CL\'s does not rise on the '
-             f'local areas): {verdict}']
+    lines = [
+        f'claim at kappa={exponent} (MAE\'s own-area attention rises on '
+        'the global and the local areas, CL\'s does not rise on the '
+        f'local areas): {verdict}'
+    ]
     for key, label in CLAIM_PARTS:
         lines.append(f"  {label + ':':<18} "
                      f"{'rises' if claim[key] else 'does not rise'}")
@@ -195,8 +219,8 @@ def closes_half_gap(init: float, final: float, ceiling: float) -> bool:
 
 def ceilings(setting: ImbalanceSetting, mask_ratio: float) -> Dict:
     """Own-area attention ceilings of the global and of a local area."""
-    num_masked = min(round(setting.num_patches * mask_ratio),
-                     setting.num_patches - 1)
+    num_masked = min(
+        round(setting.num_patches * mask_ratio), setting.num_patches - 1)
     visible = setting.num_patches - num_masked
     sizes = setting.area_sizes
     return dict(
@@ -231,9 +255,12 @@ def check_claim(summary: Dict[str, Dict],
 
 def plot_curves(results: Dict, exponents: List[float], out_dir: str) -> None:
     """Own-area attention over training, one panel per exponent."""
-    fig, axes = plt.subplots(1, len(exponents),
-                             figsize=(3.6 * len(exponents), 3.3),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1,
+        len(exponents),
+        figsize=(3.6 * len(exponents), 3.3),
+        squeeze=False,
+        sharey=True)
     for ax, exponent in zip(axes[0], exponents):
         entry = results[str(exponent)]
         for objective, histories in entry['histories'].items():
@@ -243,12 +270,17 @@ def plot_curves(results: Dict, exponents: List[float], out_dir: str) -> None:
                     row[GLOBAL_AREA] if area == 'global' else local_mean(row)
                     for row in h['own_area_attention']
                 ] for h in histories])
-                ax.plot(steps, curves.mean(0).tolist(), style,
-                        color=OBJECTIVE_COLORS[objective],
-                        label=f'{OBJECTIVE_LABELS[objective]}, {area}')
+                ax.plot(
+                    steps,
+                    curves.mean(0).tolist(),
+                    style,
+                    color=OBJECTIVE_COLORS[objective],
+                    label=f'{OBJECTIVE_LABELS[objective]}, {area}')
         sizes = entry['area_sizes']
-        ax.set_title(f'kappa={exponent}: global {sizes[0]}, '
-                     f'local {sizes[1]} patches', fontsize=9)
+        ax.set_title(
+            f'kappa={exponent}: global {sizes[0]}, '
+            f'local {sizes[1]} patches',
+            fontsize=9)
         ax.set_xlabel('GD step')
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -274,19 +306,26 @@ def plot_phase_diagram(results: Dict, exponents: List[float],
             # No error bars where a single seed gives no spread.
             spreads = [s['std'] for s in stats]
             yerr = None if None in spreads else spreads
-            ax.errorbar(ratios, [s['mean'] for s in stats],
-                        yerr=yerr, fmt=marker + style,
-                        color=OBJECTIVE_COLORS[objective], capsize=3,
-                        label=f'{OBJECTIVE_LABELS[objective]}, {area}')
+            ax.errorbar(
+                ratios, [s['mean'] for s in stats],
+                yerr=yerr,
+                fmt=marker + style,
+                color=OBJECTIVE_COLORS[objective],
+                capsize=3,
+                label=f'{OBJECTIVE_LABELS[objective]}, {area}')
     for area, style in (('global', ':'), ('local', '-.')):
         init = [
             results[str(e)]['summary'][objectives[0]][f'own_{area}_init']
             ['mean'] for e in exponents
         ]
         ax.plot(ratios, init, style, color='grey', label=f'init, {area}')
-    ax.plot(ratios, [
-        results[str(e)]['own_area_ceiling']['local_area'] for e in exponents
-    ], '-', color='black', lw=0.8, label='ceiling, local')
+    ax.plot(
+        ratios,
+        [results[str(e)]['own_area_ceiling']['local_area'] for e in exponents],
+        '-',
+        color='black',
+        lw=0.8,
+        label='ceiling, local')
     ax.set_xscale('log')
     ax.set_xticks(ratios, [f'{r:.3g}' for r in ratios])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -306,8 +345,7 @@ def save(fig: plt.Figure, stem: str) -> None:
     plt.close(fig)
 
 
-def setting_for(args: argparse.Namespace,
-                exponent: float) -> ImbalanceSetting:
+def setting_for(args: argparse.Namespace, exponent: float) -> ImbalanceSetting:
     """Data setting of one sweep point."""
     return ImbalanceSetting(
         num_patches=args.num_patches,
@@ -367,11 +405,13 @@ def analyse(args: argparse.Namespace,
     for exponent in args.exponents:
         setting = setting_for(args, exponent)
         ceiling = ceilings(setting, args.mask_ratio)
-        entry = dict(area_sizes=setting.area_sizes,
-                     imbalance_ratio=setting.imbalance_ratio,
-                     own_area_ceiling=dict(global_area=ceiling['global_'],
-                                           local_area=ceiling['local']),
-                     histories=histories[str(exponent)], summary={})
+        entry = dict(
+            area_sizes=setting.area_sizes,
+            imbalance_ratio=setting.imbalance_ratio,
+            own_area_ceiling=dict(
+                global_area=ceiling['global_'], local_area=ceiling['local']),
+            histories=histories[str(exponent)],
+            summary={})
         for objective, runs in entry['histories'].items():
             entry['summary'][objective] = summarise(runs)
         if {'mae', 'cl'} <= set(entry['histories']):
@@ -431,8 +471,9 @@ def print_table(results: Dict, args: argparse.Namespace) -> None:
     value (there is no spread to show).
     """
     seeds = len(args.seeds)
-    print(f"\nown-area attention of masked patches, init -> final "
-          f"({'mean +/- std over ' + str(seeds) + ' seeds' if seeds > 1 else 'one seed'})")
+    spread = (f'mean +/- std over {seeds} seeds' if seeds > 1 else 'one seed')
+    print(f'\nown-area attention of masked patches, init -> final '
+          f'({spread})')
     print(f"{'kappa':<6} {'global/local':<13} {'objective':<10} "
           f"{'global area':<26} {'local areas':<26} {'area NMI':<15} "
           'rec. error')

@@ -2,8 +2,8 @@
 # the plugin imported, CPU-friendly dataloading.
 _base_ = ['mmpretrain::_base_/default_runtime.py']
 
-custom_imports = dict(imports=['mmae_plugin.registration'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmae_plugin.registration'], allow_failed_imports=False)
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),

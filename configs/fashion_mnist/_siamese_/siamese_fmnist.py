@@ -13,13 +13,22 @@ _base_ = [
 # Two views of every image. Fashion-MNIST is grey, so SimCLR's colour
 # augmentations have nothing to act on; crops, flips and blur remain.
 view_pipeline = [
-    dict(type='RandomResizedCrop', scale=28, crop_ratio_range=(0.3, 1.0),
-         backend='pillow'),
+    dict(
+        type='RandomResizedCrop',
+        scale=28,
+        crop_ratio_range=(0.3, 1.0),
+        backend='pillow'),
     dict(type='RandomFlip', prob=0.5),
-    dict(type='RandomApply',
-         transforms=[dict(type='GaussianBlur', magnitude_range=(0.1, 1.0),
-                          magnitude_std='inf', prob=1.0)],
-         prob=0.5),
+    dict(
+        type='RandomApply',
+        transforms=[
+            dict(
+                type='GaussianBlur',
+                magnitude_range=(0.1, 1.0),
+                magnitude_std='inf',
+                prob=1.0)
+        ],
+        prob=0.5),
 ]
 train_pipeline = [
     dict(type='MultiView', num_views=2, transforms=[view_pipeline]),
@@ -29,8 +38,7 @@ train_pipeline = [
 # 12,800 training images (50 batches of 256) keep one epoch under a couple
 # of minutes on 2 CPU cores; drop `indices` to use all 60,000.
 train_dataloader = dict(
-    batch_size=256,
-    dataset=dict(pipeline=train_pipeline, indices=12800))
+    batch_size=256, dataset=dict(pipeline=train_pipeline, indices=12800))
 # Each view is flipped in its pipeline: no second, batched flip.
 data_preprocessor = dict(flip_prob=0.0)
 
@@ -48,10 +56,20 @@ optim_wrapper = dict(
             'downsample.1': dict(decay_mult=0, lars_exclude=True),
         }))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-2, by_epoch=True, begin=0, end=1,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', T_max=9, by_epoch=True, begin=1, end=10,
-         convert_to_iter_based=True),
+    dict(
+        type='LinearLR',
+        start_factor=1e-2,
+        by_epoch=True,
+        begin=0,
+        end=1,
+        convert_to_iter_based=True),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=9,
+        by_epoch=True,
+        begin=1,
+        end=10,
+        convert_to_iter_based=True),
 ]
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=10)
 # The lr is for a total batch of 256; --auto-scale-lr rescales it linearly.
@@ -79,6 +97,11 @@ minfo_heldout = dict(
     num_batches=4,
     seed=0,
     mode='train')
-custom_hooks = [dict(type='MatrixInfoHook', interval=10, kernel='covariance',
-                     heldout=minfo_heldout),
-                dict(type='DivergenceHook')]
+custom_hooks = [
+    dict(
+        type='MatrixInfoHook',
+        interval=10,
+        kernel='covariance',
+        heldout=minfo_heldout),
+    dict(type='DivergenceHook')
+]

@@ -57,8 +57,9 @@ def effective_logit_scale(module: MultiheadAttention) -> float:
         float: The multiplier applied to ``q k^T``.
     """
     function = module.scaled_dot_product_attention
-    if isinstance(function, functools.partial) and function.keywords.get(
-            'scale') is not None:
+    if isinstance(
+            function,
+            functools.partial) and function.keywords.get('scale') is not None:
         return 1.0 / function.keywords['scale']
     return module.head_dims**-0.5
 
@@ -83,8 +84,7 @@ def attention_probabilities(module: MultiheadAttention,
     return logits.float().softmax(dim=-1)
 
 
-def patch_attention(attn: torch.Tensor,
-                    num_extra_tokens: int) -> torch.Tensor:
+def patch_attention(attn: torch.Tensor, num_extra_tokens: int) -> torch.Tensor:
     """Patch-to-patch block of an attention map, renormalised over patches.
 
     Args:
@@ -162,8 +162,8 @@ class AttentionLocalityHook(Hook):
                  probe_pipeline: Optional[List[dict]] = None) -> None:
         self.interval = check_int(interval, 'interval', minimum=1)
         self.by_epoch = check_bool(by_epoch, 'by_epoch')
-        self.num_probe_images = check_int(num_probe_images,
-                                          'num_probe_images', minimum=1)
+        self.num_probe_images = check_int(
+            num_probe_images, 'num_probe_images', minimum=1)
         self.probe_at_start = check_bool(probe_at_start, 'probe_at_start')
         # numpy seeds are 32-bit unsigned.
         self.probe_seed = check_int(probe_seed, 'probe_seed', minimum=0)
@@ -198,8 +198,8 @@ class AttentionLocalityHook(Hook):
             return
         if (self.every_n_epochs(runner, self.interval)
                 or self.is_last_train_epoch(runner)):
-            self._probe_and_log(runner, epoch=runner.epoch + 1,
-                                step=runner.iter)
+            self._probe_and_log(
+                runner, epoch=runner.epoch + 1, step=runner.iter)
 
     def after_train_iter(self,
                          runner,
@@ -211,8 +211,8 @@ class AttentionLocalityHook(Hook):
             return
         if (self.every_n_train_iters(runner, self.interval)
                 or self.is_last_train_iter(runner)):
-            self._probe_and_log(runner, epoch=runner.epoch,
-                                step=runner.iter + 1)
+            self._probe_and_log(
+                runner, epoch=runner.epoch, step=runner.iter + 1)
 
     # -------------------------------------------------------------- helpers
     @staticmethod
@@ -269,8 +269,7 @@ class AttentionLocalityHook(Hook):
         """One sample through the probe pipeline (or the dataset's own)."""
         if self.probe_pipeline is None:
             return dataset[index]
-        return self.probe_pipeline(copy.deepcopy(
-            dataset.get_data_info(index)))
+        return self.probe_pipeline(copy.deepcopy(dataset.get_data_info(index)))
 
     @torch.no_grad()
     def measure(self, backbone: VisionTransformer,
@@ -322,8 +321,8 @@ class AttentionLocalityHook(Hook):
         }
 
     def _probe_and_log(self, runner, epoch: int, step: int) -> None:
-        stats = self.measure(self._backbone(runner),
-                             self._probe.to(_device_of(runner)))
+        stats = self.measure(
+            self._backbone(runner), self._probe.to(_device_of(runner)))
         scalars = scalar_dict(stats)
         runner.message_hub.update_scalars(scalars)
         self.history.append(dict(epoch=epoch, step=step, **scalars))
@@ -366,8 +365,7 @@ def scalar_dict(stats: Dict[str, torch.Tensor]) -> Dict[str, float]:
         for layer, heads in enumerate(values):
             scalars[f'{KEY_PREFIX}/{stat}_l{layer}'] = float(heads.mean())
             for head, value in enumerate(heads):
-                scalars[f'{KEY_PREFIX}/{stat}_l{layer}_h{head}'] = float(
-                    value)
+                scalars[f'{KEY_PREFIX}/{stat}_l{layer}_h{head}'] = float(value)
     return scalars
 
 
@@ -375,9 +373,8 @@ def summary_text(stats: Dict[str, torch.Tensor], epoch: int) -> str:
     """One log line per layer with head-averaged statistics."""
     lines = [f'Attention locality (epoch {epoch}, head means):']
     for layer in range(stats['distance'].shape[0]):
-        lines.append(
-            f'  layer {layer}: distance '
-            f"{float(stats['distance'][layer].mean()):.3f} px, "
-            f"nmi {float(stats['nmi'][layer].mean()):.4f}, "
-            f"entropy {float(stats['entropy'][layer].mean()):.4f}")
+        lines.append(f'  layer {layer}: distance '
+                     f"{float(stats['distance'][layer].mean()):.3f} px, "
+                     f"nmi {float(stats['nmi'][layer].mean()):.4f}, "
+                     f"entropy {float(stats['entropy'][layer].mean()):.4f}")
     return '\n'.join(lines)

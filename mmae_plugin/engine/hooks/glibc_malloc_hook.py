@@ -67,8 +67,8 @@ def check_malloc_thresholds(mmap_threshold: int, trim_threshold: int,
             f'mmap_threshold must be in [0, {MAX_MMAP_THRESHOLD}] bytes '
             f'(32 MiB, the most glibc accepts on 64-bit), got '
             f'{mmap_threshold}')
-    for value, name in ((trim_threshold, 'trim_threshold'),
-                        (top_pad, 'top_pad')):
+    for value, name in ((trim_threshold, 'trim_threshold'), (top_pad,
+                                                             'top_pad')):
         check_int(value, name, minimum=0)
         if value > MAX_MALLOPT_VALUE:
             raise ValueError(f'{name} must be in [0, {MAX_MALLOPT_VALUE}] '
@@ -96,10 +96,11 @@ def set_glibc_malloc_thresholds(mmap_threshold: int = MMAP_THRESHOLD,
         return False
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    for parameter, value, name in (
-            (M_MMAP_THRESHOLD, mmap_threshold, 'mmap_threshold'),
-            (M_TRIM_THRESHOLD, trim_threshold, 'trim_threshold'),
-            (M_TOP_PAD, top_pad, 'top_pad')):
+    for parameter, value, name in ((M_MMAP_THRESHOLD, mmap_threshold,
+                                    'mmap_threshold'),
+                                   (M_TRIM_THRESHOLD, trim_threshold,
+                                    'trim_threshold'), (M_TOP_PAD, top_pad,
+                                                        'top_pad')):
         if libc.mallopt(parameter, value) != 1:
             raise RuntimeError(f'glibc mallopt refused {name}={value}')
     return True
@@ -155,7 +156,8 @@ class GlibcMallocHook(Hook):
 
     priority = 'VERY_HIGH'
 
-    def __init__(self, mmap_threshold: int = MMAP_THRESHOLD,
+    def __init__(self,
+                 mmap_threshold: int = MMAP_THRESHOLD,
                  trim_threshold: int = TRIM_THRESHOLD,
                  top_pad: int = TOP_PAD) -> None:
         check_malloc_thresholds(mmap_threshold, trim_threshold, top_pad)
@@ -175,8 +177,10 @@ class GlibcMallocHook(Hook):
                 f'{self.trim_threshold}, top_pad={self.top_pad} bytes',
                 logger='current')
         else:
-            print_log('GlibcMallocHook: the C library is not glibc; '
-                      'allocator left as it is', logger='current')
+            print_log(
+                'GlibcMallocHook: the C library is not glibc; '
+                'allocator left as it is',
+                logger='current')
 
     def after_run(self, runner) -> None:
         """Return what the run kept to the kernel, and log how much."""
@@ -186,5 +190,6 @@ class GlibcMallocHook(Hook):
         after = resident_bytes()
         returned = '' if before is None or after is None else \
             f'; {max(0, before - after) / MiB:.0f} MiB returned to the kernel'
-        print_log("GlibcMallocHook: glibc's starting thresholds restored"
-                  + returned, logger='current')
+        print_log(
+            "GlibcMallocHook: glibc's starting thresholds restored" + returned,
+            logger='current')

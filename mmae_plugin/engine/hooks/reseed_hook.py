@@ -25,8 +25,8 @@ INACTIVE = -1
 #: A pipeline made only of these is not re-seeded per sample, which costs
 #: more than the rest of such a pipeline (Fashion-MNIST pretraining:
 #: 110 vs 16 ms of CPU per 256-image batch in the main process).
-DETERMINISTIC_TRANSFORMS = (CenterCrop, Collect, LoadImageFromFile,
-                            PackInputs, Resize, ResizeEdge, Transpose)
+DETERMINISTIC_TRANSFORMS = (CenterCrop, Collect, LoadImageFromFile, PackInputs,
+                            Resize, ResizeEdge, Transpose)
 
 
 def derive_seed(*keys: int) -> int:
@@ -209,15 +209,18 @@ class ReseedHook(Hook):
             print_log(
                 f'ReseedHook: {type(dataset).__name__} has no mmengine '
                 'pipeline; its augmentations keep mmengine worker seeds.',
-                logger='current', level=logging.WARNING)
+                logger='current',
+                level=logging.WARNING)
         random_leaves = []
         for leaf in leaves:
             if draws_nothing_at_random(leaf.pipeline):
                 names = [type(t).__name__ for t in leaf.pipeline.transforms]
                 print_log(
                     f'ReseedHook: the pipeline of {type(leaf).__name__} '
-                    f'({", ".join(names) or "empty"}) draws nothing at random; '
-                    'not re-seeded per sample.', logger='current')
+                    f'({", ".join(names) or "empty"}) draws nothing at '
+                    'random; '
+                    'not re-seeded per sample.',
+                    logger='current')
             else:
                 random_leaves.append(leaf)
         self._pipelines = [self._wrap(leaf, runner) for leaf in random_leaves]
@@ -244,7 +247,9 @@ class ReseedHook(Hook):
             pipeline.epoch.fill_(runner.epoch)
         seed_everything(*self._keys(runner), 0, runner.epoch)
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         seed_everything(*self._keys(runner), 1, runner.iter)
 

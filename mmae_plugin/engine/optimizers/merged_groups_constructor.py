@@ -82,8 +82,10 @@ def merge_param_groups(optimizer: torch.optim.Optimizer) -> int:
                 break
         else:
             merged.append(
-                dict(settings=settings, names=names,
-                     group=dict(settings, params=list(group['params']))))
+                dict(
+                    settings=settings,
+                    names=names,
+                    group=dict(settings, params=list(group['params']))))
     for entry in merged:
         if entry['names']:
             entry['group']['param_names'] = entry['names']

@@ -24,8 +24,8 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmpretrain.registry import OPTIM_WRAPPERS
 
 
-def resolve_cast_dtype(dtype: Union[str, torch.dtype, None]
-                       ) -> Optional[torch.dtype]:
+def resolve_cast_dtype(
+        dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
     """``dtype`` as a torch dtype (``None`` stays ``None``).
 
     Raises:
@@ -76,14 +76,18 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
             ``accumulative_counts``, ``clip_grad``).
     """
 
-    def __init__(self, loss_scale='auto',
+    def __init__(self,
+                 loss_scale='auto',
                  dtype: Union[str, torch.dtype, None] = None,
-                 use_fsdp: bool = False, **kwargs):
+                 use_fsdp: bool = False,
+                 **kwargs):
         cast_dtype = resolve_cast_dtype(dtype)
         if needs_loss_scaler(loss_scale, cast_dtype):
             super().__init__(
                 loss_scale='dynamic' if loss_scale == 'auto' else loss_scale,
-                dtype=cast_dtype, use_fsdp=use_fsdp, **kwargs)
+                dtype=cast_dtype,
+                use_fsdp=use_fsdp,
+                **kwargs)
             return
         # AmpOptimWrapper.__init__ would build the scaler (and insists on
         # a GPU); bfloat16 autocast needs neither.

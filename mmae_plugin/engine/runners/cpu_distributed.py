@@ -50,8 +50,7 @@ def has_dist_accelerator() -> bool:
     """
     import mmengine.dist.utils as dist_utils
     return (torch.cuda.is_available() or dist_utils.is_npu_available()
-            or dist_utils.is_mlu_available()
-            or dist_utils.is_musa_available())
+            or dist_utils.is_mlu_available() or dist_utils.is_musa_available())
 
 
 def needs_cpu_process_group(launcher: Optional[str]) -> bool:
@@ -105,8 +104,8 @@ def cpu_ddp_wrapper_cfg(wrapper_cfg: Optional[Dict[str, Any]],
         config itself otherwise.
     """
     if wrapper_cfg is None:
-        return dict(type='MMDistributedDataParallel', device_ids=None,
-                    **defaults)
+        return dict(
+            type='MMDistributedDataParallel', device_ids=None, **defaults)
     if not isinstance(wrapper_cfg, dict) or 'device_ids' in wrapper_cfg:
         return wrapper_cfg
     from mmengine.registry import MODEL_WRAPPERS
@@ -153,7 +152,8 @@ class CpuDistributedRunnerMixin:
         if self.distributed and not is_model_wrapper(model) and \
                 not has_dist_accelerator():
             model_wrapper_cfg = cpu_ddp_wrapper_cfg(
-                model_wrapper_cfg, broadcast_buffers=False,
+                model_wrapper_cfg,
+                broadcast_buffers=False,
                 find_unused_parameters=self.cfg.get('find_unused_parameters',
                                                     False))
         return super().wrap_model(model_wrapper_cfg, model)
@@ -163,7 +163,9 @@ class CpuDistributedFlexibleRunnerMixin:
     """``FlexibleRunner`` behaviour for DDP / FSDP strategies without a
     device. Goes before mmengine's ``FlexibleRunner`` (see module)."""
 
-    def build_strategy(self, strategy: Any = None, launcher: str = 'none',
+    def build_strategy(self,
+                       strategy: Any = None,
+                       launcher: str = 'none',
                        randomness: Optional[dict] = None,
                        env_cfg: dict = dict(dist_cfg=dict(backend='nccl')),
                        **kwargs: Any) -> Any:
@@ -187,9 +189,12 @@ class CpuDistributedFlexibleRunnerMixin:
                 strategy = dict(strategy or dict(type='DDPStrategy'))
                 strategy['model_wrapper'] = cpu_ddp_wrapper_cfg(
                     strategy.get('model_wrapper'), broadcast_buffers=False)
-        return super().build_strategy(strategy, launcher=launcher,
-                                      randomness=randomness, env_cfg=env_cfg,
-                                      **kwargs)
+        return super().build_strategy(
+            strategy,
+            launcher=launcher,
+            randomness=randomness,
+            env_cfg=env_cfg,
+            **kwargs)
 
 
 def ddp_strategy_type(strategy: Any, launcher: str) -> Optional[type]:
@@ -219,7 +224,7 @@ def ddp_strategy_type(strategy: Any, launcher: str) -> Optional[type]:
     return None
 
 
-__all__ = ['CpuDistributedRunnerMixin', 'CpuDistributedFlexibleRunnerMixin',
-           'has_dist_accelerator', 'init_cpu_process_group',
-           'cpu_ddp_wrapper_cfg']
-
+__all__ = [
+    'CpuDistributedRunnerMixin', 'CpuDistributedFlexibleRunnerMixin',
+    'has_dist_accelerator', 'init_cpu_process_group', 'cpu_ddp_wrapper_cfg'
+]

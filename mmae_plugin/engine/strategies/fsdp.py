@@ -68,7 +68,8 @@ class MMAEFSDPStrategy(FSDPStrategy):
         """
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         optim_state_dict = FSDP.optim_state_dict_to_load(
-            model=self.model, optim=self.optim_wrapper.optimizer,
+            model=self.model,
+            optim=self.optim_wrapper.optimizer,
             optim_state_dict=state_dict)
         self.optim_wrapper.load_state_dict(optim_state_dict)
 

@@ -86,15 +86,17 @@ def copy_out_of_gather_buffer(original: Callable) -> Callable:
     """
 
     @functools.wraps(original)
-    def _unflatten_orig_param_states(
-            fsdp_param_info: Any, output_states: Dict[str, Dict[str, Any]],
-            state_name: str, shard_state: bool, to_save: bool,
-            cpu_offload: bool) -> None:
+    def _unflatten_orig_param_states(fsdp_param_info: Any,
+                                     output_states: Dict[str, Dict[str, Any]],
+                                     state_name: str, shard_state: bool,
+                                     to_save: bool, cpu_offload: bool) -> None:
         if not to_save:  # torch returns at once; nothing is kept
             return original(fsdp_param_info, output_states, state_name,
                             shard_state, to_save, cpu_offload)
-        views = {fqn: state.get(state_name)
-                 for fqn, state in output_states.items()}
+        views = {
+            fqn: state.get(state_name)
+            for fqn, state in output_states.items()
+        }
         original(fsdp_param_info, output_states, state_name, shard_state,
                  to_save, cpu_offload)
         for fqn, view in views.items():
