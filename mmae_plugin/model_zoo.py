@@ -283,8 +283,8 @@ def unpublished_weights_message(name: str) -> str:
     return (
         f'model-zoo entry {name!r} has no published weights (its results '
         "are the paper's, not reproduced here), so pretrained=True cannot "
-        f"load any. Use get_model({name!r}, pretrained=False) to build the "
-        f"untrained recipe, or get_model({name!r}, "
+        f'load any. Use get_model({name!r}, pretrained=False) to build the '
+        f'untrained recipe, or get_model({name!r}, '
         "pretrained='path/to/checkpoint.pth') to load a checkpoint of your "
         'own (one its config trained, or a published one converted by '
         'tools/model_converters/mae_to_mmpretrain.py).')

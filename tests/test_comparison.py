@@ -435,7 +435,7 @@ def test_documented_run_command_gives_the_recorded_comparison(repo_root, page):
     ([
         '--eval-config', 'configs/fashion_mnist/knn_fmnist.py',
         '--bank-images', '100', '--shots', '2'
-    ], "--poolings cls cls+mean: the evaluation config "
+    ], '--poolings cls cls+mean: the evaluation config '
      "configs/fashion_mnist/knn_fmnist.py pools 'cls'"),
 ])
 def test_a_setting_the_evaluation_refuses_is_refused_before_any_job(

@@ -459,7 +459,7 @@ def test_malformed_checkpoints_get_a_named_error(tmp_path, checkpoint, found,
     with pytest.raises(converter.MalformedCheckpointError) as error:
         converter.extract_state_dict(checkpoint)
     assert str(error.value).startswith(found)
-    assert "expected a dict of str keys to tensors" in str(error.value)
+    assert 'expected a dict of str keys to tensors' in str(error.value)
     if not command:  # each run of the command imports mmpretrain (~10 s)
         return
     src, dst = tmp_path / 'bad.pth', tmp_path / 'out.pth'

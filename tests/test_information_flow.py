@@ -306,7 +306,7 @@ def test_roles_default_to_arm_names_and_reject_unknown_roles():
                                   'barlowtwins': 'bt'
                               }
     assert flow.resolve_roles(['spectral'], {})['spectral'] == 'spectral'
-    with pytest.raises(ValueError, match="ROLE in"):
+    with pytest.raises(ValueError, match='ROLE in'):
         flow.resolve_roles([], {'moco': 'moco'})
 
 

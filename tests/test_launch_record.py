@@ -33,7 +33,7 @@ def test_another_per_gpu_batch_is_refused_naming_both(tmp_path):
     assert ('1 processes x 2 images (2 per step, 8 iterations per epoch); '
             'this launch has 1 processes x 4 images (4 per step, 4 '
             'iterations per epoch)') in message
-    assert "resume_launch_change=rescale" in message
+    assert 'resume_launch_change=rescale' in message
     assert not osp.exists(tmp_path / 'epoch_2.pth')
 
 

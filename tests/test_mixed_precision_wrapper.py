@@ -92,7 +92,7 @@ def test_which_settings_build_a_scaler(loss_scale, dtype, scaler):
 
 @pytest.mark.parametrize('dtype', ['float16', None])
 def test_no_scaler_without_bfloat16_is_refused(dtype):
-    with pytest.raises(ValueError, match=r"loss_scale=None .*bfloat16"):
+    with pytest.raises(ValueError, match=r'loss_scale=None .*bfloat16'):
         MixedPrecisionOptimWrapper(
             loss_scale=None,
             dtype=dtype,

@@ -77,7 +77,7 @@ def test_knn_classifier_refuses_a_pooling_its_backbone_cannot_give():
     cfg.model.pooling = 'cls+mean'  # backbone out_type stays 'cls_token'
     with pytest.raises(ValueError, match="out_type='raw'"):
         MODELS.build(cfg.model)
-    with pytest.raises(ValueError, match="pooling must be one of"):
+    with pytest.raises(ValueError, match='pooling must be one of'):
         TokenPoolingNeck(pooling='avg')
 
 

@@ -43,8 +43,8 @@ def config(repo_root, tmp_path_factory):
     """
     path = tmp_path_factory.mktemp('config') / 'mmae_fmnist_worker_flip.py'
     path.write_text(
-        f"_base_ = [{os.path.join(repo_root, CONFIG)!r}]\n"
-        "train_dataloader = dict(dataset=dict(pipeline=[\n"
+        f'_base_ = [{os.path.join(repo_root, CONFIG)!r}]\n'
+        'train_dataloader = dict(dataset=dict(pipeline=[\n'
         "    dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')]))\n")
     return str(path)
 

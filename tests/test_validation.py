@@ -91,7 +91,7 @@ def test_check_int_and_check_choice():
         with pytest.raises(TypeError, match='n must be an integer'):
             check_int(value, 'n')
     assert check_choice('local', 'gather', ('global', 'local')) == 'local'
-    with pytest.raises(ValueError, match=r"gather must be one of \("):
+    with pytest.raises(ValueError, match=r'gather must be one of \('):
         check_choice('Local', 'gather', ('global', 'local'))
 
 

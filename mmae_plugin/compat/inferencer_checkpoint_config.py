@@ -42,7 +42,7 @@ from ._opt_out import opted_out
 #: ``MMAE_UNSAFE_INFERENCER_CONFIG=1``: this module changes nothing.
 OPT_OUT_VARIABLE = 'MMAE_UNSAFE_INFERENCER_CONFIG'
 OPTED_OUT = opted_out(
-    OPT_OUT_VARIABLE, "an mmengine inferencer built with weights= and no "
+    OPT_OUT_VARIABLE, 'an mmengine inferencer built with weights= and no '
     'config executes the config text stored in the checkpoint: the '
     'checkpoint can run code')
 
@@ -53,7 +53,7 @@ _MESSAGE = (
     'and a checkpoint never runs code with mmae_plugin. Pass the config the '
     'checkpoint was trained with as model=, e.g. '
     "{cls}(model='path/to/config.py', weights={weights!r}); to recover that "
-    "text for review, read it with torch.load(path, weights_only=True)"
+    'text for review, read it with torch.load(path, weights_only=True)'
     "['meta']['cfg'] and save it to a .py file (MMAE_UNSAFE_INFERENCER_CONFIG"
     "=1 restores upstream's behaviour, executing it)")
 

@@ -43,7 +43,7 @@ DEPRECATION_TEXT = 'pkg_resources is deprecated as an API'
 DEPRECATION_MODULES = r'(mmengine\.utils\.package_utils|importlib)\Z'
 
 MESSAGE = ('mmengine 0.10.7 needs pkg_resources to resolve "mmpretrain::" '
-           "config bases, and it is not installed (setuptools >= 82 removed "
+           'config bases, and it is not installed (setuptools >= 82 removed '
            "it); install it with: pip install 'setuptools<82'")
 
 

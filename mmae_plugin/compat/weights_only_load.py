@@ -27,7 +27,7 @@ from ._opt_out import opted_out
 #: ``MMAE_UNSAFE_PICKLE_LOAD=1``: this module changes nothing.
 OPT_OUT_VARIABLE = 'MMAE_UNSAFE_PICKLE_LOAD'
 OPTED_OUT = opted_out(
-    OPT_OUT_VARIABLE, "checkpoints loaded through mmengine from URLs (and "
+    OPT_OUT_VARIABLE, 'checkpoints loaded through mmengine from URLs (and '
     'local ones under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) are unpickled in '
     'full and can run code')
 

@@ -95,7 +95,7 @@ STRIPPED_PREFIXES = ('module.', '_orig_mod.')
 # Fields that hold the weights: FAIR MAE's `model`, mmengine's
 # `state_dict`, DeepSpeed's `module`.
 WEIGHT_FIELDS = ('model', 'state_dict', 'module')
-EXPECTED = ("a dict of str keys to tensors, or a dict holding one under "
+EXPECTED = ('a dict of str keys to tensors, or a dict holding one under '
             "'model' (FAIR MAE), 'state_dict' (mmengine) or 'module'")
 
 

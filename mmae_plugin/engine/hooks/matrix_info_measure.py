@@ -48,7 +48,7 @@ def checked_tcr(tcr: str, mu: Optional[float],
                 f"with tcr='objective' mu and centering come from the "
                 f"model's TCRLoss; got mu={mu!r}, centering="
                 f"{centering!r}. Use tcr='reference' or tcr='paper' to "
-                f"set them")
+                f'set them')
         return None
     form, mu, centering = check_coding_rate_args(
         tcr, 1.0 if mu is None else mu,
