@@ -42,35 +42,19 @@ sees the same :attr:`GatheredRows.refused` flag.
 reads are fine) returns the concatenated valid rows themselves: it agrees
 the layout every call (two collectives) and cuts the padding on the host.
 """
-import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from mmae_plugin.utils.validation import check_choice, check_int
+from .gather_layout import (HEADER_BYTES, HEADER_WORDS, ROWS, STATUS,
+                            RowLayout, agree_layout, describe_ranks,
+                            header_tensor, header_words)
 
 GATHER_MODES = ('global', 'reference', 'local')
-
-#: Dtypes a slot can carry; the header stores ``index + 1`` (0: another).
-SLOT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16,
-               torch.int64, torch.int32, torch.int16, torch.int8,
-               torch.uint8, torch.bool)
-#: Largest number of dimensions of one row the header can describe.
-MAX_ROW_DIMS = 4
-
-# Header words (int64) at the start of every slot.
-STATUS, ROWS, DTYPE, ROW_DIMS, CAPACITY = 0, 1, 2, 3, 4
-SHAPE = 5  # MAX_ROW_DIMS words: the row shape, zero-filled
-HEADER_WORDS = SHAPE + MAX_ROW_DIMS
-HEADER_BYTES = 8 * HEADER_WORDS
-
-#: Status bits of a slot header: why a rank's rows were left out.
-TOO_MANY_ROWS = 1
-OTHER_ROW_SHAPE = 2
-OTHER_DTYPE = 4
 
 
 def check_gather_mode(gather: str) -> str:
@@ -92,160 +76,6 @@ def is_distributed() -> bool:
         and dist.get_world_size() > 1
 
 
-# ------------------------------------------------------------------ headers
-def _dtype_code(dtype: torch.dtype) -> int:
-    return SLOT_DTYPES.index(dtype) + 1 if dtype in SLOT_DTYPES else 0
-
-
-def _row_dims(x: Tensor) -> int:
-    """Number of dimensions of one row, -1 when the header cannot say."""
-    dims = x.dim() - 1
-    return dims if 0 <= dims <= MAX_ROW_DIMS else -1
-
-
-def header_words(x: Tensor, capacity: Optional[int],
-                 status: int = 0) -> List[int]:
-    """The int64 header describing this rank's ``x``.
-
-    Args:
-        x: Local rows (N, ...).
-        capacity: The configured capacity (``None``: -1 in the header).
-        status: Status bits (0 when the rows are sent).
-
-    Returns:
-        :data:`HEADER_WORDS` ints.
-    """
-    words = [0] * HEADER_WORDS
-    dims = _row_dims(x)
-    words[STATUS] = status
-    words[ROWS] = x.shape[0] if x.dim() else 0
-    words[DTYPE] = _dtype_code(x.dtype)
-    words[ROW_DIMS] = dims
-    words[CAPACITY] = -1 if capacity is None else capacity
-    if dims > 0:
-        words[SHAPE:SHAPE + dims] = list(x.shape[1:])
-    return words
-
-
-def _words_on(words: Sequence[int], device: torch.device) -> Tensor:
-    """``words`` as an int64 tensor on ``device``, without a device wait.
-
-    A plain host-to-GPU copy from pageable memory synchronises the stream;
-    from pinned memory with ``non_blocking`` it is only queued (the caching
-    host allocator keeps the pinned block until the copy has run).
-    """
-    host = torch.tensor(list(words), dtype=torch.int64)
-    if device.type == 'cuda':
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
-
-
-def _describe_rank(words: Sequence[int]) -> str:
-    """``'5 rows of (4,) float32'`` from one rank's header."""
-    dims = int(words[ROW_DIMS])
-    shape = ('(more than %d dims)' % MAX_ROW_DIMS if dims < 0 else
-             str(tuple(int(w) for w in words[SHAPE:SHAPE + dims])))
-    code = int(words[DTYPE])
-    dtype = str(SLOT_DTYPES[code - 1]).replace('torch.', '') if code \
-        else 'an unsupported dtype'
-    return f'{int(words[ROWS])} rows of {shape} {dtype}'
-
-
-def describe_ranks(headers: Sequence[Sequence[int]]) -> str:
-    """One phrase per rank: its row count, row shape and dtype."""
-    return ', '.join(f'rank {rank}: {_describe_rank(words)}'
-                     for rank, words in enumerate(headers))
-
-
-# ------------------------------------------------------------------- layout
-@dataclass(frozen=True)
-class RowLayout:
-    """What every rank's slot holds: ``capacity`` rows of one shape/dtype.
-
-    Attributes:
-        capacity: Rows reserved per rank.
-        row_shape: Shape of one row.
-        dtype: Dtype of the rows.
-    """
-
-    capacity: int
-    row_shape: Tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of ``capacity`` rows."""
-        numel = self.capacity * math.prod(self.row_shape)
-        return numel * torch.empty((), dtype=self.dtype).element_size()
-
-    @property
-    def slot_bytes(self) -> int:
-        """Header plus rows, rounded up to 8 bytes (int64 alignment)."""
-        return HEADER_BYTES + 8 * math.ceil(self.payload_bytes / 8)
-
-    def status_of(self, x: Tensor) -> int:
-        """Status bits of local rows ``x``: 0 when they fit the slot."""
-        status = 0
-        if tuple(x.shape[1:]) != self.row_shape or x.dim() == 0:
-            status |= OTHER_ROW_SHAPE
-        if x.dtype != self.dtype:
-            status |= OTHER_DTYPE
-        if x.dim() and x.shape[0] > self.capacity:
-            status |= TOO_MANY_ROWS
-        return status
-
-
-def agree_layout(headers: Sequence[Sequence[int]],
-                 capacity: Optional[int], what: str = 'rows'
-                 ) -> Optional[RowLayout]:
-    """The layout every rank derives from the same gathered headers.
-
-    Every rank calls this with identical ``headers``, so every rank returns
-    the same layout or raises the same error.
-
-    Args:
-        headers: One :func:`header_words` list per rank, in rank order.
-        capacity: The configured capacity, or ``None`` for the largest row
-            count in ``headers``.
-        what: What the rows are, for the error message.
-
-    Returns:
-        The layout, or ``None`` when no rank has a row and no capacity is
-        configured (nothing to size the slots by yet).
-
-    Raises:
-        ValueError: Row shapes, dtypes or configured capacities differ
-            across ranks, a rank's rows are not describable, or a rank has
-            more rows than the configured capacity.
-    """
-    first = headers[0]
-    kinds = {(tuple(w[DTYPE:ROW_DIMS + 1]), tuple(w[SHAPE:]))
-             for w in headers}
-    if len(kinds) > 1 or first[DTYPE] == 0 or first[ROW_DIMS] < 0:
-        raise ValueError(
-            f'cannot gather {what} across ranks: every rank must hold rows '
-            'of the same shape and one dtype (float64, float32, float16, '
-            f'bfloat16 or an integer type), got {describe_ranks(headers)}')
-    if len({w[CAPACITY] for w in headers}) > 1:
-        raise ValueError(
-            f'cannot gather {what} across ranks: the configured '
-            'gather_capacity differs across ranks: '
-            f'{[int(w[CAPACITY]) for w in headers]}')
-    most = max(int(w[ROWS]) for w in headers)
-    if capacity is not None and most > capacity:
-        raise ValueError(
-            f'cannot gather {what} across ranks: gather_capacity={capacity} '
-            f'but {describe_ranks(headers)}; set gather_capacity to at least '
-            'the per-GPU batch size')
-    if capacity is None and most == 0:
-        return None
-    dims = int(first[ROW_DIMS])
-    row_shape = tuple(int(w) for w in first[SHAPE:SHAPE + dims])
-    return RowLayout(capacity=most if capacity is None else capacity,
-                     row_shape=row_shape,
-                     dtype=SLOT_DTYPES[int(first[DTYPE]) - 1])
-
-
 def exchange_headers(x: Tensor, capacity: Optional[int]) -> List[List[int]]:
     """All-gather every rank's header (one collective, one host read).
 
@@ -257,9 +87,11 @@ def exchange_headers(x: Tensor, capacity: Optional[int]) -> List[List[int]]:
     Returns:
         One header per rank, in rank order.
     """
-    local = _words_on(header_words(x, capacity), x.device)
-    gathered = torch.empty(dist.get_world_size() * HEADER_WORDS,
-                           dtype=torch.int64, device=x.device)
+    local = header_tensor(header_words(x, capacity), x.device)
+    gathered = torch.empty(
+        dist.get_world_size() * HEADER_WORDS,
+        dtype=torch.int64,
+        device=x.device)
     dist.all_gather_into_tensor(gathered, local)
     return gathered.view(-1, HEADER_WORDS).tolist()
 
@@ -281,8 +113,8 @@ def pack_slot(x: Tensor, layout: RowLayout) -> Tensor:
     status = layout.status_of(x)
     slot = torch.zeros(layout.slot_bytes, dtype=torch.uint8, device=x.device)
     slot[:HEADER_BYTES].copy_(
-        _words_on(header_words(x, layout.capacity, status),
-                  x.device).view(torch.uint8))
+        header_tensor(header_words(x, layout.capacity, status),
+                      x.device).view(torch.uint8))
     if status == 0 and x.numel():
         rows = x.detach().contiguous().view(-1).view(torch.uint8)
         slot[HEADER_BYTES:HEADER_BYTES + rows.numel()].copy_(rows)
@@ -304,8 +136,8 @@ class _SlotAllGather(torch.autograd.Function):
                 gather: str) -> Tuple[Tensor, Tensor]:
         world, rank = dist.get_world_size(), dist.get_rank()
         slot = pack_slot(x, layout)
-        slots = torch.empty(world * slot.numel(), dtype=torch.uint8,
-                            device=x.device)
+        slots = torch.empty(
+            world * slot.numel(), dtype=torch.uint8, device=x.device)
         dist.all_gather_into_tensor(slots, slot)
         slots = slots.view(world, -1)
         headers = slots[:, :HEADER_BYTES].contiguous().view(torch.int64)
@@ -382,8 +214,12 @@ def slot_gather(x: Tensor, layout: RowLayout, gather: str) -> GatheredRows:
     counts = torch.where(sent, headers[:, ROWS], 0)
     slot_index = torch.arange(layout.capacity, device=rows.device)
     valid = (slot_index.unsqueeze(0) < counts.unsqueeze(1)).flatten()
-    return GatheredRows(rows=rows, valid=valid, count=counts.sum(),
-                        refused=~sent.all(), headers=headers)
+    return GatheredRows(
+        rows=rows,
+        valid=valid,
+        count=counts.sum(),
+        refused=~sent.all(),
+        headers=headers)
 
 
 class RowGatherer:
@@ -399,7 +235,8 @@ class RowGatherer:
         what: What the rows are, for error messages.
     """
 
-    def __init__(self, capacity: Optional[int] = None,
+    def __init__(self,
+                 capacity: Optional[int] = None,
                  what: str = 'features') -> None:
         self.capacity = check_capacity(capacity)
         self.what = what
@@ -457,7 +294,8 @@ class RowGatherer:
                 'the same width and dtype')
 
 
-def gather_rows(x: Tensor, gather: str = 'global',
+def gather_rows(x: Tensor,
+                gather: str = 'global',
                 capacity: Optional[int] = None) -> Tensor:
     """Concatenate the rows of ``x`` from every rank (counts may differ).
 
@@ -487,8 +325,9 @@ def gather_rows(x: Tensor, gather: str = 'global',
         return x
     gathered = slot_gather(x, layout, gather)
     parts = gathered.rows.split(layout.capacity)
-    return torch.cat([part[:int(words[ROWS])]
-                      for part, words in zip(parts, headers)], dim=0)
+    return torch.cat(
+        [part[:int(words[ROWS])] for part, words in zip(parts, headers)],
+        dim=0)
 
 
 def gather_features(features: Tensor, gather: str) -> Tensor:
