@@ -1,21 +1,15 @@
-"""Checksums of checkpoints, and what is wrong with a damaged one.
+"""What is wrong with a checkpoint that is not in a run record.
 
-A checkpoint written by :class:`~mmae_plugin.engine.hooks.SafeCheckpointHook`
-has a hidden sidecar ``.<name>.sha256`` beside it in ``sha256sum -c``
-format (run ``sha256sum -c .epoch_3.pth.sha256`` in its folder to check by
-hand). A checkpoint *file* gets one line; an FSDP checkpoint *folder*
-(``epoch_3.pth/rank0.pth``, ``rank1.pth``...) one line per rank file, named
-relative to the folder's parent, so the same command checks it.
-
-Intact means: every digest of the sidecar matches; without a sidecar
-(written without the plugin, or a kill between checkpoint and sidecar), a
-zip archive whose members match their CRC-32s (torch's format; Python's
-``zipfile`` checks them), and for a folder, rank files ``rank0.pth`` ...
-``rank{n-1}.pth`` each intact. Files that are not zip archives (torch's
-legacy format) are left to torch. ``<name>.sha256``, the visible sidecar of
-plugin 0.2.0, is still read.
+A run's checkpoints are checked against the run record
+(:mod:`.run_record`). A file outside any record is checked here: against
+a hidden checksum sidecar ``.<name>.sha256`` in ``sha256sum -c`` format
+when it has one (``python -m mmae_plugin.download`` writes one for a zoo
+checkpoint; plugin 0.3 and earlier wrote one beside each checkpoint, and
+0.2.0 a visible ``<name>.sha256``), else by its zip structure: a zip
+archive whose members match their CRC-32s (torch's format; Python's
+``zipfile`` checks them), and for an FSDP folder, rank files
+``rank0.pth`` ... ``rank{n-1}.pth`` each intact. Anything else is refused.
 """
-import hashlib
 import os
 import os.path as osp
 import re
@@ -24,10 +18,9 @@ from typing import Dict, List, Optional, Tuple
 
 from .atomic_write import write_atomically
 from .bounded_read import UnsafeFileError, read_small_text
+from .run_record import file_sha256, rank_files
 
 SIDECAR_SUFFIX = '.sha256'
-_CHUNK = 1 << 22
-_RANK_FILE = re.compile(r'^rank(\d+)\.pth$')
 _DIGEST = re.compile(r'^[0-9a-f]{64}$')
 # Verification results by (path, size, mtime, sidecar mtimes): resume
 # verifies the chosen checkpoint, then loads it; hashing a multi-GB file
@@ -61,35 +54,6 @@ def legacy_sidecar_path(checkpoint: str) -> str:
 def sidecar_paths(checkpoint: str) -> Tuple[str, str]:
     """Every place a checksum of ``checkpoint`` may be kept, newest first."""
     return sidecar_path(checkpoint), legacy_sidecar_path(checkpoint)
-
-
-def file_sha256(path: str) -> str:
-    """SHA-256 of a file, read in chunks.
-
-    Args:
-        path: File to hash.
-
-    Returns:
-        The hex digest.
-    """
-    digest = hashlib.sha256()
-    with open(path, 'rb') as file:
-        for chunk in iter(lambda: file.read(_CHUNK), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def rank_files(folder: str) -> List[str]:
-    """The ``rank<i>.pth`` files of an FSDP checkpoint folder, by rank.
-
-    Args:
-        folder: The checkpoint folder.
-
-    Returns:
-        Their names, ``rank0.pth`` first.
-    """
-    names = [n for n in os.listdir(folder) if _RANK_FILE.match(n)]
-    return sorted(names, key=lambda n: int(_RANK_FILE.match(n).group(1)))
 
 
 def checksum_lines(checkpoint: str) -> str:
@@ -185,7 +149,10 @@ def zip_problem(path: str) -> Optional[str]:
     with open(path, 'rb') as file:
         magic = file.read(4)
     if magic != b'PK\x03\x04':
-        return 'it is empty' if not magic else None
+        return 'it is empty' if not magic else (
+            'it is not a zip archive, the format torch.save has written '
+            f'since torch 1.6 (it starts with {magic!r}: overwritten or '
+            'zero-filled?)')
     try:
         with zipfile.ZipFile(path) as archive:
             bad_member = archive.testzip()
