@@ -131,7 +131,8 @@ class VerifiedCheckpointMixin:
         Returns:
             What mmengine returns.
         """
-        self._logged(verify_before_loading, filename)
+        if self._resuming != str(filename):  # resume() verified it
+            self._logged(verify_before_loading, filename)
         return super().load_checkpoint(filename, *args, **kwargs)
 
     def resume(self, filename: str, *args, **kwargs) -> Any:
