@@ -148,12 +148,13 @@ def damage(rng, work_dir, foreign):
     """
     record = read_record(str(work_dir))
     recorded = [e.location for e in record.checkpoints()]
+    existing = [path for path in recorded if os.path.isfile(path)]
     kind = rng.choice(['truncate', 'flip', 'zero', 'replace_run',
                        'replace_config', 'last_checkpoint', 'record_nul',
                        'record_garbage', 'record_cut', 'foreign_file'])
     if kind in ('truncate', 'flip', 'zero', 'replace_run',
-                'replace_config') and recorded:
-        path = rng.choice(recorded)
+                'replace_config') and existing:
+        path = rng.choice(existing)
         size = os.path.getsize(path)
         if kind == 'truncate':
             with open(path, 'r+b') as f:

@@ -19,9 +19,8 @@ from checkpoint_fault_tools import ToyModel, make_toy_runner
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
 from mmae_plugin.checkpoint.run_record import RECORD_NAME, read_record
-from mmae_plugin.engine.runners import LaunchChangedError, MMAERunner
-from mmae_plugin.engine.runners.checkpoint_resume import \
-    ForeignCheckpointError
+from mmae_plugin.engine.runners import (ForeignCheckpointError,
+                                        LaunchChangedError, MMAERunner)
 from mmengine.hooks import Hook
 
 

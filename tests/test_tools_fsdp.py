@@ -129,6 +129,8 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
             pickled = archive.read(next(
                 n for n in archive.namelist() if n.endswith('data.pkl')))
         assert b'ShardedTensor' in pickled
+        # Each rank writes its own file's meta: one run id, rank 0's.
+        assert entry.run_id.encode() in pickled
 
     # Preempted after epoch 1: auto-resume (the folder verified as a
     # folder; weights_only) and finish epoch 2.
