@@ -305,3 +305,46 @@ def test_record_lines_are_one_event_each(two_epochs):
     events = [json.loads(line) for line in lines]
     assert [e['event'] for e in events] == ['start', 'saved', 'saved']
     assert len({e['run_id'] for e in events}) == 1
+
+
+def two_processes(work_dir, env, *args):
+    """``launch_change_driver.py`` on 2 gloo processes; its output."""
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
+         '2', '--master_port', env['MASTER_PORT'],
+         osp.join(osp.dirname(osp.abspath(__file__)),
+                  'launch_change_driver.py'), str(work_dir), *args],
+        env=dict(env, OMP_NUM_THREADS='1'), capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_two_processes_fall_back_alike_and_rank0_alone_records(
+        tmp_path, cpu_dist_env_factory):
+    """16 samples on 2 processes x 2: 4 iterations per epoch. The newest
+    checkpoint damaged: both ranks resume the same older one, the fallback
+    is in the log file, and the record holds each event once, with one run
+    id (rank 0's, broadcast)."""
+    two_processes(tmp_path, cpu_dist_env_factory(), '2')
+    with open(tmp_path / 'epoch_2.pth', 'r+b') as file:
+        file.write(b'\0' * 4096)
+    out = two_processes(tmp_path, cpu_dist_env_factory(), '3', '--resume')
+    assert 'rank 0 starts at iteration 4' in out
+    assert 'rank 1 starts at iteration 4' in out
+    assert f'auto-resume passed over {tmp_path}/epoch_2.pth' in logs(tmp_path)
+    events = [json.loads(line) for line in
+              (tmp_path / RECORD_NAME).read_text().splitlines()]
+    assert [(e['event'], e.get('path'), e.get('resumed_iter'))
+            for e in events] == [
+        ('start', None, None), ('saved', 'epoch_1.pth', None),
+        ('saved', 'epoch_2.pth', None), ('start', None, 4),
+        ('saved', 'epoch_2.pth', None), ('saved', 'epoch_3.pth', None)]
+    assert len({e['run_id'] for e in events}) == 1
+    assert all(e['launch']['world_size'] == 2 for e in events)
+    for entry in read_record(str(tmp_path)).checkpoints():
+        assert entry.problem() is None
+        assert torch.load(entry.location, weights_only=True)['meta'][
+            'run_id'] == events[0]['run_id']
