@@ -281,6 +281,12 @@ def download_entry(name: str, dest: str, force: bool = False) -> List[str]:
     return download_entries([name], dest, force)
 
 
+#: The command the help suggests for the entry names; it registers the
+#: plugin explicitly, so it lists them whatever else was imported first.
+LIST_COMMAND = ('python -c "import mmae_plugin.registration, mmpretrain; '
+                "print(mmpretrain.list_models('*fmnist*'))\"")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Command-line arguments (see the module docstring)."""
     parser = argparse.ArgumentParser(
@@ -291,8 +297,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         'SHA-256 its metafile records.')
     parser.add_argument('names', nargs='+', metavar='NAME',
                         help="entry names, e.g. mmae_vit-tiny-p4_fmnist_linear "
-                        "(python -c \"import mmae_plugin, mmpretrain; "
-                        "print(mmpretrain.list_models('*fmnist*'))\")")
+                        f'({LIST_COMMAND})')
     parser.add_argument('--dest', default='.',
                         help='destination folder (default: the current one)')
     parser.add_argument('--force', action='store_true',

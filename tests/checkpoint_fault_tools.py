@@ -14,7 +14,8 @@ from mmae_plugin.engine.runners import MMAERunner
 
 
 def toy_runner(work_dir, max_epochs, resume=False, max_keep_ckpts=1,
-               load_from=None, custom_hooks=None, lr=0.01, upstream=False):
+               load_from=None, custom_hooks=None, lr=0.01, upstream=False,
+               **kwargs):
     """The plugin's runner and checkpoint hook, a save every iteration.
 
     Args:
@@ -27,6 +28,7 @@ def toy_runner(work_dir, max_epochs, resume=False, max_keep_ckpts=1,
         lr: SGD learning rate.
         upstream: mmengine's own ``Runner`` and ``CheckpointHook`` instead
             (what the plugin's are compared with).
+        **kwargs: More runner arguments (``cfg``, ``log_level``...).
 
     Returns:
         The Runner (not yet trained).
@@ -37,7 +39,8 @@ def toy_runner(work_dir, max_epochs, resume=False, max_keep_ckpts=1,
             type='CheckpointHook' if upstream else 'SafeCheckpointHook',
             interval=1,
             max_keep_ckpts=max_keep_ckpts)),
-        custom_hooks=custom_hooks, resume=resume, load_from=load_from)
+        custom_hooks=custom_hooks, resume=resume, load_from=load_from,
+        **kwargs)
 
 
 class InfiniteUpdate(Hook):

@@ -25,8 +25,10 @@ from mmengine.hooks import Hook
 import mmae_plugin  # noqa: F401  (registers the hook and the runner)
 from checkpoint_fault_tools import ToyModel, make_toy_runner, toy_runner
 from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
-                                              file_sha256, legacy_sidecar_path,
+                                              legacy_sidecar_path,
                                               sidecar_path)
+from mmae_plugin.checkpoint.run_record import (RECORD_NAME, file_sha256,
+                                               read_record)
 from mmae_plugin.engine.hooks import SafeCheckpointHook
 from mmae_plugin.engine.runners import MMAERunner
 
@@ -47,7 +49,7 @@ class RecordStart(Hook):
 
 @pytest.fixture
 def three_epochs(tmp_path):
-    """A work dir holding epoch_1..3.pth (kept), their sidecars and
+    """A work dir holding epoch_1..3.pth (kept), their record and
     last_checkpoint naming epoch_3.pth."""
     toy_runner(tmp_path, max_epochs=3, max_keep_ckpts=-1).train()
     return tmp_path
@@ -118,39 +120,39 @@ def fallback_logged(work_dir, skipped, resumed, lost):
     logs = run_logs(work_dir)
     return re.search(
         rf'auto-resume passed over [^\n]*{re.escape(skipped)}[^\n]*'
-        rf'Resuming from [^\n]*{re.escape(resumed)}: {lost} epochs? of '
-        'training will be redone', logs) is not None
+        rf'Resuming from [^\n]*{re.escape(resumed)}: {lost} iterations? '
+        rf'\({lost} epochs?\) of training will be redone', logs) is not None
 
 
 # --------------------------------------------------------------------------
-# sidecars
+# the run record
 # --------------------------------------------------------------------------
-def remove_sidecars(folder):
-    """Delete every checksum sidecar (hidden or 0.2.0-style) in ``folder``."""
-    for sidecar in glob.glob(str(folder / '*.sha256')) + \
-            glob.glob(str(folder / '.*.sha256')):
-        os.remove(sidecar)
+def recorded(work_dir):
+    """The record's saved entries as ``{path: entry fields}``."""
+    return {path: entry.fields
+            for path, entry in read_record(str(work_dir)).entries.items()}
 
 
-def as_v020_sidecars(folder):
-    """Rename the hidden sidecars to plugin 0.2.0's ``X.pth.sha256``."""
-    for path in glob.glob(str(folder / '*.pth')):
-        os.rename(sidecar_path(path), legacy_sidecar_path(path))
-
-
-def test_every_checkpoint_gets_a_hidden_sha256sum_sidecar(three_epochs):
+def test_every_checkpoint_is_recorded_and_nothing_beside_it(three_epochs):
+    entries = recorded(three_epochs)
+    assert sorted(entries) == ['epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth']
+    run_ids = {e['run_id'] for e in entries.values()}
+    assert len(run_ids) == 1
     for epoch in (1, 2, 3):
         path = str(three_epochs / f'epoch_{epoch}.pth')
-        assert sidecar_path(path) == str(three_epochs /
-                                         f'.epoch_{epoch}.pth.sha256')
-        with open(sidecar_path(path)) as f:
-            assert f.read() == f'{file_sha256(path)}  epoch_{epoch}.pth\n'
-    check = subprocess.run(['sha256sum', '-c', '.epoch_3.pth.sha256'],
-                           cwd=three_epochs, capture_output=True, text=True)
-    assert check.returncode == 0 and 'OK' in check.stdout
+        entry = entries[f'epoch_{epoch}.pth']
+        assert (entry['epoch'], entry['iter']) == (epoch, epoch)
+        assert entry['size'] == os.path.getsize(path)
+        assert entry['sha256'] == file_sha256(path)
+        assert entry['layout'] == dict(ranks=None, sharding=None)
+        assert entry['launch']['world_size'] == 1
+        meta = torch.load(path, weights_only=True)['meta']
+        assert meta['run_id'] in run_ids
+        assert meta['config_digest'] == entry['config_digest']
     # What listings by name see (mmengine's own tests count ``best*``).
     assert sorted(glob.glob('*epoch*', root_dir=three_epochs)) == [
         'epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth']
+    assert not glob.glob('.*sha256', root_dir=three_epochs)
 
 
 def test_save_best_leaves_one_file_starting_with_best(tmp_path):
@@ -164,41 +166,39 @@ def test_save_best_leaves_one_file_starting_with_best(tmp_path):
         hook.after_val_epoch(runner, dict(acc=acc))
         best = [n for n in os.listdir(tmp_path) if n.startswith('best')]
         assert best == ['best_acc_epoch_1.pth'], best
-    assert sorted(n for n in os.listdir(tmp_path) if 'best' in n) == [
-        '.best_acc_epoch_1.pth.sha256', 'best_acc_epoch_1.pth']
+    assert recorded(tmp_path)['best_acc_epoch_1.pth']['best'] is True
     runner.load_checkpoint(str(tmp_path / best[0]))
+    # Never resumed automatically: no optimizer state to continue.
+    assert resume(tmp_path, max_epochs=2) == 1
 
 
-def test_retention_removes_sidecars_with_their_checkpoints(tmp_path):
+def test_retention_removes_what_the_record_retired(tmp_path):
     toy_runner(tmp_path, max_epochs=3, max_keep_ckpts=1).train()
-    names = sorted(n for n in os.listdir(tmp_path) if 'epoch' in n)
-    assert names == ['.epoch_3.pth.sha256', 'epoch_3.pth']
+    assert sorted(n for n in os.listdir(tmp_path) if 'epoch' in n) == \
+        ['epoch_3.pth']
+    assert sorted(recorded(tmp_path)) == ['epoch_3.pth']
 
 
-def test_retention_removes_v020_sidecars_too(tmp_path):
-    """A run of plugin 0.2.0 (``epoch_N.pth.sha256``) resumed and trained
-    on with max_keep_ckpts=1: old checkpoints go with either sidecar."""
-    toy_runner(tmp_path, max_epochs=2, max_keep_ckpts=1).train()
-    as_v020_sidecars(tmp_path)
-    assert sorted(n for n in os.listdir(tmp_path) if 'epoch' in n) == [
-        'epoch_2.pth', 'epoch_2.pth.sha256']
+def test_legacy_work_dir_is_migrated_once(tmp_path):
+    """A work dir of mmengine's hook (no record, no run id, no launch): the
+    checkpoint whose meta says it is newest is resumed, logged once; the
+    record starts with the next save."""
+    toy_runner(tmp_path, max_epochs=2, upstream=True,
+               max_keep_ckpts=-1).train()
+    assert not osp.exists(tmp_path / RECORD_NAME)
+    shutil.copy(tmp_path / 'epoch_1.pth', tmp_path / 'backup.pth')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'backup.pth'))
     record = RecordStart()
-    toy_runner(tmp_path, max_epochs=4, resume=True, max_keep_ckpts=1,
+    toy_runner(tmp_path, max_epochs=3, resume=True,
+               cfg=dict(resume_launch_change='accept'),
                custom_hooks=[record]).train()
     assert record.start_epoch == 2
-    names = sorted(n for n in os.listdir(tmp_path) if 'epoch' in n)
-    assert names == ['.epoch_4.pth.sha256', 'epoch_4.pth']
-
-
-def test_orphan_sidecars_of_both_names_are_removed_at_start(tmp_path):
-    toy_runner(tmp_path, max_epochs=1, max_keep_ckpts=-1).train()
-    for orphan in ('.epoch_7.pth.sha256', 'epoch_8.pth.sha256'):
-        (tmp_path / orphan).write_text('0' * 64 + '  x\n')
-    (tmp_path / 'notes.sha256').write_text('not ours')
-    toy_runner(tmp_path, max_epochs=2, resume=True,
-               max_keep_ckpts=-1).train()
-    assert sorted(n for n in os.listdir(tmp_path) if 'sha256' in n) == [
-        '.epoch_1.pth.sha256', '.epoch_2.pth.sha256', 'notes.sha256']
+    assert run_logs(tmp_path).count('Migrating: resuming') == 1
+    assert re.search(r'Migrating: resuming \S+/epoch_2\.pth, the newest of '
+                     r'3 checkpoint', run_logs(tmp_path))
+    assert sorted(recorded(tmp_path)) == ['epoch_3.pth']
+    assert resume(tmp_path, max_epochs=4) == 3
+    assert run_logs(tmp_path).count('Migrating') == 1
 
 
 def test_partial_saves_of_a_killed_run_are_removed_at_start(tmp_path):
@@ -255,24 +255,19 @@ def test_hook_saving_to_another_backend_writes_nothing_locally(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# sidecars written by plugin 0.2.0 (``X.pth.sha256``)
+# checksum sidecars of plugin 0.3 and earlier, and of downloaded files
 # --------------------------------------------------------------------------
-def test_v020_sidecar_is_honoured_for_truncation(three_epochs):
-    as_v020_sidecars(three_epochs)
-    truncate(three_epochs / 'epoch_3.pth')
-    bad = str(three_epochs / 'epoch_3.pth')
-    with pytest.raises(CorruptCheckpointError,
-                       match=r'SHA-256.*epoch_3\.pth\.sha256'):
-        load_through_runner(three_epochs, bad)
-    assert resume(three_epochs) == 2
-    assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth', 1)
-
-
-def test_v020_sidecar_catches_flipped_bytes(three_epochs):
-    """Only the SHA-256 sees these: the CRC-32s are rewritten to match."""
-    as_v020_sidecars(three_epochs)
-    bad = str(three_epochs / 'epoch_3.pth')
-    state = torch.load(bad, weights_only=True)
+def test_sidecar_of_a_file_outside_any_record_is_honoured(three_epochs):
+    """A checkpoint copied without its record, with a 0.2.0 sidecar:
+    flipped bytes whose CRC-32s were rewritten are caught by the SHA-256."""
+    other = three_epochs / 'copied'
+    other.mkdir()
+    bad = str(other / 'epoch_3.pth')
+    state = torch.load(three_epochs / 'epoch_3.pth', weights_only=True)
+    torch.save(state, bad)
+    with open(legacy_sidecar_path(bad), 'w') as f:
+        f.write(f'{file_sha256(bad)}  epoch_3.pth\n')
+    load_through_runner(three_epochs, bad)
     state['state_dict']['table'][0] += 1  # same layout, other bytes
     torch.save(state, bad)
     with pytest.raises(CorruptCheckpointError,
@@ -281,17 +276,15 @@ def test_v020_sidecar_catches_flipped_bytes(three_epochs):
         load_through_runner(three_epochs, bad)
 
 
-def test_new_save_replaces_the_v020_sidecar(three_epochs):
-    """Saving again under a name with a 0.2.0 sidecar: the hidden sidecar
-    is written and the old one, describing the replaced file, removed."""
-    as_v020_sidecars(three_epochs)
+def test_a_new_save_removes_a_stale_sidecar_of_its_name(three_epochs):
+    """An earlier version's sidecar describing the file a save replaces
+    goes (it would refuse the new file outside the record)."""
+    stale = sidecar_path(str(three_epochs / 'epoch_3.pth'))
+    with open(stale, 'w') as f:
+        f.write('0' * 64 + '  epoch_3.pth\n')
     resume(three_epochs, max_epochs=3,
            load_from=str(three_epochs / 'epoch_2.pth'))  # saves epoch_3 again
-    path = str(three_epochs / 'epoch_3.pth')
-    assert not osp.exists(legacy_sidecar_path(path))
-    with open(sidecar_path(path)) as f:
-        assert f.read().split()[0] == file_sha256(path)
-    assert osp.exists(legacy_sidecar_path(str(three_epochs / 'epoch_1.pth')))
+    assert not osp.exists(stale)
     assert resume(three_epochs, max_epochs=4) == 3
 
 
@@ -310,43 +303,53 @@ def test_truncated_checkpoint_explicit_resume_names_both_files(three_epochs):
     with pytest.raises(CorruptCheckpointError) as info:
         resume(three_epochs, load_from=bad)
     message = str(info.value)
-    assert bad in message and 'SHA-256' in message
+    assert bad in message and 'not the' in message
+    assert 'recorded when it was saved' in message
     assert str(three_epochs / 'epoch_2.pth') in message
+    assert message in run_logs(three_epochs)
 
 
-def test_truncated_checkpoint_without_sidecar_is_caught_too(three_epochs):
-    """A checkpoint written without the plugin (no sidecar): the zip
-    structure tells a truncated file."""
-    remove_sidecars(three_epochs)
-    bad = str(three_epochs / 'epoch_3.pth')
+def copied_outside_the_record(work_dir, name='epoch_3.pth'):
+    """A copy of a checkpoint in a folder without a record."""
+    other = work_dir / 'copied'
+    other.mkdir(exist_ok=True)
+    shutil.copy(work_dir / name, other / name)
+    return str(other / name)
+
+
+def test_truncated_checkpoint_outside_the_record_is_caught_too(
+        three_epochs):
+    """A checkpoint copied without its record: the zip structure tells a
+    truncated file."""
+    bad = copied_outside_the_record(three_epochs)
     truncate(bad, keep=0.9)
     with pytest.raises(CorruptCheckpointError,
-                       match=r'epoch_3\.pth is damaged.*zip.*epoch_2\.pth'):
+                       match=r'epoch_3\.pth is damaged.*zip'):
         load_through_runner(three_epochs, bad)
-    assert resume(three_epochs) == 2
 
 
-@pytest.mark.parametrize('with_sidecar', [True, False])
+@pytest.mark.parametrize('recorded_file', [True, False])
 def test_flipped_bytes_inside_a_tensor_are_detected(three_epochs,
-                                                     with_sidecar):
-    bad = str(three_epochs / 'epoch_3.pth')
-    if not with_sidecar:
-        remove_sidecars(three_epochs)
+                                                     recorded_file):
+    bad = str(three_epochs / 'epoch_3.pth') if recorded_file else \
+        copied_outside_the_record(three_epochs)
     flip_bytes_inside_tensor(bad, table_record(bad))
     # What upstream sees: torch loads the damaged tensor without a word.
     state = torch.load(bad, weights_only=True)['state_dict']
     assert not torch.equal(state['table'], torch.arange(64.))
-    expected = 'SHA-256' if with_sidecar else 'CRC-32'
+    expected = 'SHA-256' if recorded_file else 'CRC-32'
     with pytest.raises(CorruptCheckpointError, match=expected):
         resume(three_epochs, load_from=bad)
-    assert resume(three_epochs) == 2
-    assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth', 1)
+    if recorded_file:
+        assert resume(three_epochs) == 2
+        assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth',
+                               1)
 
 
-def test_empty_last_checkpoint_resumes_the_newest_intact(three_epochs):
+def test_empty_last_checkpoint_decides_nothing(three_epochs):
     (three_epochs / 'last_checkpoint').write_text('')
     assert resume(three_epochs) == 3
-    assert fallback_logged(three_epochs, 'last_checkpoint', 'epoch_3.pth', 0)
+    assert 'auto-resume passed over' not in run_logs(three_epochs)
     with pytest.raises(FileNotFoundError, match='checkpoint path is empty'):
         load_through_runner(three_epochs, '')
 
@@ -364,16 +367,16 @@ def test_intact_resume_is_unchanged(three_epochs):
     assert 'auto-resume passed over' not in run_logs(three_epochs)
 
 
-def test_replaced_checkpoint_with_stale_sidecar_says_what_to_do(tmp_path):
+def test_checkpoint_replaced_by_hand_says_what_to_do(tmp_path):
     toy_runner(tmp_path, max_epochs=1).train()
     path = str(tmp_path / 'epoch_1.pth')
     torch.save({'state_dict': ToyModel().state_dict()}, path)  # by hand
     with pytest.raises(CorruptCheckpointError,
-                       match=r'delete the checksum file .*/\.epoch_1\.pth'
-                       r'\.sha256'):
+                       match=r'replaced since.*If you replaced it on '
+                       'purpose, load it from another name'):
         load_through_runner(tmp_path, path)
-    os.remove(sidecar_path(path))
-    load_through_runner(tmp_path, path)
+    load_through_runner(tmp_path, copied_outside_the_record(
+        tmp_path, 'epoch_1.pth'))
 
 
 # --------------------------------------------------------------------------
@@ -412,7 +415,7 @@ def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
     assert 'epoch_2.pth' in str(info.value)
     # The old checkpoint is whole, last_checkpoint still names it.
     assert sorted(n for n in os.listdir(out_dir) if 'epoch' in n) == \
-        ['.epoch_1.pth.sha256', 'epoch_1.pth']
+        ['epoch_1.pth']
     assert (work_dir / 'last_checkpoint').read_text() == \
         osp.join(out_dir, 'epoch_1.pth')
     os.remove(osp.join(str(small_disk), 'filler'))
@@ -431,7 +434,8 @@ def test_old_checkpoint_is_removed_only_after_last_checkpoint(tmp_path):
         if 'epoch_1.pth' in osp.basename(str(path)):
             seen.append((osp.basename(str(path)), sorted(
                 n for n in os.listdir(tmp_path) if not n.startswith('2')),
-                (tmp_path / 'last_checkpoint').read_text()))
+                (tmp_path / 'last_checkpoint').read_text(),
+                sorted(recorded(tmp_path))))
         return original_remove(path, *args, **kwargs)
 
     os.remove = spying_remove
@@ -439,11 +443,11 @@ def test_old_checkpoint_is_removed_only_after_last_checkpoint(tmp_path):
         toy_runner(tmp_path, max_epochs=2, max_keep_ckpts=1).train()
     finally:
         os.remove = original_remove
-    assert [name for name, _, _ in seen] == ['epoch_1.pth',
-                                             '.epoch_1.pth.sha256']
-    _, files, last = seen[0]
-    assert {'epoch_2.pth', '.epoch_2.pth.sha256'} <= set(files)
+    assert [name for name, _, _, _ in seen] == ['epoch_1.pth']
+    _, files, last, entries = seen[0]
+    assert 'epoch_2.pth' in files
     assert last == str(tmp_path / 'epoch_2.pth')
+    assert entries == ['epoch_2.pth']  # epoch_1 retired in the record first
 
 
 def run_kill_driver(tmp_path, *args):

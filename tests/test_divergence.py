@@ -150,3 +150,53 @@ def test_hook_reads_the_floats_mmengine_already_synced(tmp_path):
         counts.append(calls[0])
     assert counts[0] > 0 and counts[1] == counts[0]
     assert DivergenceHook.priority == 'HIGH'
+
+
+def run_log(work_dir):
+    """The text of the run's log file (``<work_dir>/<timestamp>/*.log``)."""
+    return ''.join(open(path).read() for path in
+                   sorted(glob.glob(str(work_dir / '*' / '*.log'))))
+
+
+def test_divergence_before_any_checkpoint_says_so_in_the_log_file(
+        tmp_path):
+    """Item 7 of issue 34: no "resume from the last checkpoint" when there
+    is none, and the reason is in the run's log file, not only on
+    stderr."""
+    from checkpoint_fault_tools import InfiniteUpdate, make_toy_runner
+    from mmae_plugin.engine.runners import MMAERunner
+    runner = make_toy_runner(
+        tmp_path, 5, runner_class=MMAERunner, dataset_length=2,
+        default_hooks=dict(checkpoint=dict(type='SafeCheckpointHook',
+                                           interval=100)),
+        custom_hooks=[dict(type='DivergenceHook'), InfiniteUpdate(1)])
+    with pytest.raises(TrainingDivergedError) as info:
+        runner.train()
+    message = str(info.value)
+    assert 'The run has no checkpoint yet: start it again' in message
+    assert 'Resume from' not in message
+    assert message in run_log(tmp_path)
+
+
+def test_divergence_names_the_newest_checkpoint_in_the_log_file(tmp_path):
+    from checkpoint_fault_tools import InfiniteUpdate
+    runner = toy_runner(tmp_path, max_epochs=5,
+                        custom_hooks=[dict(type='DivergenceHook'),
+                                      InfiniteUpdate(2)])
+    with pytest.raises((TrainingDivergedError, NonFiniteCheckpointError)) \
+            as info:
+        runner.train()
+    message = str(info.value)
+    assert f'{tmp_path}/epoch_1.pth' in message
+    assert message in run_log(tmp_path)
+
+
+def test_nonfinite_first_save_says_there_is_no_checkpoint(tmp_path):
+    from checkpoint_fault_tools import InfiniteUpdate
+    runner = toy_runner(tmp_path, max_epochs=2,
+                        custom_hooks=[InfiniteUpdate(1)])
+    with pytest.raises(NonFiniteCheckpointError) as info:
+        runner.train()
+    message = str(info.value)
+    assert 'The run has no checkpoint yet: start it again' in message
+    assert message in run_log(tmp_path)

@@ -547,3 +547,26 @@ def test_download_command_line_answers_without_traceback(tmp_path):
     assert 'Traceback' not in proc.stderr
     assert f'python -m mmae_plugin.download: error: --dest {a_file} is a ' \
         'file, not a folder' in proc.stderr
+
+
+@pytest.mark.parametrize('imported_first', ['', 'import mmae_plugin; '])
+def test_download_help_suggests_a_command_that_lists_the_entries(
+        imported_first, repo_root, capsys):
+    """Issue 34 item 7: the suggested command prints the plugin's entries
+    whatever was imported before it (it names mmae_plugin.registration)."""
+    import ast
+    import shlex
+    import subprocess
+    import sys
+
+    from mmae_plugin.download import LIST_COMMAND, parse_args
+    with pytest.raises(SystemExit):
+        parse_args(['--help'])
+    help_text = capsys.readouterr().out
+    assert ' '.join(LIST_COMMAND.split()) in ' '.join(help_text.split())
+    code = shlex.split(LIST_COMMAND)[2]
+    proc = subprocess.run([sys.executable, '-c', imported_first + code],
+                          capture_output=True, text=True, cwd=repo_root,
+                          timeout=300)
+    names = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert LINEAR in names and all('fmnist' in n for n in names)

@@ -5,7 +5,7 @@ and auto-resumed.
 Each node is told its own checkpoint ``out_dir`` (as node-local disks
 would be); the work dir, where ``last_checkpoint`` and the logs go, is
 shared as on a cluster file system. The c10d rendezvous decides which node
-holds global rank 0; only that rank may write checkpoints, sidecars and
+holds global rank 0; only that rank may write checkpoints, the record and
 ``last_checkpoint``, so after each run exactly one node's folder holds
 them, and the resumed run continues from what the first run's rank 0
 wrote, wherever rank 0 is now.
@@ -15,8 +15,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from mmae_plugin.checkpoint.run_record import read_record
 
 CONFIG = 'configs/fashion_mnist/mmae_fmnist.py'
 SMOKE = ['train_dataloader.dataset.indices=64',
@@ -88,25 +91,23 @@ def test_two_nodes_train_only_rank0_writes_and_a_kill_resumes(
         repo_root, tmp_path, cpu_dist_env_factory):
     work_dir = tmp_path / 'work'
     out_dirs = [tmp_path / 'node0', tmp_path / 'node1']
-    # CheckpointHook appends the work dir's name to out_dir.
-    sidecars = [out_dir / 'work' / '.epoch_2.pth.sha256'
-                for out_dir in out_dirs]
+    # CheckpointHook appends the work dir's name to out_dir; the run
+    # record stays in the work dir, naming the checkpoints' absolute paths.
     nodes = start_nodes(repo_root, cpu_dist_env_factory(), work_dir,
                         out_dirs, max_epochs=40)
     deadline = time.time() + 300
-    while not any(sidecar.exists() for sidecar in sidecars):
+    while not any(entry.epoch >= 2 for entry in
+                  read_record(str(work_dir)).checkpoints()):
         assert time.time() < deadline, 'no checkpoint within 300 s'
         assert all(node.poll() is None for node in nodes), \
             [node.communicate()[0][-3000:] for node in nodes]
         time.sleep(0.2)
-    saved = next(sidecar.parent for sidecar in sidecars if sidecar.exists())
+    saved = Path(read_record(str(work_dir)).checkpoints()[0].location).parent
     for node in nodes:  # preempted: the whole node, at once
         kill_tree(node.pid)
         node.wait()
     assert checkpoint_folders(out_dirs) == [saved]
-    epochs = sorted(int(name[6:-4]) for name in os.listdir(saved)
-                    if name.startswith('epoch_') and name.endswith('.pth'))
-    newest = epochs[-1]
+    newest = read_record(str(work_dir)).checkpoints()[0].epoch
     assert newest >= 2
 
     nodes = start_nodes(repo_root, cpu_dist_env_factory(), work_dir,

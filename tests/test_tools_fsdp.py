@@ -16,6 +16,8 @@ from mmpretrain.registry import MODELS
 import mmae_plugin  # noqa: F401
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.integrity import checkpoint_problem
+from mmae_plugin.checkpoint.run_record import (RECORD_NAME, fingerprint,
+                                               read_record)
 
 FSDP_CONFIG = 'configs/mmae_vit-large_200e_fsdp.py'
 
@@ -110,24 +112,30 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     # 64 images / (2 ranks x 16) = 2 iterations per epoch, logged with loss.
     assert 'Epoch(train) [2][2/2]' in log and 'loss_tcr' in log
     # FSDP's local state dict: one file of ShardedTensors per rank; the
-    # folder's hidden sidecar lists both (sha256sum -c checks them).
+    # run record holds the folder's layout, size and digest (rank 0 wrote
+    # it, once per save).
     assert sorted(os.listdir(straight / 'epoch_1.pth')) == [
         'rank0.pth', 'rank1.pth']
-    check = subprocess.run(['sha256sum', '-c', '.epoch_1.pth.sha256'],
-                           cwd=straight, capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.split() == ['epoch_1.pth/rank0.pth:', 'OK',
-                                    'epoch_1.pth/rank1.pth:', 'OK']
+    entry = read_record(str(straight)).entries['epoch_1.pth']
+    assert entry.layout == dict(ranks=2, sharding='LOCAL_STATE_DICT')
+    assert entry.launch['world_size'] == 2 and entry.problem() is None
+    assert (entry.size, entry.sha256, 2) == fingerprint(
+        str(straight / 'epoch_1.pth'))
+    lines = (straight / RECORD_NAME).read_text().splitlines()
+    assert [json.loads(line)['event'] for line in lines] == [
+        'start', 'saved', 'saved']
     for shard in ('rank0.pth', 'rank1.pth'):
         with zipfile.ZipFile(straight / 'epoch_1.pth' / shard) as archive:
             pickled = archive.read(next(
                 n for n in archive.namelist() if n.endswith('data.pkl')))
         assert b'ShardedTensor' in pickled
+        # Each rank writes its own file's meta: one run id, rank 0's.
+        assert entry.run_id.encode() in pickled
 
     # Preempted after epoch 1: auto-resume (the folder verified as a
     # folder; weights_only) and finish epoch 2.
     shutil.copytree(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
-    shutil.copy(straight / '.epoch_1.pth.sha256', resumed)
+    copy_record_until(straight, resumed, 'epoch_1.pth')
     log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2,
                      '--resume')
     assert f'Auto-resuming from {resumed}/epoch_1.pth' in log
@@ -143,10 +151,20 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     # A damaged rank file makes the whole folder unusable, by name.
     with open(resumed / 'epoch_2.pth' / 'rank1.pth', 'r+b') as shard:
         shard.truncate(1000)
-    assert 'epoch_2.pth/rank1.pth' in checkpoint_problem(
-        str(resumed / 'epoch_2.pth'))
+    assert 'not the' in read_record(str(resumed)).entries[
+        'epoch_2.pth'].problem()
+    assert 'rank1.pth' in checkpoint_problem(str(resumed / 'epoch_2.pth'))
     assert choose_resume_checkpoint(str(resumed)).path == \
         str(resumed / 'epoch_1.pth')
+
+
+def copy_record_until(source, target, name):
+    """The run record of ``source`` up to the save of ``name``: a run
+    preempted right after that save."""
+    lines = (source / RECORD_NAME).read_text().splitlines(keepends=True)
+    end = next(i for i, line in enumerate(lines)
+               if json.loads(line).get('path') == name)
+    (target / RECORD_NAME).write_text(''.join(lines[:end + 1]))
 
 
 def run_full_optim_state_probe(repo_root, env, *args):
@@ -223,8 +241,8 @@ def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
         torch.equal(avg, avg_sq) for avg, avg_sq in pairs)
 
     os.makedirs(resumed)
-    for name in ('epoch_1.pth', '.epoch_1.pth.sha256'):
-        shutil.copy(straight / name, resumed / name)
+    shutil.copy(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
+    copy_record_until(straight, resumed, 'epoch_1.pth')
     log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2,
                      '--resume', state_dict_cfg='full')
     assert f'Auto-resuming from {resumed}/epoch_1.pth' in log

@@ -1,38 +1,28 @@
-"""Checksums of checkpoints, and what is wrong with a damaged one.
+"""What is wrong with a checkpoint that is not in a run record.
 
-A checkpoint written by :class:`~mmae_plugin.engine.hooks.SafeCheckpointHook`
-has a hidden sidecar ``.<name>.sha256`` beside it in ``sha256sum -c``
-format (run ``sha256sum -c .epoch_3.pth.sha256`` in its folder to check by
-hand). A checkpoint *file* gets one line; an FSDP checkpoint *folder*
-(``epoch_3.pth/rank0.pth``, ``rank1.pth``...) one line per rank file, named
-relative to the folder's parent, so the same command checks it.
-
-Intact means: every digest of the sidecar matches; without a sidecar
-(written without the plugin, or a kill between checkpoint and sidecar), a
-zip archive whose members match their CRC-32s (torch's format; Python's
-``zipfile`` checks them), and for a folder, rank files ``rank0.pth`` ...
-``rank{n-1}.pth`` each intact. Files that are not zip archives (torch's
-legacy format) are left to torch. ``<name>.sha256``, the visible sidecar of
-plugin 0.2.0, is still read.
+A run's checkpoints are checked against the run record
+(:mod:`.run_record`). A file outside any record is checked here: against
+a hidden checksum sidecar ``.<name>.sha256`` in ``sha256sum -c`` format
+when it has one (``python -m mmae_plugin.download`` writes one for a zoo
+checkpoint; plugin 0.3 and earlier wrote one beside each checkpoint, and
+0.2.0 a visible ``<name>.sha256``), else by its zip structure: a zip
+archive whose members match their CRC-32s (torch's format; Python's
+``zipfile`` checks them). An FSDP folder is checked by its rank files
+``rank0.pth`` ... ``rank{n-1}.pth``, each by its zip structure. Anything
+else is refused.
 """
-import hashlib
 import os
 import os.path as osp
 import re
 import zipfile
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from .atomic_write import write_atomically
 from .bounded_read import UnsafeFileError, read_small_text
+from .run_record import file_sha256, rank_files
 
 SIDECAR_SUFFIX = '.sha256'
-_CHUNK = 1 << 22
-_RANK_FILE = re.compile(r'^rank(\d+)\.pth$')
 _DIGEST = re.compile(r'^[0-9a-f]{64}$')
-# Verification results by (path, size, mtime, sidecar mtimes): resume
-# verifies the chosen checkpoint, then loads it; hashing a multi-GB file
-# twice would double the resume time for nothing.
-_VERIFIED: Dict[Tuple, Optional[str]] = {}
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -63,64 +53,18 @@ def sidecar_paths(checkpoint: str) -> Tuple[str, str]:
     return sidecar_path(checkpoint), legacy_sidecar_path(checkpoint)
 
 
-def file_sha256(path: str) -> str:
-    """SHA-256 of a file, read in chunks.
-
-    Args:
-        path: File to hash.
-
-    Returns:
-        The hex digest.
-    """
-    digest = hashlib.sha256()
-    with open(path, 'rb') as file:
-        for chunk in iter(lambda: file.read(_CHUNK), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def rank_files(folder: str) -> List[str]:
-    """The ``rank<i>.pth`` files of an FSDP checkpoint folder, by rank.
-
-    Args:
-        folder: The checkpoint folder.
-
-    Returns:
-        Their names, ``rank0.pth`` first.
-    """
-    names = [n for n in os.listdir(folder) if _RANK_FILE.match(n)]
-    return sorted(names, key=lambda n: int(_RANK_FILE.match(n).group(1)))
-
-
-def checksum_lines(checkpoint: str) -> str:
-    """The sidecar text of a complete checkpoint file or folder.
-
-    Args:
-        checkpoint: The checkpoint file, or FSDP folder.
-
-    Returns:
-        ``sha256sum`` lines, names relative to the checkpoint's parent.
-    """
-    checkpoint = osp.normpath(checkpoint)
-    name = osp.basename(checkpoint)
-    if not osp.isdir(checkpoint):
-        return f'{file_sha256(checkpoint)}  {name}\n'
-    return ''.join(
-        f'{file_sha256(osp.join(checkpoint, rank))}  {name}/{rank}\n'
-        for rank in rank_files(checkpoint))
-
-
 def write_sidecar(checkpoint: str) -> None:
-    """Write the hidden sidecar of a complete checkpoint (atomically).
+    """Write the hidden sidecar of a complete checkpoint file (atomically).
 
-    A 0.2.0 sidecar of the same name described the file this save replaced,
-    so it goes once the new digests are on disk.
+    A 0.2.0 sidecar of the same name described the file this write
+    replaced, so it goes once the new digest is on disk.
 
     Args:
-        checkpoint: Local path of the checkpoint file or folder just written.
+        checkpoint: Local path of the checkpoint file just written.
     """
-    write_atomically(checksum_lines(checkpoint), sidecar_path(checkpoint),
-                     mode='w', encoding='utf-8')
+    line = f'{file_sha256(checkpoint)}  {osp.basename(checkpoint)}\n'
+    write_atomically(line, sidecar_path(checkpoint), mode='w',
+                     encoding='utf-8')
     try:
         os.remove(legacy_sidecar_path(checkpoint))
     except (FileNotFoundError, IsADirectoryError):
@@ -138,7 +82,7 @@ def recorded_digests(checkpoint: str) -> Optional[Dict[str, str]]:
     """The digests a sidecar of ``checkpoint`` records, by relative name.
 
     Args:
-        checkpoint: Local checkpoint path (file or folder).
+        checkpoint: Local checkpoint file.
 
     Returns:
         ``{name relative to the parent: digest}`` from the first sidecar
@@ -179,13 +123,16 @@ def zip_problem(path: str) -> Optional[str]:
         path: Local checkpoint file.
 
     Returns:
-        None if it is a zip archive whose members match their CRC-32s or
-        not a zip archive at all (left to torch); else the problem.
+        None if it is a zip archive whose members match their CRC-32s;
+        else the problem.
     """
     with open(path, 'rb') as file:
         magic = file.read(4)
     if magic != b'PK\x03\x04':
-        return 'it is empty' if not magic else None
+        return 'it is empty' if not magic else (
+            'it is not a zip archive, the format torch.save has written '
+            f'since torch 1.6 (it starts with {magic!r}: overwritten or '
+            'zero-filled?)')
     try:
         with zipfile.ZipFile(path) as archive:
             bad_member = archive.testzip()
@@ -196,7 +143,7 @@ def zip_problem(path: str) -> Optional[str]:
     return None
 
 
-def _unchecked_folder_problem(folder: str) -> Optional[str]:
+def _folder_problem(folder: str) -> Optional[str]:
     ranks = rank_files(folder)
     if not ranks:
         return 'it is a folder without rank<i>.pth files'
@@ -213,15 +160,7 @@ def _unchecked_folder_problem(folder: str) -> Optional[str]:
 def _digest_mismatch(checkpoint: str, digests: Dict[str, str]) -> Optional[str]:
     parent = osp.dirname(osp.normpath(checkpoint))
     name = osp.basename(osp.normpath(checkpoint))
-    if osp.isdir(checkpoint):
-        present = {f'{name}/{rank}' for rank in rank_files(checkpoint)}
-        missing = sorted(set(digests) - present)
-        if missing:
-            return f'it lacks {missing}, recorded at save time'
-        extra = sorted(present - set(digests))
-        if extra:
-            return f'it holds {extra}, not recorded at save time'
-    elif name not in digests:
+    if name not in digests:
         return f'its checksum file records {sorted(digests)}, not {name}'
     for relative, digest in digests.items():
         actual = file_sha256(osp.join(parent, relative))
@@ -234,31 +173,19 @@ def _digest_mismatch(checkpoint: str, digests: Dict[str, str]) -> Optional[str]:
 
 
 def _compute_problem(checkpoint: str) -> Optional[str]:
+    # An FSDP folder is checked by the zip structure of its rank files (the
+    # record holds its digest; 0.3's folder sidecars are not read).
     try:
+        if osp.isdir(checkpoint):
+            return _folder_problem(checkpoint)
         digests = recorded_digests(checkpoint)
         if digests is not None:
             return _digest_mismatch(checkpoint, digests)
-        if osp.isdir(checkpoint):
-            return _unchecked_folder_problem(checkpoint)
         return zip_problem(checkpoint)
     except CorruptCheckpointError as err:
         return str(err)
     except OSError as err:
         return f'it cannot be read ({err})'
-
-
-def _state_key(checkpoint: str) -> Tuple:
-    paths = [checkpoint, *sidecar_paths(checkpoint)]
-    if osp.isdir(checkpoint):
-        paths += [osp.join(checkpoint, r) for r in rank_files(checkpoint)]
-    key = [osp.realpath(checkpoint)]
-    for path in paths:
-        try:
-            info = os.stat(path)
-            key += [path, info.st_ino, info.st_size, info.st_mtime_ns]
-        except OSError:
-            key += [path, None]
-    return tuple(key)
 
 
 def checkpoint_problem(checkpoint: str) -> Optional[str]:
@@ -270,22 +197,11 @@ def checkpoint_problem(checkpoint: str) -> Optional[str]:
     Returns:
         None if intact; else a sentence fragment saying what is wrong.
     """
-    try:
-        info = os.stat(checkpoint)
-    except FileNotFoundError:
+    if not osp.lexists(checkpoint):
         return 'it does not exist'
-    except OSError as err:
-        return f'it cannot be read ({err})'
     if not (osp.isdir(checkpoint) or osp.isfile(checkpoint)):
         return 'it is not a regular file or a checkpoint folder'
-    del info
-    try:
-        key = _state_key(checkpoint)
-    except OSError as err:
-        return f'it cannot be read ({err})'
-    if key not in _VERIFIED:
-        _VERIFIED[key] = _compute_problem(checkpoint)
-    return _VERIFIED[key]
+    return _compute_problem(checkpoint)
 
 
 def verify_checkpoint(checkpoint: str, instead: str = '') -> None:

@@ -15,14 +15,19 @@ how each save is done:
    :class:`NonFiniteCheckpointError` on every rank with the same text
    (iteration, the non-finite tensors of all ranks, the newest checkpoint
    saved finite) and nothing is written.
-2. **Atomic, checksummed saves.** The checkpoint (a file, or an FSDP
+2. **Atomic, recorded saves.** The checkpoint (a file, or an FSDP
    folder of ``rank<i>.pth``) is written under a hidden partial name,
-   fsync'ed, renamed into place, and its SHA-256 written to the hidden
-   sidecar ``.<name>.sha256`` (:mod:`mmae_plugin.checkpoint.integrity`);
-   then ``last_checkpoint`` is replaced atomically.
-3. **Old checkpoints go last.** What ``max_keep_ckpts`` or a new best
-   checkpoint retires is removed (with its sidecar) only after the new
-   checkpoint, its sidecar and ``last_checkpoint`` are on disk.
+   fsync'ed and renamed into place; then its name, epoch, global
+   iteration, size, SHA-256, layout, run id and launch are appended to the
+   run record (:mod:`mmae_plugin.checkpoint.run_record`), and only then is
+   ``last_checkpoint`` (for mmengine's tools; it decides nothing) replaced.
+   The run id is created when the run first starts and written, with the
+   config's digest, into every checkpoint's ``meta``.
+3. **Retention from the record.** ``max_keep_ckpts`` keeps the run's
+   newest checkpoints by global iteration, whatever their kind (epoch or
+   iteration checkpoints, before and after a switch); only entries older
+   than the kept set are retired, never the file just finalized, and each
+   is marked removed in the record before its file goes.
 
 Saves to other backends (``backend_args`` naming object storage) keep
 upstream's writes; the finiteness check and the removal order apply there
@@ -35,8 +40,9 @@ import os
 import os.path as osp
 import re
 import shutil
+from collections import deque
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from mmengine.dist import (all_gather_object, all_reduce, barrier,
@@ -48,8 +54,11 @@ from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmae_plugin.checkpoint.atomic_write import (fsync_folder,
                                                  remove_orphan_temporaries,
                                                  write_atomically)
-from mmae_plugin.checkpoint.integrity import (SIDECAR_SUFFIX, remove_sidecars,
-                                              write_sidecar)
+from mmae_plugin.checkpoint.integrity import remove_sidecars
+from mmae_plugin.checkpoint.run_record import (append_event, fingerprint,
+                                               read_record, recorded_path)
+from mmae_plugin.engine.run_identity import run_identity
+from mmae_plugin.engine.runners.launch_record import launch_record
 
 PARTIAL_SUFFIX = '.partial'
 _PARTIAL_NAME = re.compile(r'^\..+\.pth' + re.escape(PARTIAL_SUFFIX) + '$')
@@ -156,18 +165,42 @@ class SafeCheckpointHook(CheckpointHook):
 
     # ----------------------------------------------------------- lifecycle
     def before_train(self, runner) -> None:
-        """Set up as upstream, then clean what a killed save left behind.
+        """Set up as upstream, clean what a killed save left, start the
+        run's record.
+
+        Upstream's removal of ``keep_ckpt_ids`` by name is not run: what
+        to retire is decided from the record (local saves).
 
         Args:
             runner: The runner.
         """
-        super().before_train(runner)
+        keep, self.max_keep_ckpts = self.max_keep_ckpts, -1
+        try:
+            super().before_train(runner)
+        finally:
+            self.max_keep_ckpts = keep
+        self.keep_ckpt_ids = deque(
+            runner.message_hub.runtime_info.get('keep_ckpt_ids', []),
+            max(keep, 1))
         self._finite_checkpoint = runner.message_hub.get_info('last_ckpt')
+        self._identity = run_identity(runner)
         if self._writes_locally() and is_main_process():
             for folder in {str(self.out_dir), str(runner.work_dir)}:
                 remove_orphan_temporaries(folder)
                 remove_partial_checkpoints(folder)
-                remove_orphan_sidecars(folder)
+            append_event(runner.work_dir, dict(
+                event='start', launch=launch_record(runner),
+                resumed_iter=runner.iter or None, **self._identity))
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Write the run id and config digest into the checkpoint's meta.
+
+        Args:
+            runner: The runner.
+            checkpoint: The checkpoint about to be saved.
+        """
+        identity = getattr(self, '_identity', None) or run_identity(runner)
+        checkpoint.setdefault('meta', {}).update(identity)
 
     def _writes_locally(self) -> bool:
         backend = self.file_backend
@@ -202,8 +235,9 @@ class SafeCheckpointHook(CheckpointHook):
                  if not bool(torch.isfinite(tensor).all())]
         per_rank = all_gather_object(local) if get_world_size() > 1 \
             else [local]
-        raise NonFiniteCheckpointError(
-            self.nonfinite_message(what, iterations, per_rank))
+        message = self.nonfinite_message(what, iterations, per_rank)
+        runner.logger.error(message)  # the run's log file, not only stderr
+        raise NonFiniteCheckpointError(message)
 
     def nonfinite_message(self, what: str, iterations: int,
                           per_rank: List[List[str]]) -> str:
@@ -224,20 +258,22 @@ class SafeCheckpointHook(CheckpointHook):
         ranks = [rank for rank, names in enumerate(per_rank) if names]
         where = f' (on rank{"s" if len(ranks) > 1 else ""} ' \
                 f'{", ".join(map(str, ranks))})' if len(per_rank) > 1 else ''
-        finite = self._finite_checkpoint or 'none (no checkpoint was saved ' \
-            'finite by this run)'
+        restart = (f'The newest checkpoint saved finite is '
+                   f'{self._finite_checkpoint}; resume from it'
+                   if self._finite_checkpoint else
+                   'The run has no checkpoint yet: start it again')
         return (f'not saving {what} after iteration {iterations}: '
                 f'{len(names)} tensors of the model or '
-                f'optimizer state are NaN or Inf{where}: {listed}. The '
-                f'newest checkpoint saved finite is {finite}; resume from '
-                'it with a lower optim_wrapper.optimizer.lr, a longer '
-                'warm-up or optim_wrapper.clip_grad.')
+                f'optimizer state are NaN or Inf{where}: {listed}. '
+                f'{restart} with a lower optim_wrapper.optimizer.lr, a '
+                'longer warm-up or optim_wrapper.clip_grad.')
 
     # ------------------------------------------------------------- saving
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
         filename = self.filename_tmpl.format(step)
         self.require_finite_state(runner, filename, meta['iter'])
-        retired = self._update_kept_ids(runner, step)
+        local = self._writes_locally()
+        retired = [] if local else self._update_kept_ids(runner, step)
         self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
         self.save_atomically(
@@ -249,14 +285,64 @@ class SafeCheckpointHook(CheckpointHook):
         self._finite_checkpoint = self.last_ckpt
         if not is_main_process():
             return
+        if local:
+            self.record_saved(runner, str(self.last_ckpt), meta)
         last_checkpoint = osp.join(runner.work_dir, 'last_checkpoint')
         write_atomically(str(self.last_ckpt), last_checkpoint, mode='w',
                          encoding='utf-8')
+        if local:
+            retired = self._retired_by_record(runner, str(self.last_ckpt))
         for path in retired:
             self._remove_checkpoint(path)
 
+    def record_saved(self, runner, path: str, meta: Dict[str, Any],
+                     best: bool = False) -> None:
+        """Append the ``saved`` event of a finalized local checkpoint.
+
+        Args:
+            runner: The runner.
+            path: The checkpoint file or FSDP folder.
+            meta: Its ``epoch`` and ``iter``.
+            best: A best-metric checkpoint (never resumed automatically).
+        """
+        size, digest, ranks = fingerprint(path)
+        launch = launch_record(runner)
+        append_event(runner.work_dir, dict(
+            event='saved', path=recorded_path(runner.work_dir, path),
+            epoch=int(meta['epoch']), iter=int(meta['iter']), size=size,
+            sha256=digest, best=best, launch=launch,
+            layout=dict(ranks=ranks, sharding=launch['sharding']),
+            **self._identity))
+
+    def _retired_by_record(self, runner, newest: str) -> List[str]:
+        """Retire the run's checkpoints older than the kept set.
+
+        Each is marked removed in the record before the caller removes it.
+
+        Returns:
+            The checkpoints to remove.
+        """
+        if self.max_keep_ckpts <= 0:
+            return []
+        own = read_record(runner.work_dir).checkpoints(
+            self._identity['run_id'])
+        if len(own) <= self.max_keep_ckpts:
+            return []
+        oldest_kept = own[self.max_keep_ckpts - 1]
+        retired = []
+        for entry in own[self.max_keep_ckpts:]:
+            older = (entry.iter, entry.epoch) < (oldest_kept.iter,
+                                                 oldest_kept.epoch)
+            if older and osp.realpath(entry.location) != \
+                    osp.realpath(newest):
+                append_event(runner.work_dir, dict(event='removed',
+                                                   path=entry.path))
+                retired.append(entry.location)
+        return retired
+
     def _update_kept_ids(self, runner, step: int) -> List[str]:
-        """Upstream's ``keep_ckpt_ids`` bookkeeping, removal postponed.
+        """Upstream's ``keep_ckpt_ids`` bookkeeping, removal postponed
+        (saves to another backend, which have no record).
 
         Returns:
             The checkpoints to remove once the new one is complete.
@@ -286,6 +372,10 @@ class SafeCheckpointHook(CheckpointHook):
                  (getattr(self, 'best_ckpt_path_dict', None) or {}).values()}
         for path in queued:
             if str(path) not in keep:
+                if self._writes_locally() and is_main_process():
+                    append_event(runner.work_dir, dict(
+                        event='removed',
+                        path=recorded_path(runner.work_dir, str(path))))
                 self._remove_checkpoint(path)
 
     def save_atomically(self, runner, out_dir: str, filename: str, *args,
@@ -327,8 +417,6 @@ class SafeCheckpointHook(CheckpointHook):
             self.file_backend.remove(path)
         elif self.file_backend.isdir(path):
             self.file_backend.rmtree(path)
-        if self._writes_locally():
-            remove_sidecars(str(path))
 
 
 def _barrier_if_distributed() -> None:
@@ -361,11 +449,10 @@ def _fsync_tree(path: str) -> None:
 
 
 def publish_checkpoint(partial: str, final: str) -> None:
-    """Move a completely written checkpoint into place, then checksum it.
+    """Move a completely written checkpoint into place.
 
-    The old sidecar of ``final`` goes first: a kill after the rename leaves
-    a checkpoint without a sidecar (verified by its zip CRC-32s), never one
-    with a stale sidecar that would refuse it.
+    A checksum sidecar of plugin 0.3 and earlier describing the replaced
+    file goes first (the record is what describes checkpoints now).
 
     Args:
         partial: The written file or FSDP folder.
@@ -387,7 +474,6 @@ def publish_checkpoint(partial: str, final: str) -> None:
     else:
         os.replace(partial, final)
     fsync_folder(osp.dirname(final) or '.')
-    write_sidecar(final)
 
 
 def remove_partial_checkpoints(folder: str) -> None:
@@ -404,44 +490,6 @@ def remove_partial_checkpoints(folder: str) -> None:
         if _PARTIAL_NAME.match(name) or (name.endswith('.partial.old')
                                          and name.startswith('.')):
             _remove_path(osp.join(folder, name))
-
-
-def described_checkpoints(name: str) -> List[str]:
-    """The checkpoints a sidecar with this name could describe.
-
-    Args:
-        name: A file name in a checkpoint folder.
-
-    Returns:
-        ``['X.pth', '.X.pth']`` for ``.X.pth.sha256`` (the hidden sidecar of
-        ``X.pth``, or the 0.2.0 one of ``.X.pth``), ``['X.pth']`` for
-        ``X.pth.sha256`` and ``[]`` for anything else.
-    """
-    if not name.endswith('.pth' + SIDECAR_SUFFIX):
-        return []
-    checkpoint = name[:-len(SIDECAR_SUFFIX)]
-    if checkpoint.startswith('.'):
-        return [checkpoint[1:], checkpoint]
-    return [checkpoint]
-
-
-def remove_orphan_sidecars(folder: str) -> None:
-    """Delete sidecars whose checkpoint no longer exists.
-
-    Args:
-        folder: A local checkpoint folder.
-    """
-    try:
-        names = set(os.listdir(folder))
-    except OSError:
-        return
-    for name in names:
-        checkpoints = described_checkpoints(name)
-        if checkpoints and not names.intersection(checkpoints):
-            try:
-                os.remove(osp.join(folder, name))
-            except OSError:
-                pass
 
 
 @contextmanager
@@ -492,6 +540,9 @@ def atomic_saves_of(runner, hook: SafeCheckpointHook) -> Iterator[None]:
 
     def save_checkpoint(out_dir, filename, *args, **kwargs) -> None:
         hook.save_atomically(runner, out_dir, filename, *args, **kwargs)
+        if hook._writes_locally() and is_main_process():
+            hook.record_saved(runner, osp.join(str(out_dir), filename),
+                              kwargs['meta'], best=True)
 
     runner.save_checkpoint = save_checkpoint
     try:

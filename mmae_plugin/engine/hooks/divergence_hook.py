@@ -79,7 +79,8 @@ def recent_totals(message_hub, count: int = 4) -> List[float]:
 
 
 def divergence_message(values: Dict[str, float], iteration: int,
-                       epoch: int, recent: Sequence[float] = ()) -> str:
+                       epoch: int, recent: Sequence[float] = (),
+                       checkpoint: Optional[str] = None) -> str:
     """The error text: where training diverged and every term's value.
 
     Args:
@@ -87,6 +88,7 @@ def divergence_message(values: Dict[str, float], iteration: int,
         iteration: 1-based iteration number (as the log shows it).
         epoch: 1-based epoch number.
         recent: Total losses of the last iterations, this one last.
+        checkpoint: The newest checkpoint of the run, None if it has none.
 
     Returns:
         The message.
@@ -98,14 +100,15 @@ def divergence_message(values: Dict[str, float], iteration: int,
         return ', '.join(f'{k}={v:.6g}' for k, v in terms.items()) or 'none'
 
     trend = ' -> '.join(f'{v:.4g}' for v in recent)
+    restart = f'Resume from the newest checkpoint, {checkpoint},' \
+        if checkpoint else 'The run has no checkpoint yet: start it again'
     return (f'training diverged at iteration {iteration} (epoch {epoch}): '
             f'the total loss is not finite. Non-finite terms: {listing(bad)}; '
             f'finite terms: {listing(good)}. Total loss over the last '
             f'iterations: {trend or "n/a"}. No checkpoint of this iteration '
             'was written (and SafeCheckpointHook writes only finite states). '
-            'Resume from the last checkpoint with a lower '
-            'optim_wrapper.optimizer.lr, a longer warm-up or '
-            'optim_wrapper.clip_grad.')
+            f'{restart} with a lower optim_wrapper.optimizer.lr, a longer '
+            'warm-up or optim_wrapper.clip_grad.')
 
 
 # In mmengine's registry too: the hook serves any MMEngine config, whatever
@@ -163,6 +166,9 @@ class DivergenceHook(Hook):
         values = logged_values(runner.message_hub, outputs.keys())
         total = total_loss(values)
         if total is not None and not math.isfinite(total):
-            raise TrainingDivergedError(
-                divergence_message(values, runner.iter + 1, runner.epoch + 1,
-                                   recent_totals(runner.message_hub)))
+            message = divergence_message(
+                values, runner.iter + 1, runner.epoch + 1,
+                recent_totals(runner.message_hub),
+                runner.message_hub.get_info('last_ckpt'))
+            runner.logger.error(message)  # the run's log file, not only
+            raise TrainingDivergedError(message)  # the traceback on stderr

@@ -1,5 +1,5 @@
 """MMEngine runners of the plugin (``runner_type`` in a config)."""
-from .checkpoint_resume import VerifiedCheckpointMixin
+from .checkpoint_resume import ForeignCheckpointError, VerifiedCheckpointMixin
 from .collate_scope import CollateScopeMixin
 from .cpu_distributed import (CpuDistributedFlexibleRunnerMixin,
                               CpuDistributedRunnerMixin)
@@ -7,7 +7,8 @@ from .launch_record import LaunchChangedError, LaunchRecordMixin
 from .runners import MMAEFlexibleRunner, MMAERunner
 
 __all__ = [
-    'VerifiedCheckpointMixin', 'LaunchRecordMixin', 'LaunchChangedError',
+    'VerifiedCheckpointMixin', 'ForeignCheckpointError', 'LaunchRecordMixin',
+    'LaunchChangedError',
     'CpuDistributedRunnerMixin',
     'CpuDistributedFlexibleRunnerMixin', 'CollateScopeMixin', 'MMAERunner',
     'MMAEFlexibleRunner'

@@ -1,25 +1,39 @@
-"""Resume and load that verify checkpoints and choose the run's own.
+"""Resume from the run record; verify every checkpoint loaded.
 
 :class:`VerifiedCheckpointMixin` goes before mmengine's ``Runner`` or
 ``FlexibleRunner`` (see :mod:`.runners`). It changes three things, only in
 runs whose config sets ``runner_type`` to one of the plugin's runners:
 
 * auto-resume (``resume=True`` without ``load_from``) continues from the
-  newest intact own checkpoint
-  (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`),
-  and a fallback is written to the run's log with what it costs;
+  newest intact checkpoint of the work folder's run record
+  (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`);
+  fallbacks, with what they cost, and refusals go to the run's log file;
+* an explicit ``--resume PATH`` that is not the current run's recorded
+  checkpoint must say in its ``meta`` what it is (epoch, iteration, run
+  id); a checkpoint of another run, or of another model config, is
+  refused by name unless the config sets ``resume_other_run = True``;
 * every local checkpoint the runner resumes or loads (``--resume``,
-  ``load_from``, and the ``Pretrained`` ``init_cfg`` of any module, as the
-  linear-probe and fine-tuning configs use), file or FSDP folder, is
-  verified first; a damaged one raises ``CorruptCheckpointError`` naming
-  it and the newest intact checkpoint beside it.
+  ``load_from``, and the ``Pretrained`` ``init_cfg`` of any module), file
+  or FSDP folder, is verified first; a damaged one raises
+  ``CorruptCheckpointError`` naming it and the newest intact checkpoint
+  recorded beside it.
 """
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator, List
 
 import torch
 
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
+from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
 from mmae_plugin.checkpoint.loading import verify_before_loading
+from mmae_plugin.checkpoint.run_record import read_record
+from mmae_plugin.engine.run_identity import runner_config_digest
+
+#: The config key that accepts another run's or config's checkpoint.
+OTHER_RUN_KEY = 'resume_other_run'
+
+
+class ForeignCheckpointError(RuntimeError):
+    """A checkpoint of another run or config, or one that does not say."""
 
 
 def pretrained_checkpoints(model: torch.nn.Module) -> Iterator[str]:
@@ -40,22 +54,63 @@ def pretrained_checkpoints(model: torch.nn.Module) -> Iterator[str]:
                 yield cfg['checkpoint']
 
 
+def identity_problems(meta: Any, current_run: Any,
+                      current_digest: str) -> List[str]:
+    """Why a checkpoint's ``meta`` does not show it is this run's.
+
+    Args:
+        meta: The checkpoint's ``meta``.
+        current_run: The run id of the work folder's record, or None.
+        current_digest: This config's model digest.
+
+    Returns:
+        Sentence fragments; empty when it is this run's (or, in a work
+        folder without a run, one of this config).
+    """
+    run_id = meta.get('run_id')
+    problems = []
+    if not isinstance(run_id, str) or not run_id:
+        problems.append('its meta does not say which run wrote it (no '
+                        'run_id: written by mmengine or plugin 0.3 or '
+                        'earlier)')
+    elif current_run is not None and run_id != current_run:
+        problems.append(f'it was written by run {run_id}, not by the run '
+                        f'{current_run} of this work folder')
+    digest = meta.get('config_digest')
+    if isinstance(digest, str) and digest != current_digest:
+        problems.append(f'its model config digest {digest} is not this '
+                        f"config's {current_digest} (another model or "
+                        'method)')
+    return problems
+
+
 class VerifiedCheckpointMixin:
-    """Runner behaviour for verified, own-checkpoint resume (see module)."""
+    """Runner behaviour for record-based, verified resume (see module)."""
+
+    _resume_chosen = False  # the checkpoint came from auto-resume
+    _resuming = None  # the path mmengine's resume is loading
 
     def load_or_resume(self) -> None:
         """Choose the auto-resume checkpoint, then load or resume as mmengine.
         """
         if not self._has_loaded and self._resume is True and \
                 self._load_from is None:
-            choice = choose_resume_checkpoint(self.work_dir)
+            try:
+                choice = choose_resume_checkpoint(self.work_dir)
+            except CorruptCheckpointError as err:
+                self.logger.error(str(err))
+                raise
+            for note in choice.notes:
+                self.logger.warning(note)
             if choice.skipped:
                 self.logger.warning(choice.fallback_message())
             if choice.path is not None:
                 self.logger.info(f'Auto-resuming from {choice.path}')
-                self._load_from = choice.path
+                self._load_from, self._resume_chosen = choice.path, True
             else:
-                self._resume = False  # nothing to resume: a fresh start
+                self.logger.warning(f'auto-resume: no checkpoint yet in '
+                                 f'{self.work_dir}; starting afresh')
+                self._resume = False
         super().load_or_resume()
 
     def _init_model_weights(self) -> None:
@@ -76,11 +131,13 @@ class VerifiedCheckpointMixin:
         Returns:
             What mmengine returns.
         """
-        verify_before_loading(filename)
+        if self._resuming != str(filename):  # resume() verified it
+            self._logged(verify_before_loading, filename)
         return super().load_checkpoint(filename, *args, **kwargs)
 
     def resume(self, filename: str, *args, **kwargs) -> Any:
-        """Verify a local checkpoint, then resume from it as mmengine does.
+        """Verify a local checkpoint and whose it is, then resume as
+        mmengine does.
 
         Args:
             filename: Checkpoint path or URL.
@@ -90,5 +147,54 @@ class VerifiedCheckpointMixin:
         Returns:
             What mmengine returns.
         """
-        verify_before_loading(filename)
-        return super().resume(filename, *args, **kwargs)
+        self._logged(verify_before_loading, filename)
+        self._resuming = str(filename)
+        try:
+            return super().resume(filename, *args, **kwargs)
+        finally:
+            self._resuming = None
+
+    def call_hook(self, fn_name: str, **kwargs) -> None:
+        """Check a resumed checkpoint's ``meta`` before mmengine reads it."""
+        if fn_name == 'after_load_checkpoint' and self._resuming:
+            self._logged(self._check_resumable, self._resuming,
+                         kwargs['checkpoint'])
+        super().call_hook(fn_name, **kwargs)
+
+    def _logged(self, check, *args) -> None:
+        # The run's log file, not only stderr, must say why it stopped.
+        try:
+            check(*args)
+        except (CorruptCheckpointError, ForeignCheckpointError) as err:
+            self.logger.error(str(err))
+            raise
+
+    def _check_resumable(self, path: str, checkpoint: Dict) -> None:
+        meta = checkpoint.get('meta') if isinstance(checkpoint, dict) \
+            else None
+        missing = [key for key in ('epoch', 'iter')
+                   if not isinstance(meta, dict)
+                   or type(meta.get(key)) is not int]
+        if missing:
+            raise ForeignCheckpointError(
+                f'cannot resume {path}: its meta does not say its '
+                f'{" and ".join(missing)} (a plain state dict, converted '
+                'weights or a classifier checkpoint, not a training '
+                'checkpoint). Load weights with load_from and resume=False.')
+        if self._resume_chosen:
+            return
+        record = read_record(self.work_dir)
+        entry = record.find(path)
+        if entry is not None and entry.run_id == record.run_id:
+            return
+        problems = identity_problems(meta, record.run_id,
+                                     runner_config_digest(self))
+        if not problems:
+            return
+        if self.cfg.get(OTHER_RUN_KEY, False) is not True:
+            raise ForeignCheckpointError(
+                f'cannot resume {path}: {"; ".join(problems)}. Set '
+                f'{OTHER_RUN_KEY} = True in the config (--cfg-options '
+                f'{OTHER_RUN_KEY}=True) to continue from it anyway.')
+        self.logger.warning(f'resuming {path} although '
+                            f'{"; ".join(problems)} ({OTHER_RUN_KEY}=True)')

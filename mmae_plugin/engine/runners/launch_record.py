@@ -15,8 +15,13 @@ unless the config says ``resume_launch_change = 'rescale'``: then the
 schedulers' iteration counts and the loop's iteration are rescaled to the
 new iterations per epoch (the epochs trained and the schedule's shape in
 epochs stay the same; the regularised batch is what the new launch gives),
-and the change is logged. FSDP's local state dict cannot be rescaled across
-world sizes and is always refused.
+and the change is logged; ``'accept'`` continues unchanged, logged (for a
+launch you know to be the same, or a checkpoint without a launch record).
+A checkpoint without a launch record (mmengine's hook, plugin 0.2) is
+refused unless ``'rescale'`` or ``'accept'`` says so, since its launch
+cannot be compared; a malformed record is refused in one line naming it.
+FSDP's local state dict cannot be rescaled across world sizes and is
+always refused.
 """
 from typing import Any, Dict, Optional
 
@@ -24,7 +29,7 @@ from mmengine.dist import get_world_size
 
 #: The config key of the override and its values.
 OVERRIDE_KEY = 'resume_launch_change'
-OVERRIDE_VALUES = ('refuse', 'rescale')
+OVERRIDE_VALUES = ('refuse', 'rescale', 'accept')
 #: Scheduler attributes counted in steps (iterations once converted).
 _STEP_ATTRIBUTES = ('begin', 'end', 'T_max', 'last_step', '_global_step',
                     'step_size')
@@ -57,6 +62,30 @@ def launch_record(runner) -> Dict[str, Any]:
                 per_gpu_batch=getattr(loader, 'batch_size', None),
                 iters_per_epoch=len(loader),
                 sharding=_sharding(runner))
+
+
+def launch_problem(launch: Any) -> Optional[str]:
+    """What is malformed in a checkpoint's launch record, or None.
+
+    Args:
+        launch: ``meta['launch']`` as loaded.
+
+    Returns:
+        A sentence fragment, or None for a well-formed record.
+    """
+    if not isinstance(launch, dict):
+        return f'it is {type(launch).__name__} {launch!r:.60}, not a dict'
+    for key in ('world_size', 'iters_per_epoch'):
+        value = launch.get(key)
+        if type(value) is not int or value < 1:
+            return f'{key} is {value!r:.60}, not a positive integer'
+    batch = launch.get('per_gpu_batch')
+    if batch is not None and (type(batch) is not int or batch < 1):
+        return f'per_gpu_batch is {batch!r:.60}, not a positive integer'
+    sharding = launch.get('sharding')
+    if sharding is not None and not isinstance(sharding, str):
+        return f'sharding is {sharding!r:.60}, not a name or None'
+    return None
 
 
 def describe(launch: Dict[str, Any]) -> str:
@@ -116,6 +145,9 @@ def rescale_schedule(runner, ratio: float) -> None:
                  for step, count in milestones.items()})
 
 
+_NOT_LOADED = object()
+
+
 class LaunchRecordMixin:
     """Record the launch in checkpoints; refuse or rescale a changed one."""
 
@@ -128,33 +160,65 @@ class LaunchRecordMixin:
 
     def resume(self, filename: str, *args, **kwargs) -> Any:
         """Resume as mmengine, then check the launch (see the module)."""
-        self._loaded_launch = None
+        self._loaded_launch = _NOT_LOADED
         result = super().resume(filename, *args, **kwargs)
-        if self._loaded_launch is not None:  # None: written before 0.3
-            self._check_launch(filename, self._loaded_launch)
+        if self._loaded_launch is not _NOT_LOADED:
+            try:
+                self._check_launch(str(filename), self._loaded_launch)
+            except (LaunchChangedError, ValueError) as err:
+                self.logger.error(str(err))
+                raise
         return result
 
     def call_hook(self, fn_name: str, **kwargs) -> None:
         """Keep the loaded checkpoint's launch for :meth:`resume`."""
         if fn_name == 'after_load_checkpoint':
-            meta = kwargs['checkpoint'].get('meta') or {}
-            self._loaded_launch = meta.get('launch')
+            meta = kwargs['checkpoint'].get('meta')
+            self._loaded_launch = meta.get('launch') \
+                if isinstance(meta, dict) else None
         super().call_hook(fn_name, **kwargs)
 
-    def _check_launch(self, filename: str, saved: Dict[str, Any]) -> None:
-        now = launch_record(self)
-        if saved == now:
-            return
+    def _launch_choice(self) -> str:
         choice = self.cfg.get(OVERRIDE_KEY, 'refuse') if self.cfg else \
             'refuse'
         if choice not in OVERRIDE_VALUES:
             raise ValueError(f'{OVERRIDE_KEY}={choice!r}: expected one of '
                              f'{OVERRIDE_VALUES}')
-        message = launch_change_message(str(filename), saved, now)
+        return choice
+
+    def _check_launch(self, filename: str, saved: Any) -> None:
+        choice, now = self._launch_choice(), launch_record(self)
+        unknown = 'it has no launch record (written by mmengine\'s ' \
+            'CheckpointHook or plugin 0.2)' if saved is None else None
+        problem = launch_problem(saved) if saved is not None else None
+        if problem:
+            unknown = f'its launch record is malformed: {problem}'
+        if unknown:
+            if choice == 'refuse':
+                raise LaunchChangedError(
+                    f'cannot resume {filename}: {unknown}, so whether '
+                    f'this launch ({describe(now)}) continues its schedule '
+                    f"unchanged cannot be checked. Set {OVERRIDE_KEY} = "
+                    "'accept' (--cfg-options "
+                    f'{OVERRIDE_KEY}=accept) if it was written with this '
+                    'launch.')
+            self.logger.warning(
+                f'resuming {filename} although {unknown} ({OVERRIDE_KEY}='
+                f"'{choice}'): continued unchanged with {describe(now)}")
+            return
+        if saved == now:
+            return
+        message = launch_change_message(filename, saved, now)
         local_shards = saved.get('sharding') == 'LOCAL_STATE_DICT' and \
             saved['world_size'] != now['world_size']
         if choice == 'refuse' or local_shards:
             raise LaunchChangedError(message)
+        if choice == 'accept':
+            self.logger.warning(
+                f'resuming {filename} at another launch ({OVERRIDE_KEY}='
+                f"'accept'): written with {describe(saved)}, continued "
+                f'unchanged with {describe(now)}')
+            return
         ratio = now['iters_per_epoch'] / saved['iters_per_epoch']
         rescale_schedule(self, ratio)
         self.logger.warning(
