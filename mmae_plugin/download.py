@@ -101,8 +101,8 @@ def plan_download(name: str, dest: str) -> Download:
     weights = metainfo.weights
     if weights is None or weights.startswith(UNPUBLISHED):
         weights = None
-    return Download(name, metainfo.config.dump(),
-                    osp.join(dest, f'{name}.py'), weights,
+    return Download(name, metainfo.config.dump(), osp.join(dest, f'{name}.py'),
+                    weights,
                     osp.join(dest, f'{name}.pth') if weights else None)
 
 
@@ -114,7 +114,8 @@ def _link_note(path: str) -> str:
 
 
 def destination_problem(dest: str, force: bool,
-                        source_folders: Sequence[str] = ()) -> Optional[str]:
+                        source_folders: Sequence[str] = ()
+                        ) -> Optional[str]:  # yapf: disable
     """Why ``--dest`` is refused, or None.
 
     Args:
@@ -166,8 +167,10 @@ def plan_problems(plan: Download, force: bool) -> List[str]:
     if plan.checkpoint_path:
         paths.append(plan.checkpoint_path)
         # A folder where a sidecar goes would fail the write half-way.
-        paths += [p for p in sidecar_paths(plan.checkpoint_path)
-                  if osp.isdir(p) and not osp.islink(p)]
+        paths += [
+            p for p in sidecar_paths(plan.checkpoint_path)
+            if osp.isdir(p) and not osp.islink(p)
+        ]
     problems = [target_problem(path, force) for path in paths]
     return [problem for problem in problems if problem]
 
@@ -212,15 +215,16 @@ def write_download(plan: Download) -> List[str]:
     Returns:
         The paths written: the config, then the checkpoint if there is one.
     """
-    write_atomically(plan.config_text, plan.config_path, mode='w',
-                     encoding='utf-8')
+    write_atomically(
+        plan.config_text, plan.config_path, mode='w', encoding='utf-8')
     if plan.weights is None:
         print(f'{plan.name}: config saved to {plan.config_path}; this entry '
               'has no published weights')
         return [plan.config_path]
     file = plan.weights[len(ZOO_SCHEME):]
-    copy_verified(resolve_zoo_checkpoint(file), plan.checkpoint_path,
-                  recorded_digests()[file].sha256)
+    copy_verified(
+        resolve_zoo_checkpoint(file), plan.checkpoint_path,
+        recorded_digests()[file].sha256)
     print(f'{plan.name}: config saved to {plan.config_path}, checkpoint '
           f'(verified against its metafile SHA-256) to '
           f'{plan.checkpoint_path}')
@@ -233,8 +237,10 @@ def check_plans(plans: Sequence[Download], dest: str, force: bool) -> None:
     Raises:
         DestinationError: Naming the first refused path.
     """
-    sources = [osp.dirname(resolve_zoo_checkpoint(plan.weights))
-               for plan in plans if plan.weights]
+    sources = [
+        osp.dirname(resolve_zoo_checkpoint(plan.weights)) for plan in plans
+        if plan.weights
+    ]
     problems = [destination_problem(dest, force, sources)]
     for plan in plans:
         problems += plan_problems(plan, force)
@@ -243,7 +249,8 @@ def check_plans(plans: Sequence[Download], dest: str, force: bool) -> None:
         raise DestinationError(problems[0])
 
 
-def download_entries(names: Sequence[str], dest: str,
+def download_entries(names: Sequence[str],
+                     dest: str,
                      force: bool = False) -> List[str]:
     """Copy entries' checkpoints and dump their configs into ``dest``.
 
@@ -295,14 +302,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         'config) into a folder, as `mim download` does for packages with '
         'downloadable weights. Each checkpoint is verified against the '
         'SHA-256 its metafile records.')
-    parser.add_argument('names', nargs='+', metavar='NAME',
-                        help="entry names, e.g. mmae_vit-tiny-p4_fmnist_linear "
-                        f'({LIST_COMMAND})')
-    parser.add_argument('--dest', default='.',
-                        help='destination folder (default: the current one)')
-    parser.add_argument('--force', action='store_true',
-                        help='replace existing files (atomically) and write '
-                        'into a --dest that is a symlink')
+    parser.add_argument(
+        'names',
+        nargs='+',
+        metavar='NAME',
+        help='entry names, e.g. mmae_vit-tiny-p4_fmnist_linear '
+        f'({LIST_COMMAND})')
+    parser.add_argument(
+        '--dest',
+        default='.',
+        help='destination folder (default: the current one)')
+    parser.add_argument(
+        '--force',
+        action='store_true',
+        help='replace existing files (atomically) and write '
+        'into a --dest that is a symlink')
     return parser.parse_args(argv)
 
 

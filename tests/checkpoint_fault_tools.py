@@ -6,15 +6,20 @@ every checkpoint test); this module only fixes the fault tests' settings.
 importable because this folder is the script's own.
 """
 from conftest import ToyModel, make_toy_runner  # noqa: F401 (re-exported)
-
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from mmae_plugin.engine.runners import MMAERunner
 
 
-def toy_runner(work_dir, max_epochs, resume=False, max_keep_ckpts=1,
-               load_from=None, custom_hooks=None, lr=0.01, upstream=False,
+def toy_runner(work_dir,
+               max_epochs,
+               resume=False,
+               max_keep_ckpts=1,
+               load_from=None,
+               custom_hooks=None,
+               lr=0.01,
+               upstream=False,
                **kwargs):
     """The plugin's runner and checkpoint hook, a save every iteration.
 
@@ -34,12 +39,19 @@ def toy_runner(work_dir, max_epochs, resume=False, max_keep_ckpts=1,
         The Runner (not yet trained).
     """
     return make_toy_runner(
-        work_dir, max_epochs, runner_class=Runner if upstream else MMAERunner,
-        dataset_length=2, lr=lr, default_hooks=dict(checkpoint=dict(
-            type='CheckpointHook' if upstream else 'SafeCheckpointHook',
-            interval=1,
-            max_keep_ckpts=max_keep_ckpts)),
-        custom_hooks=custom_hooks, resume=resume, load_from=load_from,
+        work_dir,
+        max_epochs,
+        runner_class=Runner if upstream else MMAERunner,
+        dataset_length=2,
+        lr=lr,
+        default_hooks=dict(
+            checkpoint=dict(
+                type='CheckpointHook' if upstream else 'SafeCheckpointHook',
+                interval=1,
+                max_keep_ckpts=max_keep_ckpts)),
+        custom_hooks=custom_hooks,
+        resume=resume,
+        load_from=load_from,
         **kwargs)
 
 

@@ -15,10 +15,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
 
-import mmae_plugin.registration  # noqa: E402,F401
 from launch_record_runs import toy_launch  # noqa: E402
 from mmengine.dist import get_rank  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
+
+import mmae_plugin.registration  # noqa: E402,F401
 
 
 class PrintStart(Hook):
@@ -27,12 +28,16 @@ class PrintStart(Hook):
     priority = 'LOWEST'
 
     def before_train(self, runner):
-        print(f'rank {get_rank()} starts at iteration {runner.iter}',
-              flush=True)
+        print(
+            f'rank {get_rank()} starts at iteration {runner.iter}', flush=True)
 
 
 if __name__ == '__main__':
     max_epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    toy_launch(sys.argv[1], max_epochs=max_epochs, launcher='pytorch',
-               resume='--resume' in sys.argv, custom_hooks=[PrintStart()],
-               env_cfg=dict(dist_cfg=dict(backend='gloo'))).train()
+    toy_launch(
+        sys.argv[1],
+        max_epochs=max_epochs,
+        launcher='pytorch',
+        resume='--resume' in sys.argv,
+        custom_hooks=[PrintStart()],
+        env_cfg=dict(dist_cfg=dict(backend='gloo'))).train()

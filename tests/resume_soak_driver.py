@@ -45,13 +45,15 @@ import torch
 
 torch.set_num_threads(1)  # forked children: no OpenMP pool to inherit
 
-import mmae_plugin.registration  # noqa: E402,F401
 from mmengine.hooks import Hook  # noqa: E402
+
+import mmae_plugin.registration  # noqa: E402,F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import ToyModel, make_toy_runner  # noqa: E402
-from mmae_plugin.checkpoint.run_record import (RECORD_NAME,  # noqa: E402
-                                               read_record)
+
+from mmae_plugin.checkpoint.run_record import RECORD_NAME  # noqa: E402
+from mmae_plugin.checkpoint.run_record import read_record
 from mmae_plugin.engine.runners import MMAERunner  # noqa: E402
 
 LAST_EPOCH = 8
@@ -61,16 +63,29 @@ class OtherToyModel(ToyModel):
     """Another model config, the same parameters."""
 
 
-def runner_for(work_dir, max_epochs, by_epoch=True, max_keep_ckpts=-1,
-               resume=True, hooks=(), model=None):
+def runner_for(work_dir,
+               max_epochs,
+               by_epoch=True,
+               max_keep_ckpts=-1,
+               resume=True,
+               hooks=(),
+               model=None):
     torch.manual_seed(0)  # the toy model's initial weights
     runner = make_toy_runner(
-        work_dir, max_epochs, runner_class=MMAERunner, dataset_length=2,
-        log_level='ERROR', resume=resume, custom_hooks=list(hooks),
+        work_dir,
+        max_epochs,
+        runner_class=MMAERunner,
+        dataset_length=2,
+        log_level='ERROR',
+        resume=resume,
+        custom_hooks=list(hooks),
         randomness=dict(seed=0),
-        default_hooks=dict(checkpoint=dict(
-            type='SafeCheckpointHook', by_epoch=by_epoch, interval=1,
-            max_keep_ckpts=max_keep_ckpts)))
+        default_hooks=dict(
+            checkpoint=dict(
+                type='SafeCheckpointHook',
+                by_epoch=by_epoch,
+                interval=1,
+                max_keep_ckpts=max_keep_ckpts)))
     if model is not None:
         runner.model = model
     return runner
@@ -91,7 +106,10 @@ class CollectStates(Hook):
     def before_train(self, runner):
         self.states[runner.iter] = weights(runner.model)
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None):
         self.states[runner.iter + 1] = weights(runner.model)
 
@@ -108,11 +126,12 @@ class ReportStart(Hook):
         state = weights(runner.model)
         expected = self.reference.get(runner.iter)
         with open(self.result_file, 'w') as f:
-            json.dump(dict(
-                start_iter=runner.iter,
-                run_id=runner.message_hub.get_info('mmae_run_id'),
-                matches_reference=expected is not None and all(
-                    torch.equal(state[k], expected[k]) for k in expected)),
+            json.dump(
+                dict(
+                    start_iter=runner.iter,
+                    run_id=runner.message_hub.get_info('mmae_run_id'),
+                    matches_reference=expected is not None and all(
+                        torch.equal(state[k], expected[k]) for k in expected)),
                 f)
 
 
@@ -149,9 +168,11 @@ def damage(rng, work_dir, foreign):
     record = read_record(str(work_dir))
     recorded = [e.location for e in record.checkpoints()]
     existing = [path for path in recorded if os.path.isfile(path)]
-    kind = rng.choice(['truncate', 'flip', 'zero', 'replace_run',
-                       'replace_config', 'last_checkpoint', 'record_nul',
-                       'record_garbage', 'record_cut', 'foreign_file'])
+    kind = rng.choice([
+        'truncate', 'flip', 'zero', 'replace_run', 'replace_config',
+        'last_checkpoint', 'record_nul', 'record_garbage', 'record_cut',
+        'foreign_file'
+    ])
     if kind in ('truncate', 'flip', 'zero', 'replace_run',
                 'replace_config') and existing:
         path = rng.choice(existing)
@@ -174,8 +195,11 @@ def damage(rng, work_dir, foreign):
         return kind, path
     if kind == 'last_checkpoint':
         with open(os.path.join(work_dir, 'last_checkpoint'), 'wb') as f:
-            f.write(rng.choice([b'\0' * 45, b'junk://x', b'/nonexistent',
-                                os.fsencode(foreign['replace_run'])]))
+            f.write(
+                rng.choice([
+                    b'\0' * 45, b'junk://x', b'/nonexistent',
+                    os.fsencode(foreign['replace_run'])
+                ]))
     elif kind.startswith('record') and os.path.exists(
             os.path.join(work_dir, RECORD_NAME)):
         path = os.path.join(work_dir, RECORD_NAME)
@@ -191,8 +215,10 @@ def damage(rng, work_dir, foreign):
         if kind == 'record_cut':
             # A cut "removed" line revives a retired entry whose file is
             # gone: damage the soak did, not a checkpoint the policy keeps.
-            after = {e.location for e in read_record(str(work_dir))
-                     .checkpoints()}
+            after = {
+                e.location
+                for e in read_record(str(work_dir)).checkpoints()
+            }
             revived = sorted(after - set(recorded))
             return kind, revived[0] if revived else None
     elif kind == 'foreign_file':
@@ -207,9 +233,13 @@ def check_record(work_dir, damaged, violations, cycle):
     for entry in record.checkpoints():
         problem = entry.problem()
         if problem is not None and entry.location not in damaged:
-            violations.append(dict(cycle=cycle, invariant='kept checkpoint '
-                                   'missing or damaged', path=entry.location,
-                                   problem=problem))
+            violations.append(
+                dict(
+                    cycle=cycle,
+                    invariant='kept checkpoint '
+                    'missing or damaged',
+                    path=entry.location,
+                    problem=problem))
 
 
 def soak(root, cycles, seed):
@@ -217,23 +247,29 @@ def soak(root, cycles, seed):
     reference = CollectStates()
     # Iteration checkpoints replay an epoch (see the module): the reference
     # runs longer than any episode can.
-    runner_for(os.path.join(root, 'reference'), 4 * LAST_EPOCH,
-               hooks=[reference], resume=False).train()
+    runner_for(
+        os.path.join(root, 'reference'),
+        4 * LAST_EPOCH,
+        hooks=[reference],
+        resume=False).train()
     foreign_run = os.path.join(root, 'foreign_run')
     runner_for(foreign_run, 3, resume=False).train()
     other_config = os.path.join(root, 'other_config')
     runner_for(other_config, 3, resume=False, model=OtherToyModel()).train()
-    foreign = dict(replace_run=os.path.join(foreign_run, 'epoch_3.pth'),
-                   replace_config=os.path.join(other_config, 'epoch_3.pth'))
-    violations, counts = [], dict(kills=0, damages=0, refusals=0,
-                                  episodes=0, resumes=0)
+    foreign = dict(
+        replace_run=os.path.join(foreign_run, 'epoch_3.pth'),
+        replace_config=os.path.join(other_config, 'epoch_3.pth'))
+    violations, counts = [], dict(
+        kills=0, damages=0, refusals=0, episodes=0, resumes=0)
     episode = None
     for cycle in range(cycles):
         if episode is None:
             counts['episodes'] += 1
-            episode = dict(work_dir=os.path.join(
-                root, f'episode{counts["episodes"]}'), run_id=None,
-                damaged=set(), epoch=0)
+            episode = dict(
+                work_dir=os.path.join(root, f'episode{counts["episodes"]}'),
+                run_id=None,
+                damaged=set(),
+                epoch=0)
         work_dir = episode['work_dir']
         if rng.random() < 0.4 and os.path.isdir(work_dir):
             kind, path = damage(rng, work_dir, foreign)
@@ -246,8 +282,12 @@ def soak(root, cycles, seed):
         kill_after = rng.uniform(0.0, 0.25) if rng.random() < 0.5 else None
 
         def train():
-            runner_for(work_dir, target, by_epoch, keep,
-                       hooks=[ReportStart(result, reference.states)]).train()
+            runner_for(
+                work_dir,
+                target,
+                by_epoch,
+                keep,
+                hooks=[ReportStart(result, reference.states)]).train()
 
         before = read_record(str(work_dir))
         intact = [e for e in before.checkpoints() if e.problem() is None]
@@ -257,16 +297,19 @@ def soak(root, cycles, seed):
         if ended == ('exit', 3):
             counts['refusals'] += 1
             if intact:
-                violations.append(dict(
-                    cycle=cycle, invariant='refused with an intact '
-                    'recorded checkpoint', path=intact[0].location))
+                violations.append(
+                    dict(
+                        cycle=cycle,
+                        invariant='refused with an intact '
+                        'recorded checkpoint',
+                        path=intact[0].location))
             # Every recorded checkpoint was damaged: start the run afresh.
             shutil.rmtree(work_dir)
             episode = None
             continue
         if ended[0] == 'exit' and ended[1] != 0:
-            violations.append(dict(cycle=cycle, invariant='crashed',
-                                   ended=list(ended)))
+            violations.append(
+                dict(cycle=cycle, invariant='crashed', ended=list(ended)))
         if os.path.exists(result):
             with open(result) as f:
                 start = json.load(f)
@@ -275,13 +318,19 @@ def soak(root, cycles, seed):
                 counts['resumes'] += 1
                 if not start['matches_reference'] or \
                         start['run_id'] != episode['run_id']:
-                    violations.append(dict(
-                        cycle=cycle, invariant='resumed state not written '
-                        'by this run', start=start,
-                        run_id=episode['run_id']))
+                    violations.append(
+                        dict(
+                            cycle=cycle,
+                            invariant='resumed state not written '
+                            'by this run',
+                            start=start,
+                            run_id=episode['run_id']))
             elif episode['run_id'] is not None and intact:
-                violations.append(dict(cycle=cycle, invariant='started '
-                                       'afresh with an intact checkpoint'))
+                violations.append(
+                    dict(
+                        cycle=cycle,
+                        invariant='started '
+                        'afresh with an intact checkpoint'))
             if start['start_iter'] == 0:
                 episode['run_id'] = start['run_id']
         check_record(work_dir, episode['damaged'], violations, cycle)
@@ -289,13 +338,16 @@ def soak(root, cycles, seed):
         if intact:
             episode['epoch'] = intact[0].epoch
         if ended == ('exit', 0) and target == LAST_EPOCH:
-            final = torch.load(intact[0].location,
-                               weights_only=True)['state_dict']
+            final = torch.load(
+                intact[0].location, weights_only=True)['state_dict']
             expected = reference.states[intact[0].iter]
             if not all(torch.equal(final[k], expected[k]) for k in expected):
-                violations.append(dict(cycle=cycle, invariant='final '
-                                       'weights differ from the unbroken '
-                                       'run'))
+                violations.append(
+                    dict(
+                        cycle=cycle,
+                        invariant='final '
+                        'weights differ from the unbroken '
+                        'run'))
             shutil.rmtree(work_dir)
             episode = None
     return dict(cycles=cycles, seed=seed, violations=violations, **counts)
@@ -311,9 +363,10 @@ def main():
         summary = soak(root, args.cycles, args.seed)
     with open(args.out, 'w') as f:
         json.dump(summary, f, indent=1)
-    print(json.dumps({k: v for k, v in summary.items()
-                      if k != 'violations'}),
-          f'violations: {len(summary["violations"])}')
+    print(
+        json.dumps({k: v
+                    for k, v in summary.items() if k != 'violations'}),
+        f'violations: {len(summary["violations"])}')
 
 
 if __name__ == '__main__':

@@ -12,14 +12,14 @@ import time
 
 import pytest
 import torch
+from checkpoint_fault_tools import toy_runner
+from mmengine.hooks import Hook
 
 import mmae_plugin  # noqa: F401
-from checkpoint_fault_tools import toy_runner
 from mmae_plugin.checkpoint import (CorruptCheckpointError, UnsafeFileError,
                                     read_small_text)
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.run_record import RECORD_NAME
-from mmengine.hooks import Hook
 
 
 class RecordStart(Hook):
@@ -34,14 +34,19 @@ class RecordStart(Hook):
 
 def resume(work_dir, max_epochs=4):
     record = RecordStart()
-    toy_runner(work_dir, max_epochs=max_epochs, resume=True,
-               max_keep_ckpts=-1, custom_hooks=[record]).train()
+    toy_runner(
+        work_dir,
+        max_epochs=max_epochs,
+        resume=True,
+        max_keep_ckpts=-1,
+        custom_hooks=[record]).train()
     return record
 
 
 def run_logs(work_dir):
-    return ''.join(open(log).read() for log in sorted(
-        glob.glob(str(work_dir / '*' / '*.log'))))
+    return ''.join(
+        open(log).read()
+        for log in sorted(glob.glob(str(work_dir / '*' / '*.log'))))
 
 
 @pytest.fixture
@@ -162,11 +167,12 @@ def test_read_small_text_names_what_it_refuses(tmp_path):
     for path, fragment in ((tmp_path / 'fifo', 'is a FIFO'),
                            ('/dev/zero', 'is a character device'),
                            (tmp_path, 'is a directory')):
-        with pytest.raises(UnsafeFileError,
-                           match=rf'checksum file {path} {fragment}'):
+        with pytest.raises(
+                UnsafeFileError, match=rf'checksum file {path} {fragment}'):
             read_small_text(str(path), 'checksum file')
     (tmp_path / 'big').write_bytes(b'x' * 11)
-    with pytest.raises(UnsafeFileError, match='has 11 bytes, more than the 10'):
+    with pytest.raises(
+            UnsafeFileError, match='has 11 bytes, more than the 10'):
         read_small_text(str(tmp_path / 'big'), 'checksum file', limit=10)
     assert read_small_text(str(tmp_path / 'big'), 'x', limit=11) == 'x' * 11
 
@@ -177,9 +183,9 @@ def test_read_small_text_names_what_it_refuses(tmp_path):
 def test_pretrained_init_cfg_checkpoint_is_verified(tmp_path):
     """A linear probe's ``Pretrained`` backbone checkpoint, damaged on disk:
     the plugin's runner refuses it by name before initialising."""
+    from conftest import ToyModel
     from mmengine.model import BaseModule
 
-    from conftest import ToyModel
     from mmae_plugin.engine.runners import MMAERunner
     from mmae_plugin.engine.runners.checkpoint_resume import \
         pretrained_checkpoints
@@ -190,18 +196,20 @@ def test_pretrained_init_cfg_checkpoint_is_verified(tmp_path):
         file.truncate(os.path.getsize(path) // 2)
 
     class Probe(ToyModel):
+
         def __init__(self):
             super().__init__()
-            self.backbone = BaseModule(init_cfg=dict(
-                type='Pretrained', checkpoint=path, prefix='backbone.'))
+            self.backbone = BaseModule(
+                init_cfg=dict(
+                    type='Pretrained', checkpoint=path, prefix='backbone.'))
 
     model = Probe()
     assert list(pretrained_checkpoints(model)) == [path]
     from conftest import make_toy_runner
     runner = make_toy_runner(tmp_path / 'probe', 1, runner_class=MMAERunner)
     runner.model = model
-    with pytest.raises(CorruptCheckpointError,
-                       match=rf'checkpoint {path} is damaged'):
+    with pytest.raises(
+            CorruptCheckpointError, match=rf'checkpoint {path} is damaged'):
         runner._init_model_weights()
 
 
@@ -213,6 +221,7 @@ def test_frozen_evaluation_refuses_a_damaged_checkpoint(tmp_path, repo_root):
     path = str(tmp_path / 'epoch_1.pth')
     with open(path, 'r+b') as file:
         file.truncate(100)
-    config = Config.fromfile(f'{repo_root}/configs/fashion_mnist/knn_fmnist.py')
+    config = Config.fromfile(
+        f'{repo_root}/configs/fashion_mnist/knn_fmnist.py')
     with pytest.raises(CorruptCheckpointError, match=rf'{path} is damaged'):
         evaluate_frozen_encoder(config, path)

@@ -9,21 +9,20 @@ import glob
 import json
 import os
 import os.path as osp
+import re
 import shutil
 import subprocess
 import sys
-import re
 import zipfile
 
 import pytest
 import torch
-import mmengine.runner
+from checkpoint_fault_tools import ToyModel, make_toy_runner, toy_runner
 from mmengine.fileio import register_backend
 from mmengine.fileio.backends import BaseStorageBackend
 from mmengine.hooks import Hook
 
 import mmae_plugin  # noqa: F401  (registers the hook and the runner)
-from checkpoint_fault_tools import ToyModel, make_toy_runner, toy_runner
 from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
                                               legacy_sidecar_path,
                                               sidecar_path)
@@ -62,8 +61,13 @@ def resume(work_dir, max_epochs=4, load_from=None):
         The epoch the resumed run started at.
     """
     record = RecordStart()
-    toy_runner(work_dir, max_epochs=max_epochs, resume=True, max_keep_ckpts=-1,
-               load_from=load_from, custom_hooks=[record]).train()
+    toy_runner(
+        work_dir,
+        max_epochs=max_epochs,
+        resume=True,
+        max_keep_ckpts=-1,
+        load_from=load_from,
+        custom_hooks=[record]).train()
     return record.start_epoch
 
 
@@ -76,17 +80,17 @@ def truncate(path, keep=0.5):
 def flip_bytes_inside_tensor(path, record_suffix, count=64):
     """Invert ``count`` bytes inside the data of one tensor record."""
     with zipfile.ZipFile(path) as archive:
-        info = next(i for i in archive.infolist()
-                    if i.filename.endswith(record_suffix)
-                    and i.file_size >= count)
+        info = next(
+            i for i in archive.infolist()
+            if i.filename.endswith(record_suffix) and i.file_size >= count)
         with archive.open(info) as member:
             original = member.read()
     with open(path, 'r+b') as f:
         # The local header's name and extra lengths (torch pads the extra
         # field to align tensor data; the central directory's differs).
         f.seek(info.header_offset + 26)
-        name_length, extra_length = (int.from_bytes(f.read(2), 'little')
-                                     for _ in range(2))
+        name_length, extra_length = (
+            int.from_bytes(f.read(2), 'little') for _ in range(2))
         data_offset = info.header_offset + 30 + name_length + extra_length
         f.seek(data_offset)
         assert f.read(len(original)) == original  # found the tensor bytes
@@ -110,8 +114,9 @@ def load_through_runner(work_dir, path):
 
 def run_logs(work_dir):
     """The text of every run log mmengine wrote under ``work_dir``."""
-    return ''.join(open(log).read() for log in sorted(
-        glob.glob(str(work_dir / '*' / '*.log'))))
+    return ''.join(
+        open(log).read()
+        for log in sorted(glob.glob(str(work_dir / '*' / '*.log'))))
 
 
 def fallback_logged(work_dir, skipped, resumed, lost):
@@ -129,8 +134,10 @@ def fallback_logged(work_dir, skipped, resumed, lost):
 # --------------------------------------------------------------------------
 def recorded(work_dir):
     """The record's saved entries as ``{path: entry fields}``."""
-    return {path: entry.fields
-            for path, entry in read_record(str(work_dir)).entries.items()}
+    return {
+        path: entry.fields
+        for path, entry in read_record(str(work_dir)).entries.items()
+    }
 
 
 def test_every_checkpoint_is_recorded_and_nothing_beside_it(three_epochs):
@@ -151,7 +158,8 @@ def test_every_checkpoint_is_recorded_and_nothing_beside_it(three_epochs):
         assert meta['config_digest'] == entry['config_digest']
     # What listings by name see (mmengine's own tests count ``best*``).
     assert sorted(glob.glob('*epoch*', root_dir=three_epochs)) == [
-        'epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth']
+        'epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth'
+    ]
     assert not glob.glob('.*sha256', root_dir=three_epochs)
 
 
@@ -183,19 +191,23 @@ def test_legacy_work_dir_is_migrated_once(tmp_path):
     """A work dir of mmengine's hook (no record, no run id, no launch): the
     checkpoint whose meta says it is newest is resumed, logged once; the
     record starts with the next save."""
-    toy_runner(tmp_path, max_epochs=2, upstream=True,
-               max_keep_ckpts=-1).train()
+    toy_runner(
+        tmp_path, max_epochs=2, upstream=True, max_keep_ckpts=-1).train()
     assert not osp.exists(tmp_path / RECORD_NAME)
     shutil.copy(tmp_path / 'epoch_1.pth', tmp_path / 'backup.pth')
     (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'backup.pth'))
     record = RecordStart()
-    toy_runner(tmp_path, max_epochs=3, resume=True,
-               cfg=dict(resume_launch_change='accept'),
-               custom_hooks=[record]).train()
+    toy_runner(
+        tmp_path,
+        max_epochs=3,
+        resume=True,
+        cfg=dict(resume_launch_change='accept'),
+        custom_hooks=[record]).train()
     assert record.start_epoch == 2
     assert run_logs(tmp_path).count('Migrating: resuming') == 1
-    assert re.search(r'Migrating: resuming \S+/epoch_2\.pth, the newest of '
-                     r'3 checkpoint', run_logs(tmp_path))
+    assert re.search(
+        r'Migrating: resuming \S+/epoch_2\.pth, the newest of '
+        r'3 checkpoint', run_logs(tmp_path))
     assert sorted(recorded(tmp_path)) == ['epoch_3.pth']
     assert resume(tmp_path, max_epochs=4) == 3
     assert run_logs(tmp_path).count('Migrating') == 1
@@ -243,11 +255,16 @@ def test_hook_saving_to_another_backend_writes_nothing_locally(tmp_path):
     register_backend('mmae_test_in_memory', InMemoryBackend, force=True)
     InMemoryBackend.files.clear()
     runner = make_toy_runner(
-        tmp_path / 'work', 3, runner_class=MMAERunner,
-        default_hooks=dict(checkpoint=dict(
-            type='SafeCheckpointHook', interval=1, max_keep_ckpts=1,
-            out_dir=str(tmp_path / 'remote'),
-            backend_args=dict(backend='mmae_test_in_memory'))))
+        tmp_path / 'work',
+        3,
+        runner_class=MMAERunner,
+        default_hooks=dict(
+            checkpoint=dict(
+                type='SafeCheckpointHook',
+                interval=1,
+                max_keep_ckpts=1,
+                out_dir=str(tmp_path / 'remote'),
+                backend_args=dict(backend='mmae_test_in_memory'))))
     runner.train()
     saved = sorted(osp.basename(p) for p in InMemoryBackend.files)
     assert saved == ['epoch_3.pth']
@@ -270,9 +287,10 @@ def test_sidecar_of_a_file_outside_any_record_is_honoured(three_epochs):
     load_through_runner(three_epochs, bad)
     state['state_dict']['table'][0] += 1  # same layout, other bytes
     torch.save(state, bad)
-    with pytest.raises(CorruptCheckpointError,
-                       match=r'SHA-256.*recorded at save time.*'
-                       r'epoch_3\.pth\.sha256'):
+    with pytest.raises(
+            CorruptCheckpointError,
+            match=r'SHA-256.*recorded at save time.*'
+            r'epoch_3\.pth\.sha256'):
         load_through_runner(three_epochs, bad)
 
 
@@ -282,8 +300,10 @@ def test_a_new_save_removes_a_stale_sidecar_of_its_name(three_epochs):
     stale = sidecar_path(str(three_epochs / 'epoch_3.pth'))
     with open(stale, 'w') as f:
         f.write('0' * 64 + '  epoch_3.pth\n')
-    resume(three_epochs, max_epochs=3,
-           load_from=str(three_epochs / 'epoch_2.pth'))  # saves epoch_3 again
+    resume(
+        three_epochs,
+        max_epochs=3,
+        load_from=str(three_epochs / 'epoch_2.pth'))  # saves epoch_3 again
     assert not osp.exists(stale)
     assert resume(three_epochs, max_epochs=4) == 3
 
@@ -317,20 +337,19 @@ def copied_outside_the_record(work_dir, name='epoch_3.pth'):
     return str(other / name)
 
 
-def test_truncated_checkpoint_outside_the_record_is_caught_too(
-        three_epochs):
+def test_truncated_checkpoint_outside_the_record_is_caught_too(three_epochs):
     """A checkpoint copied without its record: the zip structure tells a
     truncated file."""
     bad = copied_outside_the_record(three_epochs)
     truncate(bad, keep=0.9)
-    with pytest.raises(CorruptCheckpointError,
-                       match=r'epoch_3\.pth is damaged.*zip'):
+    with pytest.raises(
+            CorruptCheckpointError, match=r'epoch_3\.pth is damaged.*zip'):
         load_through_runner(three_epochs, bad)
 
 
 @pytest.mark.parametrize('recorded_file', [True, False])
 def test_flipped_bytes_inside_a_tensor_are_detected(three_epochs,
-                                                     recorded_file):
+                                                    recorded_file):
     bad = str(three_epochs / 'epoch_3.pth') if recorded_file else \
         copied_outside_the_record(three_epochs)
     flip_bytes_inside_tensor(bad, table_record(bad))
@@ -342,8 +361,7 @@ def test_flipped_bytes_inside_a_tensor_are_detected(three_epochs,
         resume(three_epochs, load_from=bad)
     if recorded_file:
         assert resume(three_epochs) == 2
-        assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth',
-                               1)
+        assert fallback_logged(three_epochs, 'epoch_3.pth', 'epoch_2.pth', 1)
 
 
 def test_empty_last_checkpoint_decides_nothing(three_epochs):
@@ -357,8 +375,9 @@ def test_empty_last_checkpoint_decides_nothing(three_epochs):
 def test_no_intact_checkpoint_left_is_an_error_naming_the_file(tmp_path):
     toy_runner(tmp_path, max_epochs=1).train()
     truncate(tmp_path / 'epoch_1.pth')
-    with pytest.raises(CorruptCheckpointError,
-                       match=r'no intact checkpoint.*epoch_1\.pth'):
+    with pytest.raises(
+            CorruptCheckpointError,
+            match=r'no intact checkpoint.*epoch_1\.pth'):
         resume(tmp_path)
 
 
@@ -371,12 +390,13 @@ def test_checkpoint_replaced_by_hand_says_what_to_do(tmp_path):
     toy_runner(tmp_path, max_epochs=1).train()
     path = str(tmp_path / 'epoch_1.pth')
     torch.save({'state_dict': ToyModel().state_dict()}, path)  # by hand
-    with pytest.raises(CorruptCheckpointError,
-                       match=r'replaced since.*If you replaced it on '
-                       'purpose, load it from another name'):
+    with pytest.raises(
+            CorruptCheckpointError,
+            match=r'replaced since.*If you replaced it on '
+            'purpose, load it from another name'):
         load_through_runner(tmp_path, path)
-    load_through_runner(tmp_path, copied_outside_the_record(
-        tmp_path, 'epoch_1.pth'))
+    load_through_runner(tmp_path,
+                        copied_outside_the_record(tmp_path, 'epoch_1.pth'))
 
 
 # --------------------------------------------------------------------------
@@ -394,6 +414,7 @@ def fill(folder):
 
 def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
         tmp_path, small_disk):
+
     class FillDiskBeforeSave(Hook):
         priority = 'LOW'  # before SafeCheckpointHook
 
@@ -402,10 +423,9 @@ def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
                 fill(str(small_disk))
 
     work_dir = tmp_path / 'work'  # logs here, checkpoints on the small disk
-    runner = toy_runner(work_dir, max_epochs=2,
-                        custom_hooks=[FillDiskBeforeSave()])
-    hook = next(h for h in runner.hooks
-                if isinstance(h, SafeCheckpointHook))
+    runner = toy_runner(
+        work_dir, max_epochs=2, custom_hooks=[FillDiskBeforeSave()])
+    hook = next(h for h in runner.hooks if isinstance(h, SafeCheckpointHook))
     hook.out_dir = str(small_disk)
     with pytest.raises(OSError) as info:
         runner.train()
@@ -432,10 +452,12 @@ def test_old_checkpoint_is_removed_only_after_last_checkpoint(tmp_path):
 
     def spying_remove(path, *args, **kwargs):
         if 'epoch_1.pth' in osp.basename(str(path)):
-            seen.append((osp.basename(str(path)), sorted(
-                n for n in os.listdir(tmp_path) if not n.startswith('2')),
-                (tmp_path / 'last_checkpoint').read_text(),
-                sorted(recorded(tmp_path))))
+            seen.append(
+                (osp.basename(str(path)),
+                 sorted(
+                     n for n in os.listdir(tmp_path) if not n.startswith('2')),
+                 (tmp_path / 'last_checkpoint').read_text(),
+                 sorted(recorded(tmp_path))))
         return original_remove(path, *args, **kwargs)
 
     os.remove = spying_remove
@@ -454,9 +476,14 @@ def run_kill_driver(tmp_path, *args):
     if shutil.which('strace') is None:
         pytest.skip('strace is not installed (apt-get install strace)')
     out = tmp_path / 'kills.json'
-    proc = subprocess.run(
-        [sys.executable, osp.join(HERE, 'checkpoint_kill_driver.py'),
-         str(out), *args], capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(HERE, 'checkpoint_kill_driver.py'),
+        str(out), *args
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=1200)
     if 'strace did not attach' in proc.stderr:
         pytest.skip('ptrace is not permitted here')
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -479,7 +506,7 @@ def test_sigkill_at_syscalls_of_a_save_always_resumes(tmp_path):
 def test_the_sweep_finds_upstream_removal_order(tmp_path):
     """With mmengine's own order (remove, then write) a kill on the first
     write of the save, the checkpoint's, leaves nothing to resume."""
-    summary = run_kill_driver(tmp_path, '--upstream-retention',
-                              '--points', 'write:1,write:2')
+    summary = run_kill_driver(tmp_path, '--upstream-retention', '--points',
+                              'write:1,write:2')
     assert summary['killed'] == 2
     assert summary['survived'] == 0

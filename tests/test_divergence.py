@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
+from checkpoint_fault_tools import toy_runner
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import mmae_plugin  # noqa: F401
-from checkpoint_fault_tools import toy_runner
 from mmae_plugin.engine.hooks import (DivergenceHook, NonFiniteCheckpointError,
                                       TrainingDivergedError)
 from mmae_plugin.engine.hooks.divergence_hook import divergence_message
@@ -22,8 +22,9 @@ from mmae_plugin.engine.hooks.divergence_hook import divergence_message
 def all_finite(checkpoint_path):
     """Whether every float tensor of a checkpoint's model state is finite."""
     state = torch.load(checkpoint_path, weights_only=True)['state_dict']
-    return all(torch.isfinite(v).all() for v in state.values()
-               if v.is_floating_point())
+    return all(
+        torch.isfinite(v).all() for v in state.values()
+        if v.is_floating_point())
 
 
 class RecordLosses(Hook):
@@ -34,7 +35,10 @@ class RecordLosses(Hook):
     def __init__(self):
         self.losses = []
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None):
         self.losses.append(
             runner.message_hub.get_scalar('train/loss').current())
@@ -42,8 +46,12 @@ class RecordLosses(Hook):
 
 def test_toy_regression_stops_at_the_first_non_finite_loss(tmp_path):
     record = RecordLosses()
-    runner = toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=-1,
-                        custom_hooks=[dict(type='DivergenceHook'), record])
+    runner = toy_runner(
+        tmp_path,
+        max_epochs=60,
+        lr=1e6,
+        max_keep_ckpts=-1,
+        custom_hooks=[dict(type='DivergenceHook'), record])
     with pytest.raises(TrainingDivergedError) as info:
         runner.train()
     # One iteration per epoch: the recorder (after the hook) never saw the
@@ -64,8 +72,8 @@ def test_toy_regression_stops_at_the_first_non_finite_loss(tmp_path):
 def test_without_the_hook_mmengine_trains_on_through_nan(tmp_path):
     """The upstream behaviour the hook exists for (so the test above can
     fail): no error, NaN checkpoints."""
-    runner = toy_runner(tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=1,
-                        upstream=True)
+    runner = toy_runner(
+        tmp_path, max_epochs=60, lr=1e6, max_keep_ckpts=1, upstream=True)
     runner.train()
     assert not all_finite(tmp_path / 'epoch_60.pth')
 
@@ -83,23 +91,27 @@ def test_without_divergence_hook_the_checkpoint_hook_still_saves_no_nan(
 @pytest.mark.parametrize('name', ['mae', 'mmae'])
 def test_shipped_pretraining_config_stops_with_the_loss_terms(
         repo_root, tmp_path, name):
-    cfg = Config.fromfile(f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
+    cfg = Config.fromfile(
+        f'{repo_root}/configs/fashion_mnist/{name}_fmnist.py')
     assert dict(type='DivergenceHook') in cfg.custom_hooks
     cfg.merge_from_dict({
         'train_dataloader.dataset.indices': 64,
         'train_dataloader.batch_size': 16,
         'train_dataloader.num_workers': 0,
         'train_dataloader.persistent_workers': False,
-        'optim_wrapper.optimizer.lr': 1e6, 'train_cfg.max_epochs': 4,
-        'default_hooks.checkpoint.interval': 1})
+        'optim_wrapper.optimizer.lr': 1e6,
+        'train_cfg.max_epochs': 4,
+        'default_hooks.checkpoint.interval': 1
+    })
     cfg.work_dir, cfg.log_level = str(tmp_path), 'WARNING'
     runner = Runner.from_cfg(cfg)
-    with pytest.raises(TrainingDivergedError,
-                       match=r'training diverged at iteration \d+') as info:
+    with pytest.raises(
+            TrainingDivergedError,
+            match=r'training diverged at iteration \d+') as info:
         runner.train()
     message = str(info.value)
-    expected_terms = ['loss='] + (['loss_rec=', 'loss_tcr='] if name == 'mmae'
-                                  else [])
+    expected_terms = ['loss='] + (['loss_rec=', 'loss_tcr=']
+                                  if name == 'mmae' else [])
     for term in expected_terms:
         assert term in message, message
     for path in glob.glob(str(tmp_path / '*.pth')):
@@ -109,7 +121,9 @@ def test_shipped_pretraining_config_stops_with_the_loss_terms(
 def test_message_lists_bad_and_good_terms_and_the_trend():
     message = divergence_message(
         dict(loss=float('nan'), loss_rec=float('inf'), loss_tcr=-0.5),
-        iteration=7, epoch=2, recent=[0.5, 3e8, float('nan')])
+        iteration=7,
+        epoch=2,
+        recent=[0.5, 3e8, float('nan')])
     assert 'iteration 7 (epoch 2)' in message
     assert 'Non-finite terms: loss=nan, loss_rec=inf' in message
     assert 'finite terms: loss_tcr=-0.5' in message
@@ -117,10 +131,11 @@ def test_message_lists_bad_and_good_terms_and_the_trend():
 
 
 def test_hook_refuses_to_run_without_runtime_info_hook(tmp_path):
-    runner = toy_runner(tmp_path, max_epochs=1,
-                        custom_hooks=[dict(type='DivergenceHook')])
-    runner._hooks = [h for h in runner._hooks
-                     if type(h).__name__ != 'RuntimeInfoHook']
+    runner = toy_runner(
+        tmp_path, max_epochs=1, custom_hooks=[dict(type='DivergenceHook')])
+    runner._hooks = [
+        h for h in runner._hooks if type(h).__name__ != 'RuntimeInfoHook'
+    ]
     with pytest.raises(ValueError, match='RuntimeInfoHook'):
         runner.train()
 
@@ -143,8 +158,9 @@ def test_hook_reads_the_floats_mmengine_already_synced(tmp_path):
 
         torch.Tensor.item = counting_item
         try:
-            toy_runner(tmp_path / str(len(hooks)), max_epochs=3,
-                       custom_hooks=hooks).train()
+            toy_runner(
+                tmp_path / str(len(hooks)), max_epochs=3,
+                custom_hooks=hooks).train()
         finally:
             torch.Tensor.item = original_item
         counts.append(calls[0])
@@ -154,22 +170,27 @@ def test_hook_reads_the_floats_mmengine_already_synced(tmp_path):
 
 def run_log(work_dir):
     """The text of the run's log file (``<work_dir>/<timestamp>/*.log``)."""
-    return ''.join(open(path).read() for path in
-                   sorted(glob.glob(str(work_dir / '*' / '*.log'))))
+    return ''.join(
+        open(path).read()
+        for path in sorted(glob.glob(str(work_dir / '*' / '*.log'))))
 
 
-def test_divergence_before_any_checkpoint_says_so_in_the_log_file(
-        tmp_path):
+def test_divergence_before_any_checkpoint_says_so_in_the_log_file(tmp_path):
     """Item 7 of issue 34: no "resume from the last checkpoint" when there
     is none, and the reason is in the run's log file, not only on
     stderr."""
     from checkpoint_fault_tools import InfiniteUpdate, make_toy_runner
+
     from mmae_plugin.engine.runners import MMAERunner
     runner = make_toy_runner(
-        tmp_path, 5, runner_class=MMAERunner, dataset_length=2,
-        default_hooks=dict(checkpoint=dict(type='SafeCheckpointHook',
-                                           interval=100)),
-        custom_hooks=[dict(type='DivergenceHook'), InfiniteUpdate(1)])
+        tmp_path,
+        5,
+        runner_class=MMAERunner,
+        dataset_length=2,
+        default_hooks=dict(
+            checkpoint=dict(type='SafeCheckpointHook', interval=100)),
+        custom_hooks=[dict(type='DivergenceHook'),
+                      InfiniteUpdate(1)])
     with pytest.raises(TrainingDivergedError) as info:
         runner.train()
     message = str(info.value)
@@ -180,9 +201,11 @@ def test_divergence_before_any_checkpoint_says_so_in_the_log_file(
 
 def test_divergence_names_the_newest_checkpoint_in_the_log_file(tmp_path):
     from checkpoint_fault_tools import InfiniteUpdate
-    runner = toy_runner(tmp_path, max_epochs=5,
-                        custom_hooks=[dict(type='DivergenceHook'),
-                                      InfiniteUpdate(2)])
+    runner = toy_runner(
+        tmp_path,
+        max_epochs=5,
+        custom_hooks=[dict(type='DivergenceHook'),
+                      InfiniteUpdate(2)])
     with pytest.raises((TrainingDivergedError, NonFiniteCheckpointError)) \
             as info:
         runner.train()
@@ -193,8 +216,8 @@ def test_divergence_names_the_newest_checkpoint_in_the_log_file(tmp_path):
 
 def test_nonfinite_first_save_says_there_is_no_checkpoint(tmp_path):
     from checkpoint_fault_tools import InfiniteUpdate
-    runner = toy_runner(tmp_path, max_epochs=2,
-                        custom_hooks=[InfiniteUpdate(1)])
+    runner = toy_runner(
+        tmp_path, max_epochs=2, custom_hooks=[InfiniteUpdate(1)])
     with pytest.raises(NonFiniteCheckpointError) as info:
         runner.train()
     message = str(info.value)

@@ -1,24 +1,24 @@
-"""The plugin's entries in mmpretrain's model zoo and the mmae-zoo:// scheme."""
+"""The plugin's entries in mmpretrain's model zoo; the mmae-zoo:// scheme."""
 import os
 import pickle
 
+import mmpretrain
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.runner import load_checkpoint
+from mmpretrain.apis import ModelHub
 
 import mmae_plugin  # noqa: F401  (registers the model index)
-import mmpretrain
-from mmae_plugin.evaluation import extract_features, fit_linear_probe
-from mmae_plugin.evaluation.frozen import build_model, linear_probe_state_dict
-from mmae_plugin.download import download_entries, download_entry
-from mmae_plugin.download import main as download_main
 from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
                                               checkpoint_problem, file_sha256,
                                               sidecar_path)
+from mmae_plugin.download import download_entries, download_entry
+from mmae_plugin.download import main as download_main
+from mmae_plugin.evaluation import extract_features, fit_linear_probe
+from mmae_plugin.evaluation.frozen import build_model, linear_probe_state_dict
 from mmae_plugin.model_zoo import (DIGEST_FIELD, UNPUBLISHED, ZOO_DIR_ENV,
                                    ZOO_SCHEME, recorded_digests)
-from mmpretrain.apis import ModelHub
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINEAR = 'mmae_vit-tiny-p4_fmnist_linear'
@@ -52,7 +52,8 @@ def test_get_model_pretrained_true_without_weights_names_entry_and_fix():
     assert f"get_model('{name}', pretrained=False)" in message
     assert "pretrained='path/to/checkpoint.pth'" in message
     # mmpretrain's own entries keep their URLs and mmpretrain's behaviour.
-    assert ModelHub.get('resnet18_8xb16_cifar10').weights.startswith('https://')
+    assert ModelHub.get('resnet18_8xb16_cifar10').weights.startswith(
+        'https://')
 
 
 def test_get_model_builds_the_imagenet_recipe():
@@ -62,8 +63,9 @@ def test_get_model_builds_the_imagenet_recipe():
 
 
 class Payload:
+
     def __reduce__(self):
-        return (os.system, ('touch /tmp/mmae_zoo_pwned',))
+        return (os.system, ('touch /tmp/mmae_zoo_pwned', ))
 
 
 def test_zoo_scheme_missing_checkpoint_names_the_build_command(
@@ -76,8 +78,8 @@ def test_zoo_scheme_missing_checkpoint_names_the_build_command(
         load_checkpoint(model, 'mmae-zoo://../outside.pth')
 
 
-def test_zoo_scheme_refuses_unrecorded_and_crafted_files(tmp_path,
-                                                         monkeypatch):
+def test_zoo_scheme_refuses_unrecorded_and_crafted_files(
+        tmp_path, monkeypatch):
     """A file no metafile records, even a valid one, is refused; a payload
     under a recorded name is refused by its digest; nothing runs."""
     monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
@@ -86,8 +88,10 @@ def test_zoo_scheme_refuses_unrecorded_and_crafted_files(tmp_path,
         os.remove(marker)
     model = torch.nn.Linear(2, 2)
     torch.save({'state_dict': model.state_dict()}, tmp_path / 'good.pth')
-    with pytest.raises(ValueError, match="mmae-zoo://good.pth .* is not a "
-                       "file of the plugin's model zoo: no metafile records"):
+    with pytest.raises(
+            ValueError,
+            match='mmae-zoo://good.pth .* is not a '
+            "file of the plugin's model zoo: no metafile records"):
         load_checkpoint(model, 'mmae-zoo://good.pth')
     (tmp_path / 'fmnist').mkdir()
     with open(tmp_path / 'fmnist' / f'{LINEAR}.pth', 'wb') as f:
@@ -109,11 +113,13 @@ def test_cached_probe_becomes_the_linear_config_exactly(
     torch.manual_seed(0)
     knn_cfg = Config.fromfile(f'configs/fashion_mnist/{knn_config}')
     assert knn_cfg.model.pooling == pooling
-    knn_cfg.merge_from_dict({'model.prototype.dataset.indices': 300,
-                             'model.prototype.num_workers': 0,
-                             'test_dataloader.dataset.indices': 100,
-                             'test_dataloader.num_workers': 0,
-                             'test_dataloader.persistent_workers': False})
+    knn_cfg.merge_from_dict({
+        'model.prototype.dataset.indices': 300,
+        'model.prototype.num_workers': 0,
+        'test_dataloader.dataset.indices': 100,
+        'test_dataloader.num_workers': 0,
+        'test_dataloader.persistent_workers': False
+    })
     encoder = build_model(knn_cfg)
     encoder.init_weights()
     train_x, train_y = extract_features(encoder, knn_cfg.model.prototype)
@@ -134,16 +140,16 @@ def test_cached_probe_becomes_the_linear_config_exactly(
         inputs.append(classifier.data_preprocessor(batch, False)['inputs'])
     with torch.no_grad():
         logits = classifier(torch.cat(inputs), mode='tensor')
-    torch.testing.assert_close(logits, probe.logits(test_x).float(),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        logits, probe.logits(test_x).float(), atol=1e-4, rtol=1e-4)
 
 
 def test_shipped_fmnist_linear_entry_reproduces_its_recorded_accuracy(
         tmp_path):
     """get_model(..., pretrained=True) through mmae-zoo://, on the test set."""
     import numpy as np
-    from PIL import Image
     from mmengine.runner import Runner
+    from PIL import Image
     name = 'mmae_vit-tiny-p4_fmnist_linear'
     recorded = ModelHub.get(name).results[0].metrics['Top 1 Accuracy']
     model = mmpretrain.get_model(name, pretrained=True)
@@ -163,20 +169,21 @@ def test_shipped_fmnist_linear_entry_reproduces_its_recorded_accuracy(
     import mmcv
     from mmpretrain.registry import DATASETS
     sample = DATASETS.build(cfg.test_dataloader.dataset)[0]
-    Image.fromarray(sample['inputs'].squeeze(0).numpy().astype(np.uint8)
-                    ).save(tmp_path / 'image.png')
+    Image.fromarray(sample['inputs'].squeeze(0).numpy().astype(np.uint8)).save(
+        tmp_path / 'image.png')
     image = mmcv.imread(str(tmp_path / 'image.png'), flag='grayscale')
     result = mmpretrain.ImageClassificationInferencer(model)(image)[0]
     with torch.no_grad():
-        expected = model.test_step(dict(
-            inputs=[sample['inputs']], data_samples=[sample['data_samples']]))
+        expected = model.test_step(
+            dict(
+                inputs=[sample['inputs']],
+                data_samples=[sample['data_samples']]))
     assert result['pred_label'] == int(expected[0].pred_label)
     assert result['pred_class'] == \
         model._dataset_meta['classes'][result['pred_label']]
 
 
-def test_download_copies_checkpoint_and_config_as_mim_download_would(
-        tmp_path):
+def test_download_copies_checkpoint_and_config_as_mim_download_would(tmp_path):
     """``python -m mmae_plugin.download``: the files rebuild the zoo model."""
     name = 'mmae_vit-tiny-p4_fmnist_linear'
     config_path, checkpoint_path = download_entry(name, str(tmp_path))
@@ -199,8 +206,9 @@ def test_download_of_weightless_and_foreign_entries(tmp_path, capsys):
     assert written == [str(tmp_path / 'a' / 'mmae_vit-base_200e.py')]
     assert Config.fromfile(written[0]).model.type == 'MMAE'
     assert 'no published weights' in capsys.readouterr().out
-    assert download_main(['resnet18_8xb16_cifar10', '--dest',
-                          str(tmp_path / 'b')]) == 1
+    assert download_main(
+        ['resnet18_8xb16_cifar10', '--dest',
+         str(tmp_path / 'b')]) == 1
     err = capsys.readouterr().err
     assert 'not an mmae_plugin model-zoo entry' in err
     assert 'mim download mmpretrain --config resnet18_8xb16_cifar10' in err
@@ -212,12 +220,14 @@ def test_feature_pass_progress_bar_is_labelled(capsys):
     from mmengine.registry import init_default_scope
     init_default_scope('mmpretrain')
     cfg = Config.fromfile('configs/fashion_mnist/knn_fmnist.py')
-    cfg.merge_from_dict({'test_dataloader.dataset.indices': 30,
-                         'test_dataloader.num_workers': 0,
-                         'test_dataloader.persistent_workers': False})
+    cfg.merge_from_dict({
+        'test_dataloader.dataset.indices': 30,
+        'test_dataloader.num_workers': 0,
+        'test_dataloader.persistent_workers': False
+    })
     encoder = build_model(cfg)
-    features, labels = extract_features(encoder, cfg.test_dataloader,
-                                        progress=True, label='test images')
+    features, labels = extract_features(
+        encoder, cfg.test_dataloader, progress=True, label='test images')
     assert features.shape[0] == labels.shape[0] == 30
     out = capsys.readouterr().out
     assert out.startswith('features of 30 test images:\n')
@@ -235,44 +245,55 @@ def test_feature_pass_progress_bar_is_labelled(capsys):
 ZOO_MODE = os.environ.get('MMAE_TEST_ZOO', '0') == '1'
 #: The entries whose recorded number is reproduced below (a new entry with
 #: results must be added here, and so gets its test).
-KNN_ENTRIES = ['mae_vit-tiny-p4_fmnist_knn', 'umae_vit-tiny-p4_fmnist_knn',
-               'mmae_vit-tiny-p4_fmnist_knn']
+KNN_ENTRIES = [
+    'mae_vit-tiny-p4_fmnist_knn', 'umae_vit-tiny-p4_fmnist_knn',
+    'mmae_vit-tiny-p4_fmnist_knn'
+]
 LINEAR_ENTRIES = ['mmae_vit-tiny-p4_fmnist_linear']
 
 
 def plugin_entries_with_weights():
     """``{name: metainfo}`` of the plugin's entries that ship weights."""
     from mmae_plugin.model_zoo import ZOO_SCHEME
-    return {name: info for name, info in ModelHub._models_dict.items()
-            if (info.weights or '').startswith(ZOO_SCHEME)
-            and not info.weights.startswith(UNPUBLISHED)}
+    return {
+        name: info
+        for name, info in ModelHub._models_dict.items()
+        if (info.weights or '').startswith(ZOO_SCHEME)
+        and not info.weights.startswith(UNPUBLISHED)
+    }
 
 
 def test_every_entry_with_weights_and_results_has_a_reproduction_test():
-    with_results = sorted(name for name, info in
-                          plugin_entries_with_weights().items()
-                          if info.results)
+    with_results = sorted(
+        name for name, info in plugin_entries_with_weights().items()
+        if info.results)
     assert with_results == sorted(KNN_ENTRIES + LINEAR_ENTRIES)
 
 
 def test_encoder_entries_load_strictly_into_their_pretraining_config():
     """The entries without a number: their weights are their config's."""
     from mmae_plugin.model_zoo import resolve_zoo_checkpoint
-    encoders = sorted(name for name, info in
-                      plugin_entries_with_weights().items()
+    encoders = sorted(name
+                      for name, info in plugin_entries_with_weights().items()
                       if not info.results)
-    assert encoders == ['mae_vit-tiny-p4_fmnist', 'mmae_vit-tiny-p4_fmnist',
-                        'umae_vit-tiny-p4_fmnist']
+    assert encoders == [
+        'mae_vit-tiny-p4_fmnist', 'mmae_vit-tiny-p4_fmnist',
+        'umae_vit-tiny-p4_fmnist'
+    ]
     for name in encoders:
         model = mmpretrain.get_model(name)
-        state = torch.load(resolve_zoo_checkpoint(ModelHub.get(name).weights),
-                           map_location='cpu', weights_only=True)
+        state = torch.load(
+            resolve_zoo_checkpoint(ModelHub.get(name).weights),
+            map_location='cpu',
+            weights_only=True)
         result = model.load_state_dict(state['state_dict'], strict=True)
         assert not result.missing_keys and not result.unexpected_keys
 
 
-@pytest.mark.skipif(not ZOO_MODE, reason='full-dataset kNN reproduction: '
-                    'run with MMAE_TEST_ZOO=1 (about 2.5 min per entry)')
+@pytest.mark.skipif(
+    not ZOO_MODE,
+    reason='full-dataset kNN reproduction: '
+    'run with MMAE_TEST_ZOO=1 (about 2.5 min per entry)')
 @pytest.mark.parametrize('name', KNN_ENTRIES)
 def test_knn_entry_reproduces_its_number_through_tools_test(name, tmp_path):
     """``python tools/test.py <Config> <checkpoint>``, the command the
@@ -280,6 +301,7 @@ def test_knn_entry_reproduces_its_number_through_tools_test(name, tmp_path):
     import json
     import subprocess
     import sys
+
     from mmae_plugin.model_zoo import resolve_zoo_checkpoint
     metainfo = ModelHub.get(name)
     recorded = metainfo.results[0].metrics['Top 1 Accuracy']
@@ -288,11 +310,15 @@ def test_knn_entry_reproduces_its_number_through_tools_test(name, tmp_path):
     checkpoint = resolve_zoo_checkpoint(metainfo.weights)
     out = tmp_path / 'metrics.json'
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, 'tools/test.py', config, checkpoint,
-         '--work-dir', str(tmp_path / 'work'), '--out', str(out),
-         '--out-item', 'metrics'],
-        cwd=repo, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run([
+        sys.executable, 'tools/test.py', config, checkpoint, '--work-dir',
+        str(tmp_path / 'work'), '--out',
+        str(out), '--out-item', 'metrics'
+    ],
+                            cwd=repo,
+                            capture_output=True,
+                            text=True,
+                            timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics['accuracy/top1'] == pytest.approx(recorded, abs=0.005)
@@ -316,8 +342,8 @@ def test_every_shipped_metafile_digest_matches_its_shipped_file():
             f'{shipped} changed: record its new SHA-256 as {DIGEST_FIELD} in '
             f'{recorded.metafile} ({", ".join(recorded.entries)})')
     assert sorted(digests) == sorted(
-        f'fmnist/{name}' for name in os.listdir(
-            os.path.join(REPO, 'checkpoints', 'fmnist')))
+        f'fmnist/{name}'
+        for name in os.listdir(os.path.join(REPO, 'checkpoints', 'fmnist')))
 
 
 def flip_tensor_bytes(path, count=64):
@@ -332,8 +358,8 @@ def flip_tensor_bytes(path, count=64):
                    key=lambda i: i.file_size)
     with open(path, 'r+b') as f:
         f.seek(info.header_offset + 26)
-        name_length, extra_length = (int.from_bytes(f.read(2), 'little')
-                                     for _ in range(2))
+        name_length, extra_length = (
+            int.from_bytes(f.read(2), 'little') for _ in range(2))
         start = info.header_offset + 30 + name_length + extra_length + \
             info.file_size // 2
         f.seek(start)
@@ -348,8 +374,10 @@ def flipped_zoo(tmp_path, monkeypatch):
     root = tmp_path / 'zoo'
     (root / 'fmnist').mkdir(parents=True)
     path = root / 'fmnist' / f'{LINEAR}.pth'
-    path.write_bytes(open(os.path.join(
-        REPO, 'checkpoints', 'fmnist', f'{LINEAR}.pth'), 'rb').read())
+    path.write_bytes(
+        open(
+            os.path.join(REPO, 'checkpoints', 'fmnist', f'{LINEAR}.pth'),
+            'rb').read())
     flip_tensor_bytes(path)
     monkeypatch.setenv(ZOO_DIR_ENV, str(root))
     return path
@@ -372,13 +400,13 @@ def test_flipped_zoo_file_is_refused_by_get_model_and_zoo_scheme(flipped_zoo):
         mmpretrain.get_model(LINEAR, pretrained=True)
     assert_refused_by_name(str(error.value), flipped_zoo)
     with pytest.raises(CorruptCheckpointError) as error:
-        load_checkpoint(torch.nn.Linear(2, 2),
-                        f'mmae-zoo://fmnist/{LINEAR}.pth')
+        load_checkpoint(
+            torch.nn.Linear(2, 2), f'mmae-zoo://fmnist/{LINEAR}.pth')
     assert_refused_by_name(str(error.value), flipped_zoo)
 
 
 def test_flipped_zoo_file_is_refused_by_download(flipped_zoo, tmp_path,
-                                                capsys):
+                                                 capsys):
     dest = tmp_path / 'dl'
     assert download_main([LINEAR, '--dest', str(dest)]) == 1
     err = capsys.readouterr().err
@@ -391,8 +419,9 @@ def test_flipped_zoo_file_is_refused_by_download(flipped_zoo, tmp_path,
 # python -m mmae_plugin.download: what it refuses, and --force
 # --------------------------------------------------------------------------
 def shipped_bytes(name=LINEAR):
-    with open(os.path.join(REPO, 'checkpoints', 'fmnist', f'{name}.pth'),
-              'rb') as f:
+    with open(
+            os.path.join(REPO, 'checkpoints', 'fmnist', f'{name}.pth'),
+            'rb') as f:
         return f.read()
 
 
@@ -425,8 +454,8 @@ def test_download_refuses_to_overwrite_and_force_replaces_with_fresh_sidecar(
     torch.save({'state_dict': {'x': torch.ones(3)}}, old)
     from mmae_plugin.checkpoint.integrity import write_sidecar
     write_sidecar(str(old))
-    (dest / f'{LINEAR}.pth.sha256').write_text(
-        f'{file_sha256(str(old))}  {LINEAR}.pth\n')
+    (dest / f'{LINEAR}.pth.sha256'
+     ).write_text(f'{file_sha256(str(old))}  {LINEAR}.pth\n')
     before = old.read_bytes()
     download_refused([LINEAR, '--dest', str(dest)], capsys,
                      f'{old} exists; refusing to overwrite it (pass --force)')
@@ -438,8 +467,8 @@ def test_download_refuses_to_overwrite_and_force_replaces_with_fresh_sidecar(
     assert open(sidecar_path(str(old))).read().split()[0] == \
         file_sha256(str(old))
     assert checkpoint_problem(str(old)) is None
-    loaded = mmpretrain.get_model(str(dest / f'{LINEAR}.py'),
-                                  pretrained=str(old))
+    loaded = mmpretrain.get_model(
+        str(dest / f'{LINEAR}.py'), pretrained=str(old))
     assert type(loaded).__name__ == 'ImageClassifier'
     # An existing config alone is refused too.
     os.remove(old)
@@ -448,8 +477,8 @@ def test_download_refuses_to_overwrite_and_force_replaces_with_fresh_sidecar(
 
 
 @pytest.mark.parametrize('kind', ['stale', 'fifo', 'dev_zero'])
-def test_download_replaces_a_stale_sidecar_of_a_missing_checkpoint(tmp_path,
-                                                                  kind):
+def test_download_replaces_a_stale_sidecar_of_a_missing_checkpoint(
+        tmp_path, kind):
     """A sidecar left without its file would refuse the new copy; a FIFO or
     a link to /dev/zero in its place is replaced, never read."""
     hidden = tmp_path / f'.{LINEAR}.pth.sha256'
@@ -471,8 +500,8 @@ def test_download_replaces_a_stale_sidecar_of_a_missing_checkpoint(tmp_path,
     assert not os.path.lexists(legacy)
 
 
-def test_download_never_writes_through_symlinks_without_force(tmp_path,
-                                                              capsys):
+def test_download_never_writes_through_symlinks_without_force(
+        tmp_path, capsys):
     victim = tmp_path / 'victim.pth'
     victim.write_bytes(b'precious')
     dest = tmp_path / 'dl'
@@ -493,21 +522,22 @@ def test_download_never_writes_through_symlinks_without_force(tmp_path,
         download_refused([LINEAR, '--dest', spelled], capsys,
                          f'--dest {spelled} is a symlink (to {real})')
     assert os.listdir(real) == []
-    assert download_main([LINEAR, '--dest', str(tmp_path / 'link'),
-                          '--force']) == 0
+    assert download_main([LINEAR, '--dest',
+                          str(tmp_path / 'link'), '--force']) == 0
     assert (real / f'{LINEAR}.pth').read_bytes() == shipped_bytes()
 
 
 def test_download_bad_dest_gets_one_line_and_exit_2(tmp_path, capsys,
-                                                   monkeypatch):
+                                                    monkeypatch):
     a_file = tmp_path / 'file'
     a_file.write_text('x')
     download_refused([LINEAR, '--dest', str(a_file)], capsys,
                      f'--dest {a_file} is a file, not a folder')
     assert a_file.read_text() == 'x'
     (tmp_path / 'dangling').symlink_to(tmp_path / 'nowhere')
-    download_refused([LINEAR, '--dest', str(tmp_path / 'dangling'),
-                      '--force'], capsys, 'is a dangling symlink')
+    download_refused([LINEAR, '--dest',
+                      str(tmp_path / 'dangling'), '--force'], capsys,
+                     'is a dangling symlink')
     # The folder the checkpoints come from, with or without --force, by
     # any spelling.
     zoo = tmp_path / 'zoo'
@@ -540,9 +570,14 @@ def test_download_command_line_answers_without_traceback(tmp_path):
     import sys
     a_file = tmp_path / 'file'
     a_file.write_text('x')
-    proc = subprocess.run(
-        [sys.executable, '-m', 'mmae_plugin.download', LINEAR, '--dest',
-         str(a_file)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, '-m', 'mmae_plugin.download', LINEAR, '--dest',
+        str(a_file)
+    ],
+                          cwd=REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 2
     assert 'Traceback' not in proc.stderr
     assert f'python -m mmae_plugin.download: error: --dest {a_file} is a ' \
@@ -566,7 +601,9 @@ def test_download_help_suggests_a_command_that_lists_the_entries(
     assert ' '.join(LIST_COMMAND.split()) in ' '.join(help_text.split())
     code = shlex.split(LIST_COMMAND)[2]
     proc = subprocess.run([sys.executable, '-c', imported_first + code],
-                          capture_output=True, text=True, cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          cwd=repo_root,
                           timeout=300)
     names = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
     assert LINEAR in names and all('fmnist' in n for n in names)

@@ -22,34 +22,43 @@ import pytest
 from mmae_plugin.checkpoint.run_record import read_record
 
 CONFIG = 'configs/fashion_mnist/mmae_fmnist.py'
-SMOKE = ['train_dataloader.dataset.indices=64',
-         'train_dataloader.batch_size=16', 'train_dataloader.num_workers=0',
-         'train_dataloader.persistent_workers=False',
-         'default_hooks.logger.interval=1']
+SMOKE = [
+    'train_dataloader.dataset.indices=64', 'train_dataloader.batch_size=16',
+    'train_dataloader.num_workers=0',
+    'train_dataloader.persistent_workers=False',
+    'default_hooks.logger.interval=1'
+]
 
 
 def node_command(repo_root, port, work_dir, out_dir, max_epochs, resume):
     command = [
         sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2',
-        '--nproc_per_node', '1', '--rdzv_backend', 'c10d',
-        '--rdzv_endpoint', f'127.0.0.1:{port}', '--rdzv_id', 'mmae-2-nodes',
+        '--nproc_per_node', '1', '--rdzv_backend', 'c10d', '--rdzv_endpoint',
+        f'127.0.0.1:{port}', '--rdzv_id', 'mmae-2-nodes',
         os.path.join(repo_root, 'tools', 'train.py'),
-        os.path.join(repo_root, CONFIG), '--launcher', 'pytorch',
-        '--work-dir', str(work_dir)]
+        os.path.join(repo_root, CONFIG), '--launcher', 'pytorch', '--work-dir',
+        str(work_dir)
+    ]
     if resume:
         command.append('--resume')
-    return command + ['--cfg-options', *SMOKE,
-                      f'train_cfg.max_epochs={max_epochs}',
-                      f'default_hooks.checkpoint.out_dir={out_dir}']
+    return command + [
+        '--cfg-options', *SMOKE, f'train_cfg.max_epochs={max_epochs}',
+        f'default_hooks.checkpoint.out_dir={out_dir}'
+    ]
 
 
 def start_nodes(repo_root, env, work_dir, out_dirs, max_epochs, resume=False):
     port = env['MASTER_PORT']
-    return [subprocess.Popen(
-        node_command(repo_root, port, work_dir, out_dir, max_epochs, resume),
-        cwd=repo_root, env=dict(env, OMP_NUM_THREADS='1'),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for out_dir in out_dirs]
+    return [
+        subprocess.Popen(
+            node_command(repo_root, port, work_dir, out_dir, max_epochs,
+                         resume),
+            cwd=repo_root,
+            env=dict(env, OMP_NUM_THREADS='1'),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True) for out_dir in out_dirs
+    ]
 
 
 def descendants(pid):
@@ -82,8 +91,9 @@ def kill_tree(pid):
 
 
 def files_below(folder):
-    return sorted(os.path.relpath(os.path.join(root, name), folder)
-                  for root, _, names in os.walk(folder) for name in names)
+    return sorted(
+        os.path.relpath(os.path.join(root, name), folder)
+        for root, _, names in os.walk(folder) for name in names)
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc (Linux)')
@@ -93,11 +103,11 @@ def test_two_nodes_train_only_rank0_writes_and_a_kill_resumes(
     out_dirs = [tmp_path / 'node0', tmp_path / 'node1']
     # CheckpointHook appends the work dir's name to out_dir; the run
     # record stays in the work dir, naming the checkpoints' absolute paths.
-    nodes = start_nodes(repo_root, cpu_dist_env_factory(), work_dir,
-                        out_dirs, max_epochs=40)
+    nodes = start_nodes(
+        repo_root, cpu_dist_env_factory(), work_dir, out_dirs, max_epochs=40)
     deadline = time.time() + 300
-    while not any(entry.epoch >= 2 for entry in
-                  read_record(str(work_dir)).checkpoints()):
+    while not any(entry.epoch >= 2
+                  for entry in read_record(str(work_dir)).checkpoints()):
         assert time.time() < deadline, 'no checkpoint within 300 s'
         assert all(node.poll() is None for node in nodes), \
             [node.communicate()[0][-3000:] for node in nodes]
@@ -110,8 +120,13 @@ def test_two_nodes_train_only_rank0_writes_and_a_kill_resumes(
     newest = read_record(str(work_dir)).checkpoints()[0].epoch
     assert newest >= 2
 
-    nodes = start_nodes(repo_root, cpu_dist_env_factory(), work_dir,
-                        out_dirs, max_epochs=newest + 1, resume=True)
+    nodes = start_nodes(
+        repo_root,
+        cpu_dist_env_factory(),
+        work_dir,
+        out_dirs,
+        max_epochs=newest + 1,
+        resume=True)
     logs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], \
         [log[-3000:] for log in logs]
@@ -119,8 +134,10 @@ def test_two_nodes_train_only_rank0_writes_and_a_kill_resumes(
                and f'resumed epoch: {newest}' in log for log in logs), \
         [[line for line in log.splitlines() if 'esum' in line]
          for log in logs]
-    written = [folder for folder in checkpoint_folders(out_dirs)
-               if (folder / f'epoch_{newest + 1}.pth').is_file()]
+    written = [
+        folder for folder in checkpoint_folders(out_dirs)
+        if (folder / f'epoch_{newest + 1}.pth').is_file()
+    ]
     assert len(written) == 1  # by the resumed run's rank 0 alone
     assert (work_dir / 'last_checkpoint').read_text() == \
         str(written[0] / f'epoch_{newest + 1}.pth')
@@ -128,5 +145,7 @@ def test_two_nodes_train_only_rank0_writes_and_a_kill_resumes(
 
 def checkpoint_folders(out_dirs):
     """The nodes' checkpoint folders that hold any checkpoint file."""
-    return [out_dir / 'work' for out_dir in out_dirs
-            if any('epoch' in name for name in files_below(out_dir))]
+    return [
+        out_dir / 'work' for out_dir in out_dirs
+        if any('epoch' in name for name in files_below(out_dir))
+    ]

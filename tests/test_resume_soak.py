@@ -17,13 +17,19 @@ LONG = os.environ.get('MMAE_TEST_LONG') == '1'
 
 
 @pytest.mark.parametrize('cycles,seed', [(200, 0)] if LONG else [(16, 3)])
-def test_random_kills_and_damage_never_break_the_invariants(tmp_path,
-                                                            cycles, seed):
+def test_random_kills_and_damage_never_break_the_invariants(
+        tmp_path, cycles, seed):
     out = tmp_path / 'soak.json'
-    proc = subprocess.run(
-        [sys.executable, osp.join(HERE, 'resume_soak_driver.py'), str(out),
-         '--cycles', str(cycles), '--seed', str(seed)],
-        capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(HERE, 'resume_soak_driver.py'),
+        str(out), '--cycles',
+        str(cycles), '--seed',
+        str(seed)
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary['cycles'] == cycles

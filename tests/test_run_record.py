@@ -13,15 +13,15 @@ import shutil
 
 import pytest
 import torch
+from checkpoint_fault_tools import ToyModel, make_toy_runner
+from mmengine.hooks import Hook
 
 import mmae_plugin.registration  # noqa: F401
-from checkpoint_fault_tools import ToyModel, make_toy_runner
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
 from mmae_plugin.checkpoint.run_record import RECORD_NAME, read_record
 from mmae_plugin.engine.runners import (ForeignCheckpointError,
                                         LaunchChangedError, MMAERunner)
-from mmengine.hooks import Hook
 
 
 class RecordStart(Hook):
@@ -37,8 +37,13 @@ class OtherToyModel(ToyModel):
     """Another model config (another class) with the same parameters."""
 
 
-def run(work_dir, max_epochs, by_epoch=True, interval=1, max_keep_ckpts=-1,
-        model=None, **kwargs):
+def run(work_dir,
+        max_epochs,
+        by_epoch=True,
+        interval=1,
+        max_keep_ckpts=-1,
+        model=None,
+        **kwargs):
     """The plugin's runner on 4 samples (2 iterations per epoch).
 
     Returns:
@@ -46,11 +51,18 @@ def run(work_dir, max_epochs, by_epoch=True, interval=1, max_keep_ckpts=-1,
     """
     start = RecordStart()
     runner = make_toy_runner(
-        work_dir, max_epochs, runner_class=MMAERunner, dataset_length=4,
-        default_hooks=dict(checkpoint=dict(
-            type='SafeCheckpointHook', by_epoch=by_epoch, interval=interval,
-            max_keep_ckpts=max_keep_ckpts)),
-        custom_hooks=[start], **kwargs)
+        work_dir,
+        max_epochs,
+        runner_class=MMAERunner,
+        dataset_length=4,
+        default_hooks=dict(
+            checkpoint=dict(
+                type='SafeCheckpointHook',
+                by_epoch=by_epoch,
+                interval=interval,
+                max_keep_ckpts=max_keep_ckpts)),
+        custom_hooks=[start],
+        **kwargs)
     if model is not None:
         runner.model = model
     runner.train()
@@ -58,14 +70,17 @@ def run(work_dir, max_epochs, by_epoch=True, interval=1, max_keep_ckpts=-1,
 
 
 def logs(work_dir):
-    return ''.join(open(osp.join(root, name)).read()
-                   for root, _, names in os.walk(work_dir)
-                   for name in sorted(names) if name.endswith('.log'))
+    return ''.join(
+        open(osp.join(root, name)).read()
+        for root, _, names in os.walk(work_dir) for name in sorted(names)
+        if name.endswith('.log'))
 
 
 def entries(work_dir):
-    return {p: (e.epoch, e.iter)
-            for p, e in read_record(str(work_dir)).entries.items()}
+    return {
+        p: (e.epoch, e.iter)
+        for p, e in read_record(str(work_dir)).entries.items()
+    }
 
 
 @pytest.fixture(scope='module')
@@ -77,11 +92,18 @@ def iter_then_epoch(tmp_path_factory):
     run(work_dir, 2, by_epoch=False, interval=3)
     assert entries(work_dir) == {'iter_3.pth': (1, 3), 'iter_4.pth': (1, 4)}
     early = tmp_path_factory.mktemp('iter_then_epoch_early') / 'work'
-    start = run(work_dir, 2, max_keep_ckpts=2, resume=True,
-                load_from=str(work_dir / 'iter_3.pth'))
+    start = run(
+        work_dir,
+        2,
+        max_keep_ckpts=2,
+        resume=True,
+        load_from=str(work_dir / 'iter_3.pth'))
     assert (start.epoch, start.iter) == (1, 3)
     shutil.copytree(work_dir, early)
-    run(work_dir, 3, max_keep_ckpts=2, resume=True,
+    run(work_dir,
+        3,
+        max_keep_ckpts=2,
+        resume=True,
         load_from=str(work_dir / 'iter_3.pth'))
     return early, work_dir
 
@@ -126,9 +148,19 @@ def foreign_checkpoints(folder):
     other = folder / 'other_run'
     run(other, 3, model=OtherToyModel())
     state = ToyModel().state_dict()
-    return {'epoch_9.pth': other / 'epoch_3.pth', 'epoch_5.pth': state,
-            'epoch_6.pth': {'state_dict': state},
-            'epoch_7.pth': {'state_dict': state, 'meta': {'classes': [1]}}}
+    return {
+        'epoch_9.pth': other / 'epoch_3.pth',
+        'epoch_5.pth': state,
+        'epoch_6.pth': {
+            'state_dict': state
+        },
+        'epoch_7.pth': {
+            'state_dict': state,
+            'meta': {
+                'classes': [1]
+            }
+        }
+    }
 
 
 def test_3_files_named_like_the_runs_are_never_resumed(two_epochs,
@@ -146,11 +178,12 @@ def test_3_files_named_like_the_runs_are_never_resumed(two_epochs,
     assert 'auto-resume passed over' not in logs(two_epochs)
 
 
-@pytest.mark.parametrize('name,fragment', [
-    ('epoch_9.pth', r"model config digest \w+ is not this config's"),
-    ('epoch_5.pth', 'does not say its epoch and iter'),
-    ('epoch_6.pth', 'does not say its epoch and iter'),
-    ('epoch_7.pth', 'does not say its epoch and iter')])
+@pytest.mark.parametrize(
+    'name,fragment',
+    [('epoch_9.pth', r"model config digest \w+ is not this config's"),
+     ('epoch_5.pth', 'does not say its epoch and iter'),
+     ('epoch_6.pth', 'does not say its epoch and iter'),
+     ('epoch_7.pth', 'does not say its epoch and iter')])
 def test_3_explicit_resume_of_a_foreign_file_is_refused_by_name(
         tmp_path, name, fragment):
     what = foreign_checkpoints(tmp_path)[name]
@@ -160,16 +193,21 @@ def test_3_explicit_resume_of_a_foreign_file_is_refused_by_name(
     else:
         shutil.copy(what, path)
     work_dir = tmp_path / 'work'
-    with pytest.raises(ForeignCheckpointError,
-                       match=rf'cannot resume {path}: .*{fragment}'):
+    with pytest.raises(
+            ForeignCheckpointError,
+            match=rf'cannot resume {path}: .*{fragment}'):
         run(work_dir, 4, resume=True, load_from=str(path))
     assert f'cannot resume {path}' in logs(work_dir)
 
 
 def test_3_another_config_is_resumed_when_the_user_says_so(tmp_path):
     other = foreign_checkpoints(tmp_path)['epoch_9.pth']
-    start = run(tmp_path / 'work', 4, resume=True, load_from=str(other),
-                cfg=dict(resume_other_run=True))
+    start = run(
+        tmp_path / 'work',
+        4,
+        resume=True,
+        load_from=str(other),
+        cfg=dict(resume_other_run=True))
     assert (start.epoch, start.iter) == (3, 6)
     assert 'resume_other_run=True' in logs(tmp_path / 'work')
 
@@ -177,15 +215,15 @@ def test_3_another_config_is_resumed_when_the_user_says_so(tmp_path):
 def test_3_another_runs_checkpoint_is_refused(two_epochs, tmp_path_factory):
     other = tmp_path_factory.mktemp('other')
     run(other, 3)
-    with pytest.raises(ForeignCheckpointError,
-                       match=r'it was written by run \w+, not by the run '
-                       r'\w+ of this work folder'):
+    with pytest.raises(
+            ForeignCheckpointError,
+            match=r'it was written by run \w+, not by the run '
+            r'\w+ of this work folder'):
         run(two_epochs, 4, resume=True, load_from=str(other / 'epoch_3.pth'))
 
 
 @pytest.mark.parametrize('damage', ['zero_first_4k', 'not_zip'])
-def test_4_a_damaged_newest_file_falls_back_with_its_cost(two_epochs,
-                                                          damage):
+def test_4_a_damaged_newest_file_falls_back_with_its_cost(two_epochs, damage):
     path = two_epochs / 'epoch_2.pth'
     if damage == 'zero_first_4k':
         with open(path, 'r+b') as file:
@@ -204,12 +242,11 @@ def test_4_a_non_zip_file_outside_the_record_is_refused(two_epochs):
     outside.mkdir()
     (outside / 'epoch_2.pth').write_bytes(b'\0' * 4096 + b'rest')
     with pytest.raises(CorruptCheckpointError, match='not a zip archive'):
-        run(two_epochs, 3, resume=True,
-            load_from=str(outside / 'epoch_2.pth'))
+        run(two_epochs, 3, resume=True, load_from=str(outside / 'epoch_2.pth'))
 
 
-@pytest.mark.parametrize('text', ['\0' * 45, 'junk://x',
-                                  'http://example.invalid/epoch_9.pth'])
+@pytest.mark.parametrize(
+    'text', ['\0' * 45, 'junk://x', 'http://example.invalid/epoch_9.pth'])
 def test_5_last_checkpoint_never_sends_the_search_elsewhere(
         two_epochs, tmp_path_factory, monkeypatch, text):
     elsewhere = tmp_path_factory.mktemp('cwd')
@@ -235,27 +272,29 @@ def damage_record(work_dir, how):
         record.write_text(''.join(lines))
 
 
-@pytest.mark.parametrize('how', ['truncated_last_line', 'garbage_line',
-                                 'nul_bytes'])
+@pytest.mark.parametrize('how',
+                         ['truncated_last_line', 'garbage_line', 'nul_bytes'])
 def test_5_a_damaged_record_costs_only_its_damaged_entries(two_epochs, how):
     damage_record(two_epochs, how)
     record = read_record(str(two_epochs))
-    assert len(record.damaged) == 1 and sorted(record.entries) == [
-        'epoch_1.pth']
+    assert len(record.damaged) == 1 and sorted(
+        record.entries) == ['epoch_1.pth']
     start = run(two_epochs, 3, resume=True)
     assert (start.epoch, start.iter) == (1, 2)
     assert f'1 damaged line(s) of {two_epochs / RECORD_NAME}' in \
         logs(two_epochs)
     # Later lines are whole again: the damage stays in its own line.
     assert sorted(read_record(str(two_epochs)).entries) == [
-        'epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth']
+        'epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth'
+    ]
 
 
 def test_5_a_record_all_nul_is_an_error_not_a_search(two_epochs):
     record = two_epochs / RECORD_NAME
     record.write_bytes(b'\0' * record.stat().st_size)
-    with pytest.raises(CorruptCheckpointError,
-                       match=r'no intact checkpoint recorded.*damaged'):
+    with pytest.raises(
+            CorruptCheckpointError,
+            match=r'no intact checkpoint recorded.*damaged'):
         run(two_epochs, 3, resume=True)
 
 
@@ -275,21 +314,27 @@ def without_launch(two_epochs, target, launch='delete'):
 def test_6_no_launch_record_is_refused_unless_accepted(two_epochs):
     path = without_launch(two_epochs, two_epochs / 'copy')
     work_dir = two_epochs / 'continued'
-    with pytest.raises(LaunchChangedError,
-                       match=r'has no launch record.*cannot be checked.*'
-                       "resume_launch_change=accept"):
+    with pytest.raises(
+            LaunchChangedError,
+            match=r'has no launch record.*cannot be checked.*'
+            'resume_launch_change=accept'):
         run(work_dir, 3, resume=True, load_from=path, batch_size=1)
     assert 'has no launch record' in logs(work_dir)
-    start = run(work_dir, 3, resume=True, load_from=path,
-                cfg=dict(resume_launch_change='accept'))
+    start = run(
+        work_dir,
+        3,
+        resume=True,
+        load_from=path,
+        cfg=dict(resume_launch_change='accept'))
     assert (start.epoch, start.iter) == (2, 4)
 
 
-@pytest.mark.parametrize('launch,fragment', [
-    (dict(world_size=1, per_gpu_batch=2, iters_per_epoch=0, sharding=None),
-     'iters_per_epoch is 0, not a positive integer'),
-    ('8 GPUs', "it is str '8 GPUs', not a dict"),
-    (dict(world_size=1), 'iters_per_epoch is None')])
+@pytest.mark.parametrize(
+    'launch,fragment',
+    [(dict(world_size=1, per_gpu_batch=2, iters_per_epoch=0,
+           sharding=None), 'iters_per_epoch is 0, not a positive integer'),
+     ('8 GPUs', "it is str '8 GPUs', not a dict"),
+     (dict(world_size=1), 'iters_per_epoch is None')])
 def test_6_malformed_launch_records_are_one_clear_line(two_epochs, launch,
                                                        fragment):
     path = without_launch(two_epochs, two_epochs / 'copy', launch)
@@ -311,13 +356,17 @@ def two_processes(work_dir, env, *args):
     """``launch_change_driver.py`` on 2 gloo processes; its output."""
     import subprocess
     import sys
-    proc = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
-         '2', '--master_port', env['MASTER_PORT'],
-         osp.join(osp.dirname(osp.abspath(__file__)),
-                  'launch_change_driver.py'), str(work_dir), *args],
-        env=dict(env, OMP_NUM_THREADS='1'), capture_output=True, text=True,
-        timeout=300)
+    proc = subprocess.run([
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_port', env['MASTER_PORT'],
+        osp.join(
+            osp.dirname(osp.abspath(__file__)), 'launch_change_driver.py'),
+        str(work_dir), *args
+    ],
+                          env=dict(env, OMP_NUM_THREADS='1'),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -335,16 +384,21 @@ def test_two_processes_fall_back_alike_and_rank0_alone_records(
     assert 'rank 0 starts at iteration 4' in out
     assert 'rank 1 starts at iteration 4' in out
     assert f'auto-resume passed over {tmp_path}/epoch_2.pth' in logs(tmp_path)
-    events = [json.loads(line) for line in
-              (tmp_path / RECORD_NAME).read_text().splitlines()]
+    events = [
+        json.loads(line)
+        for line in (tmp_path / RECORD_NAME).read_text().splitlines()
+    ]
     assert [(e['event'], e.get('path'), e.get('resumed_iter'))
-            for e in events] == [
-        ('start', None, None), ('saved', 'epoch_1.pth', None),
-        ('saved', 'epoch_2.pth', None), ('start', None, 4),
-        ('saved', 'epoch_2.pth', None), ('saved', 'epoch_3.pth', None)]
+            for e in events] == [('start', None, None),
+                                 ('saved', 'epoch_1.pth', None),
+                                 ('saved', 'epoch_2.pth', None),
+                                 ('start', None, 4),
+                                 ('saved', 'epoch_2.pth', None),
+                                 ('saved', 'epoch_3.pth', None)]
     assert len({e['run_id'] for e in events}) == 1
     assert all(e['launch']['world_size'] == 2 for e in events)
     for entry in read_record(str(tmp_path)).checkpoints():
         assert entry.problem() is None
-        assert torch.load(entry.location, weights_only=True)['meta'][
-            'run_id'] == events[0]['run_id']
+        assert torch.load(
+            entry.location,
+            weights_only=True)['meta']['run_id'] == events[0]['run_id']

@@ -9,9 +9,9 @@ import zipfile
 import pytest
 import torch
 from mmengine.config import Config
-from torch.torch_version import TorchVersion
 from mmengine.registry import FUNCTIONS
 from mmpretrain.registry import MODELS
+from torch.torch_version import TorchVersion
 
 import mmae_plugin  # noqa: F401
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
@@ -23,10 +23,12 @@ FSDP_CONFIG = 'configs/mmae_vit-large_200e_fsdp.py'
 
 
 def flatten(prefix, value):
-    """``--cfg-options`` items that rebuild the dict ``value`` at ``prefix``."""
+    """``--cfg-options`` items rebuilding the dict ``value`` at ``prefix``."""
     if isinstance(value, dict):
-        return [item for key, sub in value.items()
-                for item in flatten(f'{prefix}.{key}', sub)]
+        return [
+            item for key, sub in value.items()
+            for item in flatten(f'{prefix}.{key}', sub)
+        ]
     return [f'{prefix}={value}']
 
 
@@ -45,7 +47,8 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     # holding at least min_num_params parameters that are not yet wrapped.
     wrapped = [
         name for name, module in model.named_modules() if name and policy(
-            module, recurse=False,
+            module,
+            recurse=False,
             nonwrapped_numel=sum(p.numel() for p in module.parameters()),
             **policy_cfg)
     ]
@@ -54,7 +57,11 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     ]
 
 
-def fsdp_train(repo_root, work_dir, env, max_epochs, *extra,
+def fsdp_train(repo_root,
+               work_dir,
+               env,
+               max_epochs,
+               *extra,
                state_dict_cfg='local'):
     """``dist_train.sh`` of the fmnist M-MAE config under the FSDP strategy.
 
@@ -68,7 +75,8 @@ def fsdp_train(repo_root, work_dir, env, max_epochs, *extra,
         strategy.state_dict_cfg = state_dict_cfg
     args = [
         'bash', 'tools/dist_train.sh', 'configs/fashion_mnist/mmae_fmnist.py',
-        '2', '--work-dir', str(work_dir), *extra, '--cfg-options',
+        '2', '--work-dir',
+        str(work_dir), *extra, '--cfg-options',
         'runner_type=MMAEFlexibleRunner',
         *flatten('strategy', strategy.to_dict()),
         'train_dataloader.dataset.indices=64',
@@ -76,8 +84,13 @@ def fsdp_train(repo_root, work_dir, env, max_epochs, *extra,
         'train_dataloader.persistent_workers=False',
         f'train_cfg.max_epochs={max_epochs}', 'default_hooks.logger.interval=1'
     ]
-    proc = subprocess.run(args, cwd=repo_root, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        args,
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return log
@@ -86,8 +99,10 @@ def fsdp_train(repo_root, work_dir, env, max_epochs, *extra,
 def file_tensor_records(path):
     """One checkpoint file's raw tensor storages, by their record name."""
     with zipfile.ZipFile(path) as archive:
-        return {entry.split('/', 1)[1]: archive.read(entry)
-                for entry in archive.namelist() if '/data/' in entry}
+        return {
+            entry.split('/', 1)[1]: archive.read(entry)
+            for entry in archive.namelist() if '/data/' in entry
+        }
 
 
 def tensor_records(path):
@@ -97,8 +112,10 @@ def tensor_records(path):
     the storages (parameters, optimizer moments and steps) are compared as
     saved; the same run structure numbers them identically.
     """
-    return {name: file_tensor_records(os.path.join(path, name))
-            for name in sorted(os.listdir(path)) if name.endswith('.pth')}
+    return {
+        name: file_tensor_records(os.path.join(path, name))
+        for name in sorted(os.listdir(path)) if name.endswith('.pth')
+    }
 
 
 @pytest.mark.skipif(
@@ -114,20 +131,20 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     # FSDP's local state dict: one file of ShardedTensors per rank; the
     # run record holds the folder's layout, size and digest (rank 0 wrote
     # it, once per save).
-    assert sorted(os.listdir(straight / 'epoch_1.pth')) == [
-        'rank0.pth', 'rank1.pth']
+    assert sorted(os.listdir(straight /
+                             'epoch_1.pth')) == ['rank0.pth', 'rank1.pth']
     entry = read_record(str(straight)).entries['epoch_1.pth']
     assert entry.layout == dict(ranks=2, sharding='LOCAL_STATE_DICT')
     assert entry.launch['world_size'] == 2 and entry.problem() is None
-    assert (entry.size, entry.sha256, 2) == fingerprint(
-        str(straight / 'epoch_1.pth'))
+    assert (entry.size, entry.sha256,
+            2) == fingerprint(str(straight / 'epoch_1.pth'))
     lines = (straight / RECORD_NAME).read_text().splitlines()
-    assert [json.loads(line)['event'] for line in lines] == [
-        'start', 'saved', 'saved']
+    assert [json.loads(line)['event']
+            for line in lines] == ['start', 'saved', 'saved']
     for shard in ('rank0.pth', 'rank1.pth'):
         with zipfile.ZipFile(straight / 'epoch_1.pth' / shard) as archive:
-            pickled = archive.read(next(
-                n for n in archive.namelist() if n.endswith('data.pkl')))
+            pickled = archive.read(
+                next(n for n in archive.namelist() if n.endswith('data.pkl')))
         assert b'ShardedTensor' in pickled
         # Each rank writes its own file's meta: one run id, rank 0's.
         assert entry.run_id.encode() in pickled
@@ -136,8 +153,7 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     # folder; weights_only) and finish epoch 2.
     shutil.copytree(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
     copy_record_until(straight, resumed, 'epoch_1.pth')
-    log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2,
-                     '--resume')
+    log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2, '--resume')
     assert f'Auto-resuming from {resumed}/epoch_1.pth' in log
     assert 'resumed epoch: 1, iter: 2' in log
     expected = tensor_records(straight / 'epoch_2.pth')
@@ -151,8 +167,8 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     # A damaged rank file makes the whole folder unusable, by name.
     with open(resumed / 'epoch_2.pth' / 'rank1.pth', 'r+b') as shard:
         shard.truncate(1000)
-    assert 'not the' in read_record(str(resumed)).entries[
-        'epoch_2.pth'].problem()
+    assert 'not the' in read_record(
+        str(resumed)).entries['epoch_2.pth'].problem()
     assert 'rank1.pth' in checkpoint_problem(str(resumed / 'epoch_2.pth'))
     assert choose_resume_checkpoint(str(resumed)).path == \
         str(resumed / 'epoch_1.pth')
@@ -175,11 +191,16 @@ def run_full_optim_state_probe(repo_root, env, *args):
         ``exp_avg`` equals ``exp_avg_sq``) and ``matches_reference`` (each
         gathered moment against an unwrapped model's AdamW).
     """
-    proc = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
-         '2', '--master_port', env['MASTER_PORT'],
-         'tests/fsdp_full_optim_state_probe.py', *args],
-        cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_port', env['MASTER_PORT'],
+        'tests/fsdp_full_optim_state_probe.py', *args
+    ],
+                          cwd=repo_root,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(report) == ['0.bias', '0.weight', '1.bias', '1.weight']
@@ -188,18 +209,21 @@ def run_full_optim_state_probe(repo_root, env, *args):
 
 def moments_are_right(report):
     """Whether every parameter's gathered Adam moments are the reference's."""
-    return all(not entry['moments_equal']
-               and all(entry['matches_reference'].values())
-               for entry in report.values())
+    return all(
+        not entry['moments_equal'] and all(entry['matches_reference'].values())
+        for entry in report.values())
 
 
-@pytest.mark.xfail(strict=True, reason=(
+TORCH_FSDP_STATE_BUG = (
     'torch (2.14.1, CPU/gloo): FSDP(use_orig_params=True).optim_state_dict '
     'with offload_to_cpu all-gathers every state into one buffer and keeps '
     'views of it (.cpu() copies nothing on the CPU): exp_avg comes out as '
     'a copy of exp_avg_sq. Worked around by MMAEFSDPStrategy '
     '(engine/strategies/fsdp_optim_state_copy.py, test below); when this '
-    'passes, torch is fixed and that module can go.'))
+    'passes, torch is fixed and that module can go.')
+
+
+@pytest.mark.xfail(strict=True, reason=TORCH_FSDP_STATE_BUG)
 def test_torch_full_optimizer_state_dict_keeps_adam_moments(
         repo_root, cpu_dist_env):
     report = run_full_optim_state_probe(repo_root, cpu_dist_env)
@@ -232,8 +256,8 @@ def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
         repo_root, tmp_path, cpu_dist_env_factory):
     """``state_dict_cfg='full'``: one checkpoint written by rank 0."""
     straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-    fsdp_train(repo_root, straight, cpu_dist_env_factory(), 2,
-               state_dict_cfg='full')
+    fsdp_train(
+        repo_root, straight, cpu_dist_env_factory(), 2, state_dict_cfg='full')
     assert (straight / 'epoch_1.pth').is_file()
     pairs = adam_moments(straight / 'epoch_1.pth')
     # Without MMAEFSDPStrategy's gathered_states_copied every pair is equal.
@@ -243,8 +267,13 @@ def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
     os.makedirs(resumed)
     shutil.copy(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
     copy_record_until(straight, resumed, 'epoch_1.pth')
-    log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2,
-                     '--resume', state_dict_cfg='full')
+    log = fsdp_train(
+        repo_root,
+        resumed,
+        cpu_dist_env_factory(),
+        2,
+        '--resume',
+        state_dict_cfg='full')
     assert f'Auto-resuming from {resumed}/epoch_1.pth' in log
     assert 'resumed epoch: 1, iter: 2' in log
     expected = file_tensor_records(straight / 'epoch_2.pth')

@@ -85,8 +85,10 @@ DATASHEET_PEAK_TFLOPS = (('H200', 989.4), ('H100 PCIe', 756.0),
 #: The issue's estimate for ViT-B/16, mask 0.75, 8 x 512 decoder.
 VIT_B_REFERENCE_GFLOP = 56.0
 #: Goals of the GPU work (issue 15), checked on CUDA results.
-GOALS = dict(mmae_over_mae_step_ratio_max=1.02, regulariser_ms_max=1.0,
-             mae_images_per_s_min=2500.0)
+GOALS = dict(
+    mmae_over_mae_step_ratio_max=1.02,
+    regulariser_ms_max=1.0,
+    mae_images_per_s_min=2500.0)
 #: Every image this many is written as PNG, the others as JPEG.
 PNG_EVERY = 8
 
@@ -106,70 +108,122 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         description=__doc__.split('\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--device', default='cuda', choices=['cuda', 'cpu'])
-    parser.add_argument('--dtypes', nargs='+', default=None,
-                        choices=CUDA_DTYPES,
-                        help='AMP dtypes on cuda (default bfloat16 float16; '
-                        'float32 = no AMP); the CPU runs float32 only')
-    parser.add_argument('--cases', nargs='+', default=list(CONFIGS),
-                        choices=list(CONFIGS))
-    parser.add_argument('--batch', type=int, default=None,
-                        help="per-GPU batch (default: the configs' 128 on "
-                        'cuda, 2 on cpu)')
-    parser.add_argument('--global-batch', type=int, default=None,
-                        help='rows the M-MAE regulariser sees per step '
-                        '(default 1024, the recipe\'s 8 x 128, on cuda; '
-                        '4 x batch on cpu); ranks that are not there are '
-                        'stood in for by fixed rows; 0: only the rows of '
-                        'the ranks present')
-    parser.add_argument('--nproc', type=int, default=None,
-                        help='processes per case (default: the visible '
-                        'GPUs on cuda, 1 on cpu); > 1 runs each case under '
-                        'torch.distributed.run (NCCL, or gloo on cpu)')
-    parser.add_argument('--rounds', type=int, default=3,
-                        help='alternating rounds of --iters steps per case '
-                        '(default 3)')
-    parser.add_argument('--iters', type=int, default=None,
-                        help='timed steps per case and round (default 100 '
-                        'cuda, 2 cpu)')
-    parser.add_argument('--warmup', type=int, default=None,
-                        help='untimed steps per case first (default 10 '
-                        'cuda, 1 cpu)')
-    parser.add_argument('--loader-iters', type=int, default=None,
-                        help='timed dataloader-fed steps (default 20 cuda, '
-                        '2 cpu; 0 skips them)')
-    parser.add_argument('--num-workers', type=int, default=None,
-                        help="dataloader workers (default: the recipe's 8 "
-                        'on cuda, 0 on cpu)')
-    parser.add_argument('--folder', default=None,
-                        help='an existing folder of images (DIR/train/...) '
-                        'instead of a synthetic one')
-    parser.add_argument('--folder-images', type=int, default=None,
-                        help='images of the synthetic folder (default 1024 '
-                        'cuda, 8 cpu)')
-    parser.add_argument('--write-folder', default=None, metavar='DIR',
-                        help='only write a synthetic folder DIR/train/... '
-                        'of --folder-images images, and exit')
-    parser.add_argument('--image-size', type=int, default=224,
-                        help='training crop (RandomResizedCrop scale) and '
-                        'synthetic-batch side')
-    parser.add_argument('--reg-reps', type=int, default=None,
-                        help='timed regulariser calls (default 100 cuda, 3 '
-                        'cpu)')
-    parser.add_argument('--peak-tflops', type=float, default=None,
-                        help='dense peak for the MFU (default: the '
-                        "datasheet's for the GPU's name)")
-    parser.add_argument('--case-timeout', type=float, default=300,
-                        help="seconds per dtype's process (both cases) "
-                        'before it is killed')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction, default={},
+        '--dtypes',
+        nargs='+',
+        default=None,
+        choices=CUDA_DTYPES,
+        help='AMP dtypes on cuda (default bfloat16 float16; '
+        'float32 = no AMP); the CPU runs float32 only')
+    parser.add_argument(
+        '--cases', nargs='+', default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument(
+        '--batch',
+        type=int,
+        default=None,
+        help="per-GPU batch (default: the configs' 128 on "
+        'cuda, 2 on cpu)')
+    parser.add_argument(
+        '--global-batch',
+        type=int,
+        default=None,
+        help='rows the M-MAE regulariser sees per step '
+        '(default 1024, the recipe\'s 8 x 128, on cuda; '
+        '4 x batch on cpu); ranks that are not there are '
+        'stood in for by fixed rows; 0: only the rows of '
+        'the ranks present')
+    parser.add_argument(
+        '--nproc',
+        type=int,
+        default=None,
+        help='processes per case (default: the visible '
+        'GPUs on cuda, 1 on cpu); > 1 runs each case under '
+        'torch.distributed.run (NCCL, or gloo on cpu)')
+    parser.add_argument(
+        '--rounds',
+        type=int,
+        default=3,
+        help='alternating rounds of --iters steps per case '
+        '(default 3)')
+    parser.add_argument(
+        '--iters',
+        type=int,
+        default=None,
+        help='timed steps per case and round (default 100 '
+        'cuda, 2 cpu)')
+    parser.add_argument(
+        '--warmup',
+        type=int,
+        default=None,
+        help='untimed steps per case first (default 10 '
+        'cuda, 1 cpu)')
+    parser.add_argument(
+        '--loader-iters',
+        type=int,
+        default=None,
+        help='timed dataloader-fed steps (default 20 cuda, '
+        '2 cpu; 0 skips them)')
+    parser.add_argument(
+        '--num-workers',
+        type=int,
+        default=None,
+        help="dataloader workers (default: the recipe's 8 "
+        'on cuda, 0 on cpu)')
+    parser.add_argument(
+        '--folder',
+        default=None,
+        help='an existing folder of images (DIR/train/...) '
+        'instead of a synthetic one')
+    parser.add_argument(
+        '--folder-images',
+        type=int,
+        default=None,
+        help='images of the synthetic folder (default 1024 '
+        'cuda, 8 cpu)')
+    parser.add_argument(
+        '--write-folder',
+        default=None,
+        metavar='DIR',
+        help='only write a synthetic folder DIR/train/... '
+        'of --folder-images images, and exit')
+    parser.add_argument(
+        '--image-size',
+        type=int,
+        default=224,
+        help='training crop (RandomResizedCrop scale) and '
+        'synthetic-batch side')
+    parser.add_argument(
+        '--reg-reps',
+        type=int,
+        default=None,
+        help='timed regulariser calls (default 100 cuda, 3 '
+        'cpu)')
+    parser.add_argument(
+        '--peak-tflops',
+        type=float,
+        default=None,
+        help='dense peak for the MFU (default: the '
+        "datasheet's for the GPU's name)")
+    parser.add_argument(
+        '--case-timeout',
+        type=float,
+        default=300,
+        help="seconds per dtype's process (both cases) "
+        'before it is killed')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        default={},
         help='overrides of both ViT-B configs (the smoke test shrinks the '
         'model with them)')
-    parser.add_argument('--out', default=None,
-                        help='JSON output (default work_dirs/bench_gpu_'
-                        '<device>.json)')
-    parser.add_argument('--markdown', default=None,
-                        help='also write a Markdown summary here')
+    parser.add_argument(
+        '--out',
+        default=None,
+        help='JSON output (default work_dirs/bench_gpu_'
+        '<device>.json)')
+    parser.add_argument(
+        '--markdown', default=None, help='also write a Markdown summary here')
     parser.add_argument('--worker', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker or args.write_folder:
@@ -182,11 +236,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if not cuda and args.dtypes not in (None, ['float32']):
         parser.error(f'--dtypes {" ".join(args.dtypes)}: the CPU run has no '
                      'AMP; use --dtypes float32 or leave it out')
-    args.dtypes = args.dtypes or (['bfloat16', 'float16'] if cuda
-                                  else ['float32'])
+    args.dtypes = args.dtypes or (['bfloat16', 'float16']
+                                  if cuda else ['float32'])
     args.batch = args.batch or (128 if cuda else 2)
-    args.nproc = args.nproc or (max(1, torch.cuda.device_count()) if cuda
-                                else 1)
+    args.nproc = args.nproc or (max(1, torch.cuda.device_count())
+                                if cuda else 1)
     if args.global_batch is None:
         args.global_batch = max(1024, args.nproc * args.batch) if cuda \
             else 4 * args.batch * args.nproc
@@ -198,9 +252,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             f'{args.nproc * args.batch}')
     if args.rounds < 1:
         parser.error(f'--rounds {args.rounds}: at least 1')
-    defaults = dict(iters=(100, 2), warmup=(10, 1), loader_iters=(20, 2),
-                    num_workers=(None, 0), folder_images=(1024, 8),
-                    reg_reps=(100, 3))
+    defaults = dict(
+        iters=(100, 2),
+        warmup=(10, 1),
+        loader_iters=(20, 2),
+        num_workers=(None, 0),
+        folder_images=(1024, 8),
+        reg_reps=(100, 3))
     for key, (on_cuda, on_cpu) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, on_cuda if cuda else on_cpu)
@@ -265,9 +323,14 @@ def write_image_folder(root: str, count: int, min_side: int,
     else:
         sizes = [_write_image(job) for job in jobs]
     pngs = sum(job[0].endswith('.png') for job in jobs)
-    return dict(root=root, images=count, jpeg=count - pngs, png=pngs,
-                sides=[min_side, max_side], megabytes=sum(sizes) / 2**20,
-                write_s=time.perf_counter() - start)
+    return dict(
+        root=root,
+        images=count,
+        jpeg=count - pngs,
+        png=pngs,
+        sides=[min_side, max_side],
+        megabytes=sum(sizes) / 2**20,
+        write_s=time.perf_counter() - start)
 
 
 # ------------------------------------------------------------ config parts
@@ -303,10 +366,14 @@ def dataloader_config(cfg, folder: str, batch: int, num_workers: Optional[int],
     for step in pipeline:
         if step['type'] == 'RandomResizedCrop':
             step['scale'] = image_size
-    dataset = dict(type='CustomDataset', data_root=folder,
-                   data_prefix='train', with_label=False, pipeline=pipeline)
-    count = sum(len(files) for _, _, files in os.walk(osp.join(folder,
-                                                               'train')))
+    dataset = dict(
+        type='CustomDataset',
+        data_root=folder,
+        data_prefix='train',
+        with_label=False,
+        pipeline=pipeline)
+    count = sum(
+        len(files) for _, _, files in os.walk(osp.join(folder, 'train')))
     times = max(1, math.ceil(min_images / max(1, count)))
     if times > 1:
         dataset = dict(type='RepeatDataset', times=times, dataset=dataset)
@@ -343,12 +410,13 @@ def measure_loader(loader_cfg: dict, batches: int) -> Dict:
     for _ in range(batches):
         images += len(next(iterator)['inputs'])
     seconds = time.perf_counter() - start
-    return dict(images_per_s=images / seconds, batches=batches,
-                batch_size=loader_cfg['batch_size'],
-                num_workers=loader_cfg.get('num_workers', 0),
-                first_batch_s=first,
-                pipeline=[s['type'] for s in
-                          _pipeline_of(loader_cfg['dataset'])])
+    return dict(
+        images_per_s=images / seconds,
+        batches=batches,
+        batch_size=loader_cfg['batch_size'],
+        num_workers=loader_cfg.get('num_workers', 0),
+        first_batch_s=first,
+        pipeline=[s['type'] for s in _pipeline_of(loader_cfg['dataset'])])
 
 
 def _pipeline_of(dataset_cfg: dict) -> List[dict]:
@@ -400,23 +468,24 @@ def analytic_flops_per_image(model) -> Dict[str, float]:
 
     def linear(module, tokens: int) -> float:
         return sum(2.0 * tokens * m.in_features * m.out_features
-                   for m in module.modules()
-                   if isinstance(m, torch.nn.Linear))
+                   for m in module.modules() if isinstance(m, torch.nn.Linear))
 
     def attention(blocks, tokens: int) -> float:
-        return sum(4.0 * tokens**2 * block.attn.embed_dims
-                   for block in blocks)
+        return sum(4.0 * tokens**2 * block.attn.embed_dims for block in blocks)
 
     conv = backbone.patch_embed.projection
     patch_embed = 2.0 * patches * conv.weight[0].numel() * conv.out_channels
-    forward = (patch_embed + linear(backbone.layers, enc_tokens) +
-               attention(backbone.layers, enc_tokens) +
-               linear(neck.decoder_embed, enc_tokens) +
-               linear(neck.decoder_blocks, dec_tokens) +
-               attention(neck.decoder_blocks, dec_tokens) +
-               linear(neck.decoder_pred, dec_tokens))
-    return dict(forward=forward, patch_embed=patch_embed,
-                forward_backward=3 * forward - patch_embed)
+    forward = (
+        patch_embed + linear(backbone.layers, enc_tokens) +
+        attention(backbone.layers, enc_tokens) +
+        linear(neck.decoder_embed, enc_tokens) +
+        linear(neck.decoder_blocks, dec_tokens) +
+        attention(neck.decoder_blocks, dec_tokens) +
+        linear(neck.decoder_pred, dec_tokens))
+    return dict(
+        forward=forward,
+        patch_embed=patch_embed,
+        forward_backward=3 * forward - patch_embed)
 
 
 def counted_flops(model, wrapper, data: dict) -> Dict:
@@ -441,18 +510,21 @@ def counted_flops(model, wrapper, data: dict) -> Dict:
     per_op = counter.get_flop_counts().get('Global', {})
     total = counter.get_total_flops()
     ops = sorted(((getattr(op, '__name__', str(op)), count)
-                  for op, count in per_op.items()), key=lambda item: -item[1])
-    return dict(total=total, ops={name: count / max(total, 1)
-                                  for name, count in ops[:8]})
+                  for op, count in per_op.items()),
+                 key=lambda item: -item[1])
+    return dict(
+        total=total,
+        ops={name: count / max(total, 1)
+             for name, count in ops[:8]})
 
 
 def is_vit_b_recipe(model) -> bool:
-    """Whether the model has ViT-B/16's shapes at 224 with the 8x512 decoder."""
+    """Whether the model has ViT-B/16's shapes at 224, 8x512 decoder."""
     backbone, neck = model.backbone, model.neck
-    return (backbone.embed_dims == 768 and backbone.num_layers == 12 and
-            backbone.num_patches == 196 and
-            neck.decoder_embed.out_features == 512 and
-            len(neck.decoder_blocks) == 8)
+    return (backbone.embed_dims == 768 and backbone.num_layers == 12
+            and backbone.num_patches == 196
+            and neck.decoder_embed.out_features == 512
+            and len(neck.decoder_blocks) == 8)
 
 
 def datasheet_peak(name: str) -> Optional[float]:
@@ -463,7 +535,8 @@ def datasheet_peak(name: str) -> Optional[float]:
     return None
 
 
-def measured_matmul_peak(dtype: torch.dtype, side: int = 8192,
+def measured_matmul_peak(dtype: torch.dtype,
+                         side: int = 8192,
                          reps: int = 10) -> float:
     """FLOP/s of a side^3 matrix product (random data), after 3 warm-ups."""
     a = torch.randn(side, side, device='cuda', dtype=dtype)
@@ -503,8 +576,10 @@ class StepTimer:
         """Time between consecutive marks (synchronises once)."""
         if self.cuda:
             torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3
-                    for a, b in zip(self.marks, self.marks[1:])]
+            return [
+                a.elapsed_time(b) / 1e3
+                for a, b in zip(self.marks, self.marks[1:])
+            ]
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
@@ -535,8 +610,8 @@ def stand_in_rows(model, rows: int, device: str) -> None:
     if rows <= 0:
         return
     generator = torch.Generator().manual_seed(1)
-    filler = torch.randn(rows, model.backbone.embed_dims,
-                         generator=generator).to(device)
+    filler = torch.randn(
+        rows, model.backbone.embed_dims, generator=generator).to(device)
     pool = model.pool
 
     def pool_with_stand_ins(latent):
@@ -568,10 +643,16 @@ def regulariser_timing(regularizer, rows: int, dim: int, device: str,
     times, _ = timed_steps(step, reps, device)
     skipped = int(regularizer.skip_code)  # after timing: one read
     ms = sorted(t * 1e3 for t in times)
-    return dict(rows_per_rank=rows, dim=dim, median_ms=statistics.median(ms),
-                quartiles_ms=[ms[len(ms) // 4], ms[(3 * len(ms)) // 4]],
-                min_ms=ms[0], max_ms=ms[-1], reps=reps, skip_code=skipped,
-                gather=regularizer.gather)
+    return dict(
+        rows_per_rank=rows,
+        dim=dim,
+        median_ms=statistics.median(ms),
+        quartiles_ms=[ms[len(ms) // 4], ms[(3 * len(ms)) // 4]],
+        min_ms=ms[0],
+        max_ms=ms[-1],
+        reps=reps,
+        skip_code=skipped,
+        gather=regularizer.gather)
 
 
 def gathered_regulariser_timing(model, rows: int, device: str,
@@ -619,15 +700,20 @@ def build_case(case: str, spec: dict, data: dict, rank: int, world: int,
     model.init_weights()
     model.to(device)
     model.train()
-    wrapper = build_optim_wrapper(
-        model, optim_wrapper_config(cfg, device, dtype))
-    info = dict(case=case, dtype=dtype, rank=rank, world_size=world,
-                config=CONFIGS[case], batch_per_rank=batch,
-                optim_wrapper=type(wrapper).__name__,
-                amp_dtype=str(getattr(wrapper, 'cast_dtype', None)),
-                loss_scaler=type(getattr(wrapper, 'loss_scaler', None))
-                .__name__ if hasattr(wrapper, 'loss_scaler') else None,
-                param_groups=len(wrapper.optimizer.param_groups))
+    wrapper = build_optim_wrapper(model,
+                                  optim_wrapper_config(cfg, device, dtype))
+    info = dict(
+        case=case,
+        dtype=dtype,
+        rank=rank,
+        world_size=world,
+        config=CONFIGS[case],
+        batch_per_rank=batch,
+        optim_wrapper=type(wrapper).__name__,
+        amp_dtype=str(getattr(wrapper, 'cast_dtype', None)),
+        loss_scaler=type(getattr(wrapper, 'loss_scaler', None)).__name__
+        if hasattr(wrapper, 'loss_scaler') else None,
+        param_groups=len(wrapper.optimizer.param_groups))
     if getattr(model, 'regularizer', None) is not None:
         per_rank = spec['global_batch'] // world if spec['global_batch'] \
             else batch
@@ -642,7 +728,8 @@ def build_case(case: str, spec: dict, data: dict, rank: int, world: int,
         analytic_per_image=analytic['forward_backward'],
         counted_over_analytic=flops['total'] / batch /
         analytic['forward_backward'],
-        vit_b_recipe=is_vit_b_recipe(model), largest_ops=flops['ops'])
+        vit_b_recipe=is_vit_b_recipe(model),
+        largest_ops=flops['ops'])
     if info['flops']['vit_b_recipe']:
         info['flops']['counted_over_issue_estimate'] = \
             flops['total'] / batch / (VIT_B_REFERENCE_GFLOP * 1e9)
@@ -650,14 +737,20 @@ def build_case(case: str, spec: dict, data: dict, rank: int, world: int,
     if world > 1:
         from mmengine.model import MMDistributedDataParallel
         trained = MMDistributedDataParallel(
-            module=model, broadcast_buffers=False,
+            module=model,
+            broadcast_buffers=False,
             device_ids=[local_rank] if device == 'cuda' else None)
-    return dict(model=model, trained=trained, wrapper=wrapper, cfg=cfg,
-                info=info, rounds=[], peak=0.0)
+    return dict(
+        model=model,
+        trained=trained,
+        wrapper=wrapper,
+        cfg=cfg,
+        info=info,
+        rounds=[],
+        peak=0.0)
 
 
-def alternating_rounds(built: Dict[str, Dict], data: dict,
-                       spec: dict) -> None:
+def alternating_rounds(built: Dict[str, Dict], data: dict, spec: dict) -> None:
     """``spec['rounds']`` rounds of ``spec['iters']`` steps per case in one
     process, the case order reversed every other round (A B, B A, A B...),
     so drift (clocks, temperature, allocator) falls on both cases alike.
@@ -671,12 +764,15 @@ def alternating_rounds(built: Dict[str, Dict], data: dict,
             times, wall = timed_steps(
                 lambda: case['trained'].train_step(data, case['wrapper']),
                 spec['iters'], device)
-            case['rounds'].append(dict(
-                round=index, median_ms=statistics.median(times) * 1e3,
-                mean_ms=statistics.fmean(times) * 1e3,
-                min_ms=min(times) * 1e3, max_ms=max(times) * 1e3,
-                steps=len(times),
-                wall_images_per_s=spec['batch'] * len(times) / wall))
+            case['rounds'].append(
+                dict(
+                    round=index,
+                    median_ms=statistics.median(times) * 1e3,
+                    mean_ms=statistics.fmean(times) * 1e3,
+                    min_ms=min(times) * 1e3,
+                    max_ms=max(times) * 1e3,
+                    steps=len(times),
+                    wall_images_per_s=spec['batch'] * len(times) / wall))
             if device == 'cuda':
                 case['peak'] = max(case['peak'],
                                    torch.cuda.max_memory_allocated() / 2**30)
@@ -689,10 +785,11 @@ def case_result(case: Dict, spec: dict) -> Dict:
     medians = [r['median_ms'] for r in case['rounds']]
     result.update(
         rounds=case['rounds'],
-        step_ms=dict(median=statistics.median(medians), min=min(medians),
-                     max=max(medians),
-                     spread=(max(medians) - min(medians)) /
-                     statistics.median(medians)),
+        step_ms=dict(
+            median=statistics.median(medians),
+            min=min(medians),
+            max=max(medians),
+            spread=(max(medians) - min(medians)) / statistics.median(medians)),
         steps=sum(r['steps'] for r in case['rounds']))
     if spec['device'] == 'cuda':
         result['peak_memory_gib'] = case['peak']
@@ -703,17 +800,19 @@ def case_result(case: Dict, spec: dict) -> Dict:
 def loader_fed_steps(cfg, spec: dict, trained, wrapper, world: int) -> Dict:
     """Training steps on batches of the real dataloader (after one)."""
     need = spec['batch'] * world * (spec['loader_iters'] + 2)
-    loader = build_loader(dataloader_config(
-        cfg, spec['folder'], spec['batch'], spec['num_workers'],
-        spec['image_size'], need))
+    loader = build_loader(
+        dataloader_config(cfg, spec['folder'], spec['batch'],
+                          spec['num_workers'], spec['image_size'], need))
     iterator = iter(loader)
     trained.train_step(next(iterator), wrapper)  # starts the workers
     times, wall = timed_steps(
         lambda: trained.train_step(next(iterator), wrapper),
         spec['loader_iters'], spec['device'])
-    return dict(steps=len(times), num_workers=loader.num_workers,
-                median_step_ms=statistics.median(times) * 1e3,
-                images_per_s=spec['batch'] * world * len(times) / wall)
+    return dict(
+        steps=len(times),
+        num_workers=loader.num_workers,
+        median_step_ms=statistics.median(times) * 1e3,
+        images_per_s=spec['batch'] * world * len(times) / wall)
 
 
 def run_dtype(spec: dict) -> Dict:
@@ -730,8 +829,9 @@ def run_dtype(spec: dict) -> Dict:
     device, dtype = spec['device'], spec['dtype']
     rank, world, local_rank = init_distributed(device)
     sys.path.insert(0, REPO)
-    import mmae_plugin.registration  # noqa: F401
     from mmengine.registry import init_default_scope
+
+    import mmae_plugin.registration  # noqa: F401
     init_default_scope('mmpretrain')
     result: Dict = dict(dtype=dtype, rank=rank, world_size=world, cases={})
     if spec.get('measure_loader'):
@@ -754,13 +854,15 @@ def run_dtype(spec: dict) -> Dict:
             result['matmul_flops'] = measured_matmul_peak(
                 getattr(torch, dtype))
     size = spec['image_size']
-    images = torch.randint(0, 256, (spec['batch'], 3, size, size),
-                           dtype=torch.uint8)
+    images = torch.randint(
+        0, 256, (spec['batch'], 3, size, size), dtype=torch.uint8)
     if device == 'cuda':
         images = images.pin_memory()
     data = dict(inputs=images, data_samples=[])
-    built = {case: build_case(case, spec, data, rank, world, local_rank)
-             for case in spec['cases']}
+    built = {
+        case: build_case(case, spec, data, rank, world, local_rank)
+        for case in spec['cases']
+    }
     for case in built.values():
         for _ in range(spec['warmup']):
             case['trained'].train_step(data, case['wrapper'])
@@ -773,8 +875,9 @@ def run_dtype(spec: dict) -> Dict:
     for name, case in built.items():
         out = case_result(case, spec)
         if spec['loader_iters'] > 0:
-            out['loader_fed'] = loader_fed_steps(
-                case['cfg'], spec, case['trained'], case['wrapper'], world)
+            out['loader_fed'] = loader_fed_steps(case['cfg'], spec,
+                                                 case['trained'],
+                                                 case['wrapper'], world)
         if 'regularised_rows' in out:
             out['regulariser'] = regulariser_timing(
                 case['model'].regularizer, out['regularised_rows_per_rank'],
@@ -799,8 +902,7 @@ def worker_main(spec_path: str) -> None:
 
 
 # ----------------------------------------------------------------- parent
-def launch_dtype(spec: dict, nproc: int, workdir: str,
-                 timeout: float) -> Dict:
+def launch_dtype(spec: dict, nproc: int, workdir: str, timeout: float) -> Dict:
     """Run one dtype's cases in fresh process(es); merge the ranks.
 
     Returns:
@@ -815,21 +917,29 @@ def launch_dtype(spec: dict, nproc: int, workdir: str,
         json.dump(spec, f)
     script = osp.abspath(__file__)
     if nproc > 1:
-        command = [sys.executable, '-m', 'torch.distributed.run',
-                   '--standalone', f'--nproc_per_node={nproc}', script,
-                   '--worker', spec_path]
+        command = [
+            sys.executable, '-m', 'torch.distributed.run', '--standalone',
+            f'--nproc_per_node={nproc}', script, '--worker', spec_path
+        ]
     else:
         command = [sys.executable, script, '--worker', spec_path]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [REPO] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [REPO] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
     if spec['device'] == 'cpu':
         env['CUDA_VISIBLE_DEVICES'] = ''
     log_path = osp.join(workdir, f'{name}.log')
     start = time.perf_counter()
     try:
         with open(log_path, 'w') as log:
-            proc = subprocess.run(command, cwd=REPO, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=timeout)
+            proc = subprocess.run(
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout)
         returncode = proc.returncode
     except subprocess.TimeoutExpired:
         returncode = 'timeout'
@@ -843,19 +953,29 @@ def launch_dtype(spec: dict, nproc: int, workdir: str,
     if returncode != 0 or len(ranks) != nproc:
         with open(log_path, errors='replace') as f:
             tail = f.read()[-3000:]
-        failed = dict(dtype=spec['dtype'], failed=True,
-                      returncode=returncode, process_s=wall, log_tail=tail)
-        return dict(failed, cases={case: dict(failed, case=case)
-                                   for case in spec['cases']})
+        failed = dict(
+            dtype=spec['dtype'],
+            failed=True,
+            returncode=returncode,
+            process_s=wall,
+            log_tail=tail)
+        return dict(
+            failed,
+            cases={case: dict(failed, case=case)
+                   for case in spec['cases']})
     result = ranks[0]
     result['process_s'] = wall
     if 'skipped' in result:
-        result['cases'] = {case: dict(case=case, skipped=result['skipped'])
-                           for case in spec['cases']}
+        result['cases'] = {
+            case: dict(case=case, skipped=result['skipped'])
+            for case in spec['cases']
+        }
         return result
     for case, run in result['cases'].items():
-        memory = [r['cases'][case]['peak_memory_gib'] for r in ranks
-                  if 'peak_memory_gib' in r['cases'][case]]
+        memory = [
+            r['cases'][case]['peak_memory_gib'] for r in ranks
+            if 'peak_memory_gib' in r['cases'][case]
+        ]
         if memory:
             run['peak_memory_gib'] = max(memory)
         step_s = run['step_ms']['median'] / 1e3
@@ -878,8 +998,7 @@ def add_mfu(result: Dict, peak: Optional[float], matmul: Optional[float],
 
 
 #: Two-sided 95 % Student t quantiles by degrees of freedom (1-10).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
-         2.228)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 def mean_interval(values: Sequence[float]) -> Optional[List[float]]:
@@ -920,19 +1039,21 @@ def compare(cases: Dict[str, Dict], device: str) -> Dict:
         gathered = mmae.get('regulariser_gathered')
         if gathered:
             out['regulariser_gathered_ms'] = gathered['median_ms']
-            out['regulariser_gathered_shape'] = [gathered['rows_per_rank'],
-                                                 gathered['dim']]
+            out['regulariser_gathered_shape'] = [
+                gathered['rows_per_rank'], gathered['dim']
+            ]
     if mae and usable(mae):
         out['mae_images_per_s'] = mae['images_per_s']
     if device == 'cuda':
         interval = out.get('step_ratio_interval_95')
         out['goals'] = dict(
-            step_ratio_ok=_at_most(out.get('mmae_over_mae_step_ratio'),
-                                   GOALS['mmae_over_mae_step_ratio_max']),
+            step_ratio_ok=_at_most(
+                out.get('mmae_over_mae_step_ratio'),
+                GOALS['mmae_over_mae_step_ratio_max']),
             step_ratio_interval_below_goal=None if not interval else
             interval[1] <= GOALS['mmae_over_mae_step_ratio_max'],
-            regulariser_ms_ok=_at_most(out.get('regulariser_ms'),
-                                       GOALS['regulariser_ms_max']),
+            regulariser_ms_ok=_at_most(
+                out.get('regulariser_ms'), GOALS['regulariser_ms_max']),
             mae_images_per_s_ok=None if 'mae_images_per_s' not in out else
             out['mae_images_per_s'] >= GOALS['mae_images_per_s_min'],
             **GOALS)
@@ -948,16 +1069,25 @@ def environment(args) -> Dict:
 
     # Versions from the metadata: importing mmpretrain here would cost the
     # parent seconds it has no other use for (the cases import it).
-    info = dict(torch=torch.__version__, cuda=torch.version.cuda,
-                mmengine=version('mmengine'),
-                mmpretrain=version('mmpretrain'), device=args.device,
-                nproc=args.nproc, batch_per_rank=args.batch,
-                global_batch=args.global_batch, dtypes=args.dtypes,
-                rounds=args.rounds, iters=args.iters, warmup=args.warmup,
-                loader_iters=args.loader_iters, image_size=args.image_size,
-                cfg_options=args.cfg_options, cpu_count=os.cpu_count(),
-                load_average=os.getloadavg()[0],
-                python=sys.version.split()[0])
+    info = dict(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        mmengine=version('mmengine'),
+        mmpretrain=version('mmpretrain'),
+        device=args.device,
+        nproc=args.nproc,
+        batch_per_rank=args.batch,
+        global_batch=args.global_batch,
+        dtypes=args.dtypes,
+        rounds=args.rounds,
+        iters=args.iters,
+        warmup=args.warmup,
+        loader_iters=args.loader_iters,
+        image_size=args.image_size,
+        cfg_options=args.cfg_options,
+        cpu_count=os.cpu_count(),
+        load_average=os.getloadavg()[0],
+        python=sys.version.split()[0])
     if args.device == 'cuda':
         info['visible_gpus'] = torch.cuda.device_count()
     return info
@@ -979,23 +1109,33 @@ def run_all(args, save: Optional[Callable[[Dict], None]] = None) -> Dict:
     if folder is None:
         folder = osp.join(workdir, 'images')
         big = args.device == 'cuda'
-        result['image_folder'] = write_image_folder(
-            folder, args.folder_images, 256 if big else 40,
-            500 if big else 64)
+        result['image_folder'] = write_image_folder(folder, args.folder_images,
+                                                    256 if big else 40,
+                                                    500 if big else 64)
     else:
         result['image_folder'] = dict(root=folder)
-    base_spec = dict(device=args.device, batch=args.batch,
-                     global_batch=args.global_batch, rounds=args.rounds,
-                     iters=args.iters, warmup=args.warmup,
-                     loader_iters=args.loader_iters,
-                     num_workers=args.num_workers, folder=folder,
-                     image_size=args.image_size, reg_reps=args.reg_reps,
-                     cfg_options=args.cfg_options, cases=args.cases)
+    base_spec = dict(
+        device=args.device,
+        batch=args.batch,
+        global_batch=args.global_batch,
+        rounds=args.rounds,
+        iters=args.iters,
+        warmup=args.warmup,
+        loader_iters=args.loader_iters,
+        num_workers=args.num_workers,
+        folder=folder,
+        image_size=args.image_size,
+        reg_reps=args.reg_reps,
+        cfg_options=args.cfg_options,
+        cases=args.cases)
     result['amp'] = {}
     matmul = None
     for dtype in args.dtypes:
-        spec = dict(base_spec, dtype=dtype, measure_matmul=matmul is None,
-                    measure_loader='dataloader_alone' not in result)
+        spec = dict(
+            base_spec,
+            dtype=dtype,
+            measure_matmul=matmul is None,
+            measure_loader='dataloader_alone' not in result)
         run = launch_dtype(spec, args.nproc, workdir, args.case_timeout)
         if 'dataloader_alone' in run:
             result['dataloader_alone'] = run.pop('dataloader_alone')
@@ -1006,15 +1146,17 @@ def run_all(args, save: Optional[Callable[[Dict], None]] = None) -> Dict:
             datasheet_peak(gpu_name or '')
         for case, case_run in run['cases'].items():
             add_mfu(case_run, peak, matmul, args.nproc)
-            print(f'[bench_gpu] {dtype} {case}: {progress_line(case_run)}',
-                  flush=True)
+            print(
+                f'[bench_gpu] {dtype} {case}: {progress_line(case_run)}',
+                flush=True)
         result['amp'][dtype] = dict(
-            cases=run['cases'], process_s=run.get('process_s'),
-            peak_flops_datasheet=peak, matmul_flops_measured=matmul,
+            cases=run['cases'],
+            process_s=run.get('process_s'),
+            peak_flops_datasheet=peak,
+            matmul_flops_measured=matmul,
             **compare(run['cases'], args.device))
         if save is not None:  # what is done survives a killed run
-            save(dict(result, partial=True,
-                      failed_cases=failed_cases(result)))
+            save(dict(result, partial=True, failed_cases=failed_cases(result)))
     result['failed_cases'] = failed_cases(result)
     return result
 
@@ -1033,8 +1175,10 @@ def progress_line(run: Dict) -> str:
 
 def failed_cases(result: Dict) -> List[str]:
     """``dtype/case`` of every case whose process failed."""
-    return [f'{dtype}/{case}' for dtype, block in result['amp'].items()
-            for case, run in block['cases'].items() if run.get('failed')]
+    return [
+        f'{dtype}/{case}' for dtype, block in result['amp'].items()
+        for case, run in block['cases'].items() if run.get('failed')
+    ]
 
 
 def _fmt(value, spec: str = '.2f', unit: str = '') -> str:
@@ -1050,8 +1194,7 @@ def markdown(result: Dict) -> str:
     """A short Markdown summary of :func:`run_all`'s result."""
     env = result['environment']
     lines = [
-        f'# bench_gpu: {env.get("gpu") or env["device"]} x {env["nproc"]}',
-        '',
+        f'# bench_gpu: {env.get("gpu") or env["device"]} x {env["nproc"]}', '',
         f'torch {env["torch"]} (CUDA {env["cuda"]}), mmengine '
         f'{env["mmengine"]}, mmpretrain {env["mmpretrain"]}; batch '
         f'{env["batch_per_rank"]} per GPU, M-MAE regulariser on '
@@ -1061,7 +1204,8 @@ def markdown(result: Dict) -> str:
         '| dtype | model | images/s | step ms (round medians) | peak GiB | '
         'GFLOP/img (counted / closed form) | MFU (datasheet / matmul) | '
         'loader-fed images/s |',
-        '| --- | --- | --- | --- | --- | --- | --- | --- |']
+        '| --- | --- | --- | --- | --- | --- | --- | --- |'
+    ]
     for dtype, block in result['amp'].items():
         for case, run in block['cases'].items():
             if run.get('failed') or 'skipped' in run:
@@ -1079,16 +1223,18 @@ def markdown(result: Dict) -> str:
                 f'{_fmt(run.get("mfu_measured_matmul"), ".1%")} | '
                 f'{_fmt(run.get("loader_fed", {}).get("images_per_s"), ".0f")}'
                 ' |')
-    lines += ['', '| dtype | M-MAE / MAE step (per round; 95 % interval) | '
-              'step delta ms | regulariser ms in the step (rows) | '
-              'regulariser alone at the gathered size, ms | goals met |',
-              '| --- | --- | --- | --- | --- | --- |']
+    lines += [
+        '', '| dtype | M-MAE / MAE step (per round; 95 % interval) | '
+        'step delta ms | regulariser ms in the step (rows) | '
+        'regulariser alone at the gathered size, ms | goals met |',
+        '| --- | --- | --- | --- | --- | --- |'
+    ]
     for dtype, block in result['amp'].items():
         goals = block.get('goals', {})
         met = ', '.join(f'{k}={v}' for k, v in goals.items()
                         if isinstance(v, bool) or v is None) or 'n/a (cpu)'
-        per_round = ', '.join(f'{r:.3f}' for r in
-                              block.get('step_ratio_per_round', []))
+        per_round = ', '.join(f'{r:.3f}'
+                              for r in block.get('step_ratio_per_round', []))
         shape = block.get('regulariser_gathered_shape')
         lines.append(
             f'| {dtype} | {_fmt(block.get("mmae_over_mae_step_ratio"), ".3f")}'
@@ -1101,15 +1247,19 @@ def markdown(result: Dict) -> str:
     loader = result.get('dataloader_alone')
     folder = result['image_folder']
     if loader:
-        lines += ['', f'Dataloader alone ({loader["num_workers"]} workers, '
-                  f'{" -> ".join(loader["pipeline"])}): '
-                  f'{loader["images_per_s"]:.0f} images/s over '
-                  f'{folder.get("images", "?")} images '
-                  f'({folder.get("jpeg", "?")} JPEG, '
-                  f'{folder.get("png", "?")} PNG).']
+        lines += [
+            '', f'Dataloader alone ({loader["num_workers"]} workers, '
+            f'{" -> ".join(loader["pipeline"])}): '
+            f'{loader["images_per_s"]:.0f} images/s over '
+            f'{folder.get("images", "?")} images '
+            f'({folder.get("jpeg", "?")} JPEG, '
+            f'{folder.get("png", "?")} PNG).'
+        ]
     if result['failed_cases']:
-        lines += ['', f'Failed: {", ".join(result["failed_cases"])} (see '
-                  'log_tail in the JSON).']
+        lines += [
+            '', f'Failed: {", ".join(result["failed_cases"])} (see '
+            'log_tail in the JSON).'
+        ]
     return '\n'.join(lines) + '\n'
 
 
@@ -1119,8 +1269,8 @@ def main() -> None:
         worker_main(args.worker)
         return
     if args.write_folder:
-        info = write_image_folder(args.write_folder, args.folder_images,
-                                  256, 500)
+        info = write_image_folder(args.write_folder, args.folder_images, 256,
+                                  500)
         print(json.dumps(info))
         return
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)

@@ -45,25 +45,42 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description='Benchmark the matrix-information toolbox and hook')
-    parser.add_argument('--size', type=int, default=1024,
-                        help='d = B of the random inputs')
-    parser.add_argument('--repeats', type=int, default=3,
-                        help='timed repetitions (best is kept)')
-    parser.add_argument('--threads', type=int, default=1,
-                        help='torch intra-op threads (BLAS threads follow '
-                        'OMP_NUM_THREADS, default 1)')
     parser.add_argument(
-        '--config', default=None,
+        '--size', type=int, default=1024, help='d = B of the random inputs')
+    parser.add_argument(
+        '--repeats',
+        type=int,
+        default=3,
+        help='timed repetitions (best is kept)')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=1,
+        help='torch intra-op threads (BLAS threads follow '
+        'OMP_NUM_THREADS, default 1)')
+    parser.add_argument(
+        '--config',
+        default=None,
         help='training config for the overhead run (default: '
         'configs/fashion_mnist/mmae_fmnist.py, else simclr_fmnist.py)')
-    parser.add_argument('--iters', type=int, default=100,
-                        help='training iterations per overhead run')
-    parser.add_argument('--interval', type=int, default=50,
-                        help='MatrixInfoHook interval in the overhead run')
-    parser.add_argument('--trials', type=int, default=2,
-                        help='alternating hook-off/hook-on training runs')
-    parser.add_argument('--single-run', choices=['on', 'off'],
-                        help=argparse.SUPPRESS)  # internal: one timed run
+    parser.add_argument(
+        '--iters',
+        type=int,
+        default=100,
+        help='training iterations per overhead run')
+    parser.add_argument(
+        '--interval',
+        type=int,
+        default=50,
+        help='MatrixInfoHook interval in the overhead run')
+    parser.add_argument(
+        '--trials',
+        type=int,
+        default=2,
+        help='alternating hook-off/hook-on training runs')
+    parser.add_argument(
+        '--single-run', choices=['on', 'off'],
+        help=argparse.SUPPRESS)  # internal: one timed run
     parser.add_argument('--skip-functions', action='store_true')
     parser.add_argument('--skip-hook', action='store_true')
     return parser.parse_args()
@@ -129,38 +146,36 @@ def function_cases(ref, z1: torch.Tensor, z2: torch.Tensor) -> Dict:
     a1, a2 = k1.numpy(), k2.numpy()
     zn1 = z1.numpy()
     return {
-        'normalized_covariance': (
-            lambda: mi.normalized_covariance(z1),
-            lambda: ref.normalized_covariance(zn1), None),
+        'normalized_covariance':
+        (lambda: mi.normalized_covariance(z1),
+         lambda: ref.normalized_covariance(zn1), None),
         'normalized_gram': (lambda: mi.normalized_gram(z1),
                             lambda: ref.normalized_gram(zn1), None),
-        'matrix_entropy(a=1)': (lambda: mi.matrix_entropy(k1),
-                                lambda: ref.renyi(a1, 1), lambda: eig_entropy(
-                                    a1, 1.0)),
-        'matrix_entropy(a=2)': (lambda: mi.matrix_entropy(k1, 2),
-                                lambda: ref.renyi(a1, 2), lambda: eig_entropy(
-                                    a1, 2.0)),
-        'matrix_joint_entropy': (
-            lambda: mi.matrix_joint_entropy(k1, k2),
-            lambda: ref.joint(a1, a2, 1), lambda: eig_joint(a1, a2)),
-        'matrix_mutual_information': (
-            lambda: mi.matrix_mutual_information(k1, k2),
-            lambda: ref.mutual(a1, a2, 1), lambda: eig_mutual(a1, a2)),
-        'matrix_kl_divergence': (
-            lambda: mi.matrix_kl_divergence(k1, k2, 1e-8),
-            lambda: ref.kl(a1, a2, 1e-8), None),
+        'matrix_entropy(a=1)':
+        (lambda: mi.matrix_entropy(k1), lambda: ref.renyi(a1, 1),
+         lambda: eig_entropy(a1, 1.0)),
+        'matrix_entropy(a=2)':
+        (lambda: mi.matrix_entropy(k1, 2), lambda: ref.renyi(a1, 2),
+         lambda: eig_entropy(a1, 2.0)),
+        'matrix_joint_entropy':
+        (lambda: mi.matrix_joint_entropy(k1, k2), lambda: ref.joint(a1, a2, 1),
+         lambda: eig_joint(a1, a2)),
+        'matrix_mutual_information':
+        (lambda: mi.matrix_mutual_information(k1, k2),
+         lambda: ref.mutual(a1, a2, 1), lambda: eig_mutual(a1, a2)),
+        'matrix_kl_divergence': (lambda: mi.matrix_kl_divergence(k1, k2, 1e-8),
+                                 lambda: ref.kl(a1, a2, 1e-8), None),
         'matrix_js_divergence': (lambda: mi.matrix_js_divergence(k1, k2),
                                  lambda: ref.js(a1, a2),
                                  lambda: eig_js(a1, a2)),
-        'spectrum_js_divergence': (
-            lambda: mi.spectrum_js_divergence(k1, k2),
-            lambda: ref.spectrum_js(a1, a2), lambda: eig_spectrum_js(a1, a2)),
+        'spectrum_js_divergence': (lambda: mi.spectrum_js_divergence(k1, k2),
+                                   lambda: ref.spectrum_js(a1, a2),
+                                   lambda: eig_spectrum_js(a1, a2)),
         'total_coding_rate': (lambda: mi.total_coding_rate(z1),
                               lambda: ref.tcr(zn1, 1.0), None),
         'effective_rank': (lambda: mi.effective_rank(z1),
                            lambda: ref.effective_rank(zn1), None),
-        'rankme': (lambda: mi.rankme(z1), lambda: ref.rankme(zn1, 1e-7),
-                   None),
+        'rankme': (lambda: mi.rankme(z1), lambda: ref.rankme(zn1, 1e-7), None),
     }
 
 
@@ -173,11 +188,11 @@ def value_of(result) -> np.ndarray:
 def bench_functions(size: int, repeats: int) -> None:
     ref = load_reference()
     gen = torch.Generator().manual_seed(0)
-    mixing = torch.eye(size, dtype=torch.float64) + 0.05 * torch.randn(
-        size, size, generator=gen, dtype=torch.float64)
+    mixing = torch.eye(
+        size, dtype=torch.float64) + 0.05 * torch.randn(
+            size, size, generator=gen, dtype=torch.float64)
     z1 = torch.randn(size, size, generator=gen, dtype=torch.float64) @ mixing
-    z2 = z1 + 0.5 * torch.randn(size, size, generator=gen,
-                                dtype=torch.float64)
+    z2 = z1 + 0.5 * torch.randn(size, size, generator=gen, dtype=torch.float64)
     print(f'\n== matrix_info vs scipy, d = B = {size}, float64, best of '
           f'{repeats} ==')
     header = (f'{"function":28s} {"torch s":>9s} {"scipy-def s":>11s} '
@@ -185,8 +200,7 @@ def bench_functions(size: int, repeats: int) -> None:
               f'{"max |diff|":>10s}')
     print(header)
     print('-' * len(header))
-    for name, (ours, definition, eig) in function_cases(ref, z1,
-                                                          z2).items():
+    for name, (ours, definition, eig) in function_cases(ref, z1, z2).items():
         t_ours, v_ours = best_time(ours, repeats)
         t_def, v_def = best_time(definition, 1 if size > 256 else repeats)
         diff = float(np.max(np.abs(value_of(v_ours) - value_of(v_def))))
@@ -213,21 +227,27 @@ def bench_joint_entropy_cost(size: int, repeats: int) -> None:
     from mmae_plugin.matrix_info.spectrum import (check_psd_by_cholesky,
                                                   dense_symmetric)
     gen = torch.Generator().manual_seed(1)
-    z1, z2 = (torch.randn(size, size // 4, generator=gen, dtype=torch.float64)
-              for _ in range(2))
+    z1, z2 = (
+        torch.randn(size, size // 4, generator=gen, dtype=torch.float64)
+        for _ in range(2))
     k1, k2 = mi.normalized_gram(z1), mi.normalized_gram(z2)
     f1, f2 = (mi.normalized_gram(z, factored=True) for z in (z1, z2))
     product = k1 * k2
     calls = {
-        'matrix_joint_entropy': lambda: mi.matrix_joint_entropy(k1, k2),
+        'matrix_joint_entropy':
+        lambda: mi.matrix_joint_entropy(k1, k2),
         # Factors are PSD by construction: no definiteness check to pay.
-        'joint_entropy(factored)': lambda: mi.matrix_joint_entropy(f1, f2),
-        'torch eigvalsh': lambda: torch.linalg.eigvalsh(product),
-        'scipy eigvalsh': lambda: scipy.linalg.eigvalsh(
-            product.numpy(), check_finite=False),
-        'input checks (2x)': lambda: [
+        'joint_entropy(factored)':
+        lambda: mi.matrix_joint_entropy(f1, f2),
+        'torch eigvalsh':
+        lambda: torch.linalg.eigvalsh(product),
+        'scipy eigvalsh':
+        lambda: scipy.linalg.eigvalsh(product.numpy(), check_finite=False),
+        'input checks (2x)':
+        lambda: [
             check_psd_by_cholesky(dense_symmetric(k, 'K'), 'K', k.dtype)
-            for k in (k1, k2)],
+            for k in (k1, k2)
+        ],
     }
     best = {name: math.inf for name in calls}
     for _ in range(repeats):
@@ -264,8 +284,9 @@ def timed_run(config: str, iters: int, interval: int,
     cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=1)
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger = dict(type='LoggerHook', interval=interval)
-    others = [h for h in cfg.get('custom_hooks', [])
-              if h['type'] != 'MatrixInfoHook']
+    others = [
+        h for h in cfg.get('custom_hooks', []) if h['type'] != 'MatrixInfoHook'
+    ]
     cfg.custom_hooks = others + (
         [dict(type='MatrixInfoHook', interval=interval)] if with_hook else [])
     runner = Runner.from_cfg(cfg)
@@ -299,14 +320,17 @@ def run_in_fresh_process(config: str, iters: int, interval: int,
     import subprocess
     import sys
     command = [
-        sys.executable, osp.abspath(__file__), '--skip-functions',
-        '--config', config, '--iters', str(iters), '--interval',
+        sys.executable,
+        osp.abspath(__file__), '--skip-functions', '--config', config,
+        '--iters',
+        str(iters), '--interval',
         str(interval), '--single-run', 'on' if with_hook else 'off'
     ]
-    output = subprocess.run(command, capture_output=True, text=True,
-                            check=True).stdout
-    marker = [line for line in output.splitlines()
-              if line.startswith('SINGLE_RUN ')][-1]
+    output = subprocess.run(
+        command, capture_output=True, text=True, check=True).stdout
+    marker = [
+        line for line in output.splitlines() if line.startswith('SINGLE_RUN ')
+    ][-1]
     return tuple(json.loads(marker[len('SINGLE_RUN '):]))
 
 
@@ -316,8 +340,8 @@ def bench_hook(config: str, iters: int, interval: int, trials: int) -> None:
           f'trials, one process each ==')
     off_times, on_times, hook_times, samples = [], [], [], 0
     for _ in range(trials):
-        off_times.append(run_in_fresh_process(config, iters, interval,
-                                              False)[0])
+        off_times.append(
+            run_in_fresh_process(config, iters, interval, False)[0])
         on, hook_time, count = run_in_fresh_process(config, iters, interval,
                                                     True)
         on_times.append(on)

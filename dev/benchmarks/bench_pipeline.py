@@ -55,8 +55,7 @@ PATHS = ('recipe', 'recipe_pil_decode', 'torchvision_cpu',
 
 def single_thread() -> None:
     """One thread for torch, OpenCV and the BLAS, as one worker core."""
-    for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS',
-                 'OPENBLAS_NUM_THREADS'):
+    for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS'):
         os.environ.setdefault(name, '1')
     import cv2
     import torch
@@ -69,23 +68,30 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--images', type=int, default=192,
-                        help='JPEGs written and decoded per round')
-    parser.add_argument('--rounds', type=int, default=3,
-                        help='alternating rounds over all paths')
-    parser.add_argument('--paths', nargs='+', default=list(PATHS),
-                        choices=PATHS)
-    parser.add_argument('--gpu-images-per-s', type=float,
-                        default=GPU_IMAGES_PER_S,
-                        help='what one GPU trains, for cores per GPU '
-                        '(default: the ViT-B/16 MAE estimate on an H200)')
+    parser.add_argument(
+        '--images',
+        type=int,
+        default=192,
+        help='JPEGs written and decoded per round')
+    parser.add_argument(
+        '--rounds',
+        type=int,
+        default=3,
+        help='alternating rounds over all paths')
+    parser.add_argument(
+        '--paths', nargs='+', default=list(PATHS), choices=PATHS)
+    parser.add_argument(
+        '--gpu-images-per-s',
+        type=float,
+        default=GPU_IMAGES_PER_S,
+        help='what one GPU trains, for cores per GPU '
+        '(default: the ViT-B/16 MAE estimate on an H200)')
     parser.add_argument('--out', default=None, help='JSON output')
     return parser.parse_args(argv)
 
 
 # ------------------------------------------------------------------ images
-def imagenet_like_jpeg(path: str, width: int, height: int,
-                       seed: int) -> int:
+def imagenet_like_jpeg(path: str, width: int, height: int, seed: int) -> int:
     """Write one photograph-like JPEG (quality 90); returns its bytes.
 
     Smooth colour regions, a mid-frequency texture and grain: at ImageNet's
@@ -95,14 +101,14 @@ def imagenet_like_jpeg(path: str, width: int, height: int,
     from PIL import Image
     rng = np.random.default_rng(seed)
     smooth = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
-    texture = Image.fromarray(rng.integers(
-        0, 256, (height // 4, width // 4, 3), dtype=np.uint8))
-    pixels = (np.asarray(smooth.resize((width, height),
-                                       Image.Resampling.BILINEAR),
-                         dtype=np.float32) * 0.6 +
-              np.asarray(texture.resize((width, height),
-                                        Image.Resampling.BICUBIC),
-                         dtype=np.float32) * 0.4)
+    texture = Image.fromarray(
+        rng.integers(0, 256, (height // 4, width // 4, 3), dtype=np.uint8))
+    pixels = (
+        np.asarray(
+            smooth.resize((width, height), Image.Resampling.BILINEAR),
+            dtype=np.float32) * 0.6 + np.asarray(
+                texture.resize((width, height), Image.Resampling.BICUBIC),
+                dtype=np.float32) * 0.4)
     pixels += rng.integers(-32, 33, pixels.shape)
     Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
         path, format='JPEG', quality=90)
@@ -125,9 +131,11 @@ def write_jpegs(folder: str, count: int) -> Dict:
         size += imagenet_like_jpeg(path, width, height, index)
         paths.append(path)
         pixels += width * height
-    return dict(paths=paths, megabytes=size / 2**20,
-                mean_kilobytes=size / count / 1024,
-                mean_megapixels=pixels / count / 1e6)
+    return dict(
+        paths=paths,
+        megabytes=size / 2**20,
+        mean_kilobytes=size / count / 1024,
+        mean_megapixels=pixels / count / 1e6)
 
 
 # ------------------------------------------------------------------- paths
@@ -136,6 +144,7 @@ def recipe_pipeline(decode_backend: Optional[str] = None) -> Callable:
     from mmengine.config import Config
     from mmengine.dataset import Compose
     from mmengine.registry import init_default_scope
+
     import mmae_plugin.registration  # noqa: F401
     init_default_scope('mmpretrain')
     steps = Config.fromfile(osp.join(REPO, RECIPE)).train_dataloader \
@@ -156,8 +165,11 @@ def recipe_pipeline(decode_backend: Optional[str] = None) -> Callable:
 def recipe_crop():
     """The recipe's ``RandomResizedCrop`` (for its crop-box sampling)."""
     from mmpretrain.datasets.transforms import RandomResizedCrop
-    return RandomResizedCrop(scale=224, crop_ratio_range=(0.2, 1.0),
-                             backend='pillow', interpolation='bicubic')
+    return RandomResizedCrop(
+        scale=224,
+        crop_ratio_range=(0.2, 1.0),
+        backend='pillow',
+        interpolation='bicubic')
 
 
 def crop_box(crop, height: int, width: int):
@@ -171,16 +183,21 @@ def torchvision_cpu_path() -> Callable:
     """decode_jpeg on the CPU + the recipe's crop box, bicubic, flip."""
     import torch
     from torchvision.io import decode_jpeg, read_file
-    from torchvision.transforms.v2 import functional as F
     from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as F
     crop = recipe_crop()
 
     def run(path: str):
         image = decode_jpeg(read_file(path))  # (3, H, W) uint8
         top, left, height, width = crop_box(crop, *image.shape[1:])
-        out = F.resized_crop(image, top, left, height, width, [224, 224],
-                             interpolation=InterpolationMode.BICUBIC,
-                             antialias=True)
+        out = F.resized_crop(
+            image,
+            top,
+            left,
+            height,
+            width, [224, 224],
+            interpolation=InterpolationMode.BICUBIC,
+            antialias=True)
         if torch.rand(()) < 0.5:
             out = out.flip(-1)
         return out.contiguous()
@@ -193,8 +210,8 @@ def gpu_decode_cpu_side_path() -> Callable:
     PackEncodedJpeg` with the recipe's crop settings: the file's bytes, the
     size from the header, the crop box and flip draws, the packing."""
     from mmae_plugin.datasets import PackEncodedJpeg
-    pack = PackEncodedJpeg(scale=224, crop_ratio_range=(0.2, 1.0),
-                           flip_prob=0.5)
+    pack = PackEncodedJpeg(
+        scale=224, crop_ratio_range=(0.2, 1.0), flip_prob=0.5)
 
     def run(path: str):
         return pack(dict(img_path=path))
@@ -204,10 +221,11 @@ def gpu_decode_cpu_side_path() -> Callable:
 
 def build_paths(names: Sequence[str]) -> Dict[str, Callable]:
     """The per-image functions of the selected paths."""
-    makers = dict(recipe=recipe_pipeline,
-                  recipe_pil_decode=lambda: recipe_pipeline('pillow'),
-                  torchvision_cpu=torchvision_cpu_path,
-                  gpu_decode_cpu_side=gpu_decode_cpu_side_path)
+    makers = dict(
+        recipe=recipe_pipeline,
+        recipe_pil_decode=lambda: recipe_pipeline('pillow'),
+        torchvision_cpu=torchvision_cpu_path,
+        gpu_decode_cpu_side=gpu_decode_cpu_side_path)
     return {name: makers[name]() for name in names}
 
 
@@ -217,8 +235,8 @@ def timed_round(run: Callable, paths: List[str]) -> Dict:
     cpu, wall = time.process_time(), time.perf_counter()
     for path in paths:
         run(path)
-    return dict(cpu_s=time.process_time() - cpu,
-                wall_s=time.perf_counter() - wall)
+    return dict(
+        cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - wall)
 
 
 def measure(paths: Dict[str, Callable], images: List[str],
@@ -245,12 +263,13 @@ def summarise(results: Dict[str, List[Dict]], count: int,
         cpu = [count / r['cpu_s'] for r in rounds]
         wall = [count / r['wall_s'] for r in rounds]
         rate = statistics.median(cpu)
-        out[name] = dict(images_per_s_cpu=rate, cpu_spread=[min(cpu),
-                                                           max(cpu)],
-                         images_per_s_wall=statistics.median(wall),
-                         wall_spread=[min(wall), max(wall)],
-                         ms_per_image=1e3 / rate,
-                         cores_per_gpu=gpu_rate / rate)
+        out[name] = dict(
+            images_per_s_cpu=rate,
+            cpu_spread=[min(cpu), max(cpu)],
+            images_per_s_wall=statistics.median(wall),
+            wall_spread=[min(wall), max(wall)],
+            ms_per_image=1e3 / rate,
+            cores_per_gpu=gpu_rate / rate)
     if 'recipe' in out:
         base = out['recipe']['images_per_s_cpu']
         for row in out.values():
@@ -260,10 +279,12 @@ def summarise(results: Dict[str, List[Dict]], count: int,
 
 def table(summary: Dict[str, Dict], gpu_rate: float) -> str:
     """The paths side by side (Markdown)."""
-    lines = ['| path | images/s per core (CPU time) | spread | images/s '
-             '(wall) | ms/image | x recipe | cores per GPU at '
-             f'{gpu_rate:,.0f} img/s |',
-             '| --- | --- | --- | --- | --- | --- | --- |']
+    lines = [
+        '| path | images/s per core (CPU time) | spread | images/s '
+        '(wall) | ms/image | x recipe | cores per GPU at '
+        f'{gpu_rate:,.0f} img/s |',
+        '| --- | --- | --- | --- | --- | --- | --- |'
+    ]
     for name, row in summary.items():
         lines.append(
             f'| {name} | {row["images_per_s_cpu"]:.0f} | '
@@ -280,12 +301,15 @@ def environment() -> Dict:
     import PIL
     import torch
     import torchvision
-    return dict(python=sys.version.split()[0], torch=torch.__version__,
-                torchvision=torchvision.__version__, pillow=PIL.__version__,
-                opencv=cv2.__version__,
-                affinity=sorted(os.sched_getaffinity(0)),
-                load_average=list(os.getloadavg()),
-                cpu_count=os.cpu_count())
+    return dict(
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        torchvision=torchvision.__version__,
+        pillow=PIL.__version__,
+        opencv=cv2.__version__,
+        affinity=sorted(os.sched_getaffinity(0)),
+        load_average=list(os.getloadavg()),
+        cpu_count=os.cpu_count())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
@@ -301,16 +325,23 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         summary = summarise(results, args.images, args.gpu_images_per_s)
     env = environment()
     env['load_average_before'] = list(load_before)
-    result = dict(environment=env, images=dict(
-        count=args.images, megabytes=written['megabytes'],
-        mean_kilobytes=written['mean_kilobytes'],
-        mean_megapixels=written['mean_megapixels']),
-        rounds=args.rounds, recipe=RECIPE, paths=summary,
-        gpu_images_per_s=args.gpu_images_per_s, raw=results)
-    print(f'{args.images} JPEGs ({written["mean_megapixels"]:.3f} MP and '
-          f'{written["mean_kilobytes"]:.0f} KB mean), {args.rounds} alternating '
-          f'rounds, cores {env["affinity"]}, load average '
-          f'{load_before[0]:.2f} before / {env["load_average"][0]:.2f} after')
+    result = dict(
+        environment=env,
+        images=dict(
+            count=args.images,
+            megabytes=written['megabytes'],
+            mean_kilobytes=written['mean_kilobytes'],
+            mean_megapixels=written['mean_megapixels']),
+        rounds=args.rounds,
+        recipe=RECIPE,
+        paths=summary,
+        gpu_images_per_s=args.gpu_images_per_s,
+        raw=results)
+    print(
+        f'{args.images} JPEGs ({written["mean_megapixels"]:.3f} MP and '
+        f'{written["mean_kilobytes"]:.0f} KB mean), {args.rounds} alternating '
+        f'rounds, cores {env["affinity"]}, load average '
+        f'{load_before[0]:.2f} before / {env["load_average"][0]:.2f} after')
     print(table(summary, args.gpu_images_per_s))
     if args.out:
         with open(args.out, 'w') as f:

@@ -103,8 +103,8 @@ def bench_case(name: str, rounds: int, warmup: int) -> Dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--cases', nargs='+', default=list(CASES),
-                        choices=list(CASES))
+    parser.add_argument(
+        '--cases', nargs='+', default=list(CASES), choices=list(CASES))
     parser.add_argument('--rounds', type=int, default=20)
     parser.add_argument('--warmup', type=int, default=3)
     args = parser.parse_args()

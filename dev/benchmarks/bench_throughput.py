@@ -73,15 +73,22 @@ def apply_baseline(cfg) -> None:
     the worker, mmpretrain's SelfSupDataPreprocessor, one optimizer group per
     tensor (mmengine's default constructor)."""
     pre = cfg.data_preprocessor
-    cfg.data_preprocessor = dict(type='SelfSupDataPreprocessor',
-                                 mean=pre.mean, std=pre.std, to_rgb=False)
+    cfg.data_preprocessor = dict(
+        type='SelfSupDataPreprocessor',
+        mean=pre.mean,
+        std=pre.std,
+        to_rgb=False)
     cfg.train_dataloader.dataset.pipeline = [
-        dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')]
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackInputs')
+    ]
     cfg.optim_wrapper.constructor = 'DefaultOptimWrapperConstructor'
 
 
-def load_config(path: str, cfg_options: Optional[List[str]] = None,
-                baseline: bool = False, glibc_defaults: bool = False):
+def load_config(path: str,
+                cfg_options: Optional[List[str]] = None,
+                baseline: bool = False,
+                glibc_defaults: bool = False):
     from mmengine.config import Config, DictAction
     cfg = Config.fromfile(osp.join(REPO, path))
     if baseline:
@@ -105,8 +112,10 @@ def glibc_malloc_hook(cfg) -> Optional[dict]:
 
 def drop_glibc_malloc_hook(cfg) -> None:
     """Run with glibc's default malloc policy (``--glibc-defaults``)."""
-    cfg.custom_hooks = [h for h in cfg.get('custom_hooks', [])
-                        if h.get('type') != 'GlibcMallocHook']
+    cfg.custom_hooks = [
+        h for h in cfg.get('custom_hooks', [])
+        if h.get('type') != 'GlibcMallocHook'
+    ]
 
 
 class FaultCounter:
@@ -118,8 +127,9 @@ class FaultCounter:
 
     def stop(self, iters: int) -> dict:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        return dict(faults=(usage.ru_minflt - self.first) / iters,
-                    max_rss_mib=usage.ru_maxrss / 1024)
+        return dict(
+            faults=(usage.ru_minflt - self.first) / iters,
+            max_rss_mib=usage.ru_maxrss / 1024)
 
 
 def worker_cpu_seconds() -> float:
@@ -128,8 +138,8 @@ def worker_cpu_seconds() -> float:
     total = 0.0
     tick = os.sysconf('SC_CLK_TCK')
     try:
-        children = open(f'/proc/{os.getpid()}/task/{os.getpid()}/children'
-                        ).read().split()
+        children = open(
+            f'/proc/{os.getpid()}/task/{os.getpid()}/children').read().split()
     except OSError:
         return 0.0
     for pid in children:
@@ -157,10 +167,9 @@ def plain_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     for name, param in model.named_parameters():
         if param.requires_grad:
             (no_decay if any(k in name for k in keys) else decay).append(param)
-    return torch.optim.AdamW([
-        dict(params=decay),
-        dict(params=no_decay, weight_decay=0.0)
-    ], **opt_cfg)
+    return torch.optim.AdamW(
+        [dict(params=decay),
+         dict(params=no_decay, weight_decay=0.0)], **opt_cfg)
 
 
 def fmnist_images(cfg) -> torch.Tensor:
@@ -171,8 +180,8 @@ def fmnist_images(cfg) -> torch.Tensor:
     ds_cfg.pop('indices', None)
     dataset = DATASETS.build(ds_cfg)
     import numpy as np
-    images = np.stack([dataset.get_data_info(i)['img']
-                       for i in range(len(dataset))])
+    images = np.stack(
+        [dataset.get_data_info(i)['img'] for i in range(len(dataset))])
     return torch.from_numpy(images).unsqueeze(1)
 
 
@@ -202,11 +211,14 @@ def summarize_profile(prof, labels: List[str], iters: int) -> Dict[str, float]:
 
 
 # ---------------------------------------------------------------- plain
-def run_plain(config: str, iters: int, warmup: int, profile: bool,
+def run_plain(config: str,
+              iters: int,
+              warmup: int,
+              profile: bool,
               cfg_options: Optional[List[str]] = None) -> dict:
-    import mmae_plugin  # noqa: F401
     from mmpretrain.registry import MODELS
 
+    import mmae_plugin  # noqa: F401
     from mmae_plugin.engine.hooks.glibc_malloc_hook import \
         set_glibc_malloc_thresholds
     cfg = load_config(config, cfg_options, glibc_defaults=GLIBC_DEFAULTS)
@@ -261,8 +273,12 @@ def run_plain(config: str, iters: int, warmup: int, profile: bool,
         prof.__exit__(None, None, None)
         phases = summarize_profile(prof, list(PHASES), iters)
     times = [b - a for a, b in zip(stamps[warmup:-1], stamps[warmup + 1:])]
-    return dict(times=times, phases=phases, worker_cpu=0.0,
-                groups=len(optimizer.param_groups), **memory)
+    return dict(
+        times=times,
+        phases=phases,
+        worker_cpu=0.0,
+        groups=len(optimizer.param_groups),
+        **memory)
 
 
 # ---------------------------------------------------------------- runner
@@ -287,11 +303,15 @@ def instrument_runner(runner, labels: List[str]) -> None:
             labels.append(label)
 
 
-def run_runner(config: str, iters: int, warmup: int, profile: bool,
+def run_runner(config: str,
+               iters: int,
+               warmup: int,
+               profile: bool,
                cfg_options: Optional[List[str]] = None) -> dict:
-    import mmae_plugin  # noqa: F401
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
+
+    import mmae_plugin  # noqa: F401
     cfg = load_config(config, cfg_options, BASELINE, GLIBC_DEFAULTS)
     total = warmup + iters + 1
     cfg.work_dir = tempfile.mkdtemp(prefix='bench_throughput_')
@@ -350,9 +370,12 @@ def run_runner(config: str, iters: int, warmup: int, profile: bool,
     # the last stamp is after_train_epoch: drop the unfinished interval
     times = times[:iters]
     groups = len(runner.optim_wrapper.optimizer.param_groups)
-    return dict(times=times, phases=phases,
-                worker_cpu=(state['cpu1'] - state['cpu0']) / iters,
-                groups=groups, **state['memory'])
+    return dict(
+        times=times,
+        phases=phases,
+        worker_cpu=(state['cpu1'] - state['cpu0']) / iters,
+        groups=groups,
+        **state['memory'])
 
 
 # ---------------------------------------------------------------- driver
@@ -365,8 +388,10 @@ def single(args) -> None:
 
 def fresh_process(mode: str, config: str, args) -> dict:
     command = [
-        sys.executable, osp.abspath(__file__), '--single', mode, '--config',
-        config, '--iters', str(args.iters), '--warmup', str(args.warmup)
+        sys.executable,
+        osp.abspath(__file__), '--single', mode, '--config', config, '--iters',
+        str(args.iters), '--warmup',
+        str(args.warmup)
     ]
     if args.profile_round:
         command.append('--profile')
@@ -380,15 +405,16 @@ def fresh_process(mode: str, config: str, args) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f'{mode} run of {config} failed:\n'
                            f'{proc.stderr[-4000:]}')
-    line = [x for x in proc.stdout.splitlines()
-            if x.startswith('SINGLE_RUN ')][-1]
+    line = [
+        x for x in proc.stdout.splitlines() if x.startswith('SINGLE_RUN ')
+    ][-1]
     return json.loads(line[len('SINGLE_RUN '):])
 
 
 def print_phases(runner: dict, plain: dict, runner_med: float,
                  plain_med: float) -> None:
-    names = list(PHASES) + sorted(
-        k for k in runner['phases'] if k not in PHASES)
+    names = list(PHASES) + sorted(k
+                                  for k in runner['phases'] if k not in PHASES)
     print(f'    {"phase (CPU ms / iteration, profiled)":44s} {"runner":>8s} '
           f'{"plain":>8s} {"gap":>8s}')
     rsum = psum = 0.0
@@ -418,19 +444,19 @@ def bench_fmnist(name: str, args) -> float:
     for _ in range(args.rounds):
         for mode in ('runner', 'plain'):
             rounds[mode].append(fresh_process(mode, config, args))
-    runner_t, plain_t = (
-        [statistics.median(result['times']) for result in rounds[mode]]
-        for mode in ('runner', 'plain'))
+    runner_t, plain_t = ([
+        statistics.median(result['times']) for result in rounds[mode]
+    ] for mode in ('runner', 'plain'))
     ratio = statistics.median(p / r for r, p in zip(runner_t, plain_t))
     print(f'\n{name} ({config}), batch 256, {args.iters} timed iterations '
           f'after {args.warmup} per round, {args.rounds} alternating rounds')
     print('  runner s/iter: ' + ', '.join(f'{t:.4f}' for t in runner_t))
     print('  plain  s/iter: ' + ', '.join(f'{t:.4f}' for t in plain_t))
     for mode in ('runner', 'plain'):
-        print(f'  {mode:6s} minor page faults/iter: ' + ', '.join(
-            f'{m["faults"]:.0f}' for m in rounds[mode]) +
-            '; peak RSS MiB: ' + ', '.join(
-            f'{m["max_rss_mib"]:.0f}' for m in rounds[mode]))
+        print(f'  {mode:6s} minor page faults/iter: ' +
+              ', '.join(f'{m["faults"]:.0f}' for m in rounds[mode]) +
+              '; peak RSS MiB: ' + ', '.join(f'{m["max_rss_mib"]:.0f}'
+                                             for m in rounds[mode]))
     print(f'  throughput runner/plain (plain time / runner time, median of '
           f'rounds) = {ratio:.3f}')
     if args.profile:
@@ -447,10 +473,11 @@ def bench_fmnist(name: str, args) -> float:
 
 def bench_vit_b(args) -> float:
     """train_step with the config's wrapper vs a plain step, ViT-B/16."""
-    import mmae_plugin  # noqa: F401
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
+
+    import mmae_plugin  # noqa: F401
     init_default_scope('mmpretrain')  # the config names plugin components
     cfg = load_config(VIT_B_CONFIG)
     torch.manual_seed(0)
@@ -466,8 +493,8 @@ def bench_vit_b(args) -> float:
     pre = cfg.model.get('data_preprocessor') or cfg.data_preprocessor
     mean = torch.tensor(pre.mean).view(1, -1, 1, 1)
     std = torch.tensor(pre.std).view(1, -1, 1, 1)
-    images = torch.randint(0, 256, (args.vit_batch, 3, 224, 224),
-                           dtype=torch.uint8)
+    images = torch.randint(
+        0, 256, (args.vit_batch, 3, 224, 224), dtype=torch.uint8)
     data = dict(inputs=images, data_samples=[])
 
     def runner_step():
@@ -501,30 +528,39 @@ def bench_vit_b(args) -> float:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--cases', nargs='+',
-                        default=list(FMNIST_CASES) + ['ViT-B'],
-                        choices=list(FMNIST_CASES) + ['ViT-B'])
+    parser.add_argument(
+        '--cases',
+        nargs='+',
+        default=list(FMNIST_CASES) + ['ViT-B'],
+        choices=list(FMNIST_CASES) + ['ViT-B'])
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--iters', type=int, default=30)
     parser.add_argument('--warmup', type=int, default=5)
-    parser.add_argument('--profile', action='store_true',
-                        help='add one profiled round per case')
+    parser.add_argument(
+        '--profile',
+        action='store_true',
+        help='add one profiled round per case')
     parser.add_argument('--vit-batch', type=int, default=8)
     parser.add_argument('--vit-iters', type=int, default=3)
     parser.add_argument('--vit-warmup', type=int, default=1)
-    parser.add_argument('--cfg-options', nargs='+', default=None,
-                        help='overrides applied to the Fashion-MNIST configs '
-                        '(both loops), e.g. to reproduce an older setup')
     parser.add_argument(
-        '--baseline', action='store_true',
+        '--cfg-options',
+        nargs='+',
+        default=None,
+        help='overrides applied to the Fashion-MNIST configs '
+        '(both loops), e.g. to reproduce an older setup')
+    parser.add_argument(
+        '--baseline',
+        action='store_true',
         help='runner with the settings before issue 9 (per-sample flip, '
         'SelfSupDataPreprocessor, one optimizer group per tensor)')
     parser.add_argument(
-        '--glibc-defaults', action='store_true',
+        '--glibc-defaults',
+        action='store_true',
         help="both loops with glibc's default malloc policy (without the "
         "configs' GlibcMallocHook)")
-    parser.add_argument('--single', choices=['runner', 'plain'],
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        '--single', choices=['runner', 'plain'], help=argparse.SUPPRESS)
     parser.add_argument('--config', help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.profile_round = False
@@ -545,8 +581,8 @@ def main() -> None:
     for name in args.cases:
         results[name] = bench_vit_b(args) if name == 'ViT-B' else \
             bench_fmnist(name, args)
-    print('\nsummary (throughput runner/plain): ' + ', '.join(
-        f'{k} {v:.3f}' for k, v in results.items()))
+    print('\nsummary (throughput runner/plain): ' +
+          ', '.join(f'{k} {v:.3f}' for k, v in results.items()))
 
 
 if __name__ == '__main__':

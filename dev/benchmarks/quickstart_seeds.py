@@ -41,8 +41,8 @@ def metric_keys(runs: dict) -> List[str]:
     """The accuracies and every ``repr/erank*`` key all runs share."""
     rows = [row for by_seed in runs.values() for row in by_seed.values()]
     shared = set.intersection(*(set(row) for row in rows)) if rows else set()
-    return list(ACCURACIES) + sorted(k for k in shared
-                                     if k.startswith('repr/erank'))
+    return list(ACCURACIES) + sorted(
+        k for k in shared if k.startswith('repr/erank'))
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -61,8 +61,11 @@ def run(name: str, seed: int, work_dir: str) -> dict:
         start = time.time()
         env = dict(os.environ, CONFIG=CONFIGS[name], SEED=str(seed))
         with open(osp.join(work_dir, f'{name}_seed{seed}.log'), 'w') as log:
-            subprocess.run(['bash', 'tools/quickstart.sh', run_dir], env=env,
-                           cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            subprocess.run(['bash', 'tools/quickstart.sh', run_dir],
+                           env=env,
+                           cwd=REPO,
+                           stdout=log,
+                           stderr=subprocess.STDOUT,
                            check=True)
         with open(osp.join(run_dir, 'wall_s.txt'), 'w') as f:
             f.write(f'{time.time() - start:.0f}\n')
@@ -86,12 +89,16 @@ def summarise(runs: dict, seeds: list) -> dict:
         for name in CONFIGS:
             mean, std = mean_std([runs[name][s][key] for s in seeds])
             row[name] = {'mean': mean, 'std': None if std != std else std}
-        diff = paired_interval({s: runs['M-MAE'][s][key] for s in seeds},
-                               {s: runs['MAE'][s][key] for s in seeds})
+        diff = paired_interval({s: runs['M-MAE'][s][key]
+                                for s in seeds},
+                               {s: runs['MAE'][s][key]
+                                for s in seeds})
         row['M-MAE - MAE'] = {
-            'mean': diff.mean, 'n': diff.n,
+            'mean': diff.mean,
+            'n': diff.n,
             'ci95': [diff.low, diff.high] if diff.has_interval else None,
-            'text': diff.text()}
+            'text': diff.text()
+        }
         summary[key] = row
     return summary
 
@@ -108,9 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for seed in args.seeds:
         for name in CONFIGS:
             runs[name][seed] = run(name, seed, work_dir)
-            print(f'{name} seed {seed}: ' + ', '.join(
-                f'{k} {runs[name][seed][k]:.2f}' for k in
-                list(ACCURACIES) + ['wall_s']), flush=True)
+            print(
+                f'{name} seed {seed}: ' +
+                ', '.join(f'{k} {runs[name][seed][k]:.2f}'
+                          for k in list(ACCURACIES) + ['wall_s']),
+                flush=True)
     summary = summarise(runs, args.seeds)
     for key, row in summary.items():
         diff = row['M-MAE - MAE']
@@ -120,11 +129,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f'difference {diff["text"]}')
     if args.out:
         with open(args.out, 'w') as f:
-            json.dump({'seeds': args.seeds, 'runs': runs,
-                       'summary': summary,
-                       'command': ' '.join(sys.argv if argv is None else
-                                           ['quickstart_seeds.py', *argv])},
-                      f, indent=1)
+            json.dump(
+                {
+                    'seeds':
+                    args.seeds,
+                    'runs':
+                    runs,
+                    'summary':
+                    summary,
+                    'command':
+                    ' '.join(sys.argv if argv is None else
+                             ['quickstart_seeds.py', *argv])
+                },
+                f,
+                indent=1)
 
 
 if __name__ == '__main__':

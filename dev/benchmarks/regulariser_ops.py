@@ -11,7 +11,8 @@ count measures. The CPU time of the same call (median of ``--reps``, one
 thread) is the float64 arithmetic itself, about 2.6 GFLOP at 1024 x 768::
 
     python dev/benchmarks/regulariser_ops.py
-    python dev/benchmarks/regulariser_ops.py --rows 1024 --dim 768 --json out.json
+    python dev/benchmarks/regulariser_ops.py --rows 1024 --dim 768 \\
+        --json out.json
 """
 import argparse
 import collections
@@ -28,8 +29,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 #: The regulariser of configs/mmae_vit-base_200e.py.
-RECIPE = dict(type='TCRLoss', mu=1.0, form='reference', centering=False,
-              gather='global', loss_weight=0.01 / 8)
+RECIPE = dict(
+    type='TCRLoss',
+    mu=1.0,
+    form='reference',
+    centering=False,
+    gather='global',
+    loss_weight=0.01 / 8)
 
 
 class OpCounter(TorchDispatchMode):
@@ -63,8 +69,9 @@ def _plugin_caller() -> str:
 def build_regulariser(settings: Dict):
     """The regulariser of ``settings`` from mmpretrain's registry."""
     sys.path.insert(0, REPO)
-    import mmae_plugin.registration  # noqa: F401
     from mmpretrain.registry import MODELS
+
+    import mmae_plugin.registration  # noqa: F401
     return MODELS.build(dict(settings))
 
 
@@ -82,13 +89,15 @@ def count_ops(regulariser, z: torch.Tensor) -> Dict:
     with backward:
         loss.backward()
     z.grad = None
-    return dict(forward=forward.total, backward=backward.total,
-                total=forward.total + backward.total,
-                forward_ops=dict(forward.by_op.most_common()),
-                backward_ops=dict(backward.by_op.most_common()),
-                forward_sources=dict(forward.by_source.most_common()),
-                backward_sources=dict(backward.by_source.most_common()),
-                skip_code=float(regulariser.skip_code))
+    return dict(
+        forward=forward.total,
+        backward=backward.total,
+        total=forward.total + backward.total,
+        forward_ops=dict(forward.by_op.most_common()),
+        backward_ops=dict(backward.by_op.most_common()),
+        forward_sources=dict(forward.by_source.most_common()),
+        backward_sources=dict(backward.by_source.most_common()),
+        skip_code=float(regulariser.skip_code))
 
 
 def cpu_times(regulariser, z: torch.Tensor, reps: int) -> List[float]:
@@ -119,11 +128,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     z = features(args.rows, args.dim)
     ops = count_ops(regulariser, z)
     times = cpu_times(regulariser, z, args.reps)
-    result = dict(settings=RECIPE, rows=args.rows, dim=args.dim,
-                  threads=args.threads, ops=ops,
-                  cpu_ms=dict(median=statistics.median(times) * 1e3,
-                              min=min(times) * 1e3, max=max(times) * 1e3,
-                              reps=args.reps))
+    result = dict(
+        settings=RECIPE,
+        rows=args.rows,
+        dim=args.dim,
+        threads=args.threads,
+        ops=ops,
+        cpu_ms=dict(
+            median=statistics.median(times) * 1e3,
+            min=min(times) * 1e3,
+            max=max(times) * 1e3,
+            reps=args.reps))
     print(f'TCRLoss {args.rows} x {args.dim} (float32 in, float64 inside), '
           f'forward + backward: {ops["total"]} aten ops ({ops["forward"]} '
           f'forward, {ops["backward"]} backward); CPU '

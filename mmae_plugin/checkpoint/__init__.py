@@ -8,7 +8,8 @@ writes through them and keeps the run record, ``MMAERunner`` /
 record, and the model zoo verifies its files. Nothing here changes
 mmengine.
 """
-from .bounded_read import SUSPICIOUS_FILE_LIMIT, UnsafeFileError, read_small_text
+from .bounded_read import (SUSPICIOUS_FILE_LIMIT, UnsafeFileError,
+                           read_small_text)
 from .integrity import (CorruptCheckpointError, checkpoint_problem,
                         sidecar_path, write_sidecar)
 from .run_record import RECORD_NAME, file_sha256, read_record

@@ -76,9 +76,10 @@ def choose_resume_checkpoint(work_dir: str) -> ResumeChoice:
         problem = entry.problem()
         if problem is None:
             newest = entries[0]
-            return ResumeChoice(entry.location, skipped,
-                                (newest.iter - entry.iter,
-                                 newest.epoch - entry.epoch), notes, entry)
+            return ResumeChoice(
+                entry.location, skipped,
+                (newest.iter - entry.iter, newest.epoch - entry.epoch), notes,
+                entry)
         skipped.append((entry.location, problem))
     if not skipped and not record.unreadable and not record.damaged:
         return ResumeChoice(None, notes=notes)
@@ -98,7 +99,8 @@ def _migration_choice(work_dir: str, notes: List[str]) -> ResumeChoice:
         if problem is None:
             meta, problem = read_meta(path)
         if problem is None and 'run_id' in meta:
-            problem = ('its meta names run ' f'{meta["run_id"]}, which this '
+            problem = ('its meta names run '
+                       f'{meta["run_id"]}, which this '
                        'work folder has no record of (copied in from '
                        'another run?)')
         if problem is None:
@@ -124,8 +126,10 @@ def _checkpoint_files(work_dir: str) -> List[str]:
         names = sorted(os.listdir(work_dir))
     except OSError:
         return []
-    return [osp.join(work_dir, name) for name in names
-            if name.endswith('.pth') and not name.startswith('.')]
+    return [
+        osp.join(work_dir, name) for name in names
+        if name.endswith('.pth') and not name.startswith('.')
+    ]
 
 
 def newest_intact_sentence(path: str) -> str:

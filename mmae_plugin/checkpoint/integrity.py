@@ -63,8 +63,8 @@ def write_sidecar(checkpoint: str) -> None:
         checkpoint: Local path of the checkpoint file just written.
     """
     line = f'{file_sha256(checkpoint)}  {osp.basename(checkpoint)}\n'
-    write_atomically(line, sidecar_path(checkpoint), mode='w',
-                     encoding='utf-8')
+    write_atomically(
+        line, sidecar_path(checkpoint), mode='w', encoding='utf-8')
     try:
         os.remove(legacy_sidecar_path(checkpoint))
     except (FileNotFoundError, IsADirectoryError):
@@ -149,7 +149,8 @@ def _folder_problem(folder: str) -> Optional[str]:
         return 'it is a folder without rank<i>.pth files'
     expected = [f'rank{i}.pth' for i in range(len(ranks))]
     if ranks != expected:
-        return f'its rank files {ranks} are not rank0.pth ... rank{len(ranks) - 1}.pth'
+        return (f'its rank files {ranks} are not rank0.pth ... '
+                f'rank{len(ranks) - 1}.pth')
     for rank in ranks:
         problem = zip_problem(osp.join(folder, rank))
         if problem is not None:
@@ -157,7 +158,8 @@ def _folder_problem(folder: str) -> Optional[str]:
     return None
 
 
-def _digest_mismatch(checkpoint: str, digests: Dict[str, str]) -> Optional[str]:
+def _digest_mismatch(checkpoint: str, digests: Dict[str,
+                                                    str]) -> Optional[str]:
     parent = osp.dirname(osp.normpath(checkpoint))
     name = osp.basename(osp.normpath(checkpoint))
     if name not in digests:
@@ -217,4 +219,5 @@ def verify_checkpoint(checkpoint: str, instead: str = '') -> None:
     problem = checkpoint_problem(checkpoint)
     if problem is not None:
         raise CorruptCheckpointError(
-            f'checkpoint {checkpoint} is damaged: {problem}. {instead}'.strip())
+            f'checkpoint {checkpoint} is damaged: {problem}. {instead}'.strip(
+            ))

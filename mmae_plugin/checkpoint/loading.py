@@ -68,8 +68,8 @@ def read_meta(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     import torch
     file = osp.join(path, 'rank0.pth') if osp.isdir(path) else path
     try:
-        checkpoint = torch.load(file, map_location='cpu', weights_only=True,
-                                mmap=True)
+        checkpoint = torch.load(
+            file, map_location='cpu', weights_only=True, mmap=True)
     except Exception as err:  # noqa: BLE001 (any failure: not resumable)
         return None, f'it cannot be loaded with weights_only ({err})'[:300]
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None

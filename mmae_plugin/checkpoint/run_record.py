@@ -168,8 +168,8 @@ _FINGERPRINTS: Dict[Tuple, Tuple[int, str, Optional[int]]] = {}
 def _cached_fingerprint(path: str) -> Tuple[int, str, Optional[int]]:
     # Resume verifies the chosen checkpoint, then loads it; hashing a
     # multi-GB file twice would double the resume time for nothing.
-    paths = [path] + ([osp.join(path, r) for r in rank_files(path)]
-                      if osp.isdir(path) else [])
+    paths = [path] + ([osp.join(path, r)
+                       for r in rank_files(path)] if osp.isdir(path) else [])
     key = tuple((p, s.st_ino, s.st_size, s.st_mtime_ns)
                 for p, s in ((p, os.stat(p)) for p in paths))
     if key not in _FINGERPRINTS:
@@ -196,7 +196,8 @@ class RunRecord:
     exists: bool = False
     unreadable: Optional[str] = None
 
-    def checkpoints(self, run_id: Optional[str] = None,
+    def checkpoints(self,
+                    run_id: Optional[str] = None,
                     best: bool = False) -> List[Entry]:
         """The run's entries, newest (highest global iteration) first.
 
@@ -208,8 +209,10 @@ class RunRecord:
             The entries.
         """
         run_id = run_id or self.run_id
-        found = [e for e in self.entries.values()
-                 if e.run_id == run_id and bool(e.fields.get('best')) == best]
+        found = [
+            e for e in self.entries.values()
+            if e.run_id == run_id and bool(e.fields.get('best')) == best
+        ]
         return sorted(found, key=lambda e: (-e.iter, -e.epoch, e.path))
 
     def find(self, path: str) -> Optional[Entry]:
@@ -272,8 +275,8 @@ def read_record(work_dir: str) -> RunRecord:
     """
     record = RunRecord(str(work_dir))
     try:
-        text = read_small_text(record_path(work_dir), 'run record',
-                               RECORD_LIMIT)
+        text = read_small_text(
+            record_path(work_dir), 'run record', RECORD_LIMIT)
     except FileNotFoundError:
         return record
     except OSError as err:

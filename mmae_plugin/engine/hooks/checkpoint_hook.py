@@ -73,11 +73,13 @@ class NonFiniteCheckpointError(FloatingPointError):
 def _check_setting(name: str, value: Any) -> None:
     if type(value) is not int or (value != -1 and value < 1):
         meaning = {
-            'interval': 'save every `interval` epochs or iterations; -1 '
-                        'saves only the last one (with save_last=True)',
-            'max_keep_ckpts': 'keep that many newest checkpoints; -1 keeps '
-                              'all (mmengine reads 0 as "keep all" too, '
-                              'which is never what 0 says)',
+            'interval':
+            'save every `interval` epochs or iterations; -1 '
+            'saves only the last one (with save_last=True)',
+            'max_keep_ckpts':
+            'keep that many newest checkpoints; -1 keeps '
+            'all (mmengine reads 0 as "keep all" too, '
+            'which is never what 0 says)',
         }[name]
         raise ValueError(
             f'SafeCheckpointHook: {name}={value!r} is not allowed: use an '
@@ -137,8 +139,8 @@ def all_finite_flag(tensors: List[torch.Tensor],
     flag = torch.ones((), dtype=torch.int64, device=device)
     for tensor in tensors:
         finite = torch.isfinite(tensor).all()
-        flag = flag * finite.to(device=device, dtype=torch.int64,
-                                non_blocking=True)
+        flag = flag * finite.to(
+            device=device, dtype=torch.int64, non_blocking=True)
     return flag
 
 
@@ -188,9 +190,13 @@ class SafeCheckpointHook(CheckpointHook):
             for folder in {str(self.out_dir), str(runner.work_dir)}:
                 remove_orphan_temporaries(folder)
                 remove_partial_checkpoints(folder)
-            append_event(runner.work_dir, dict(
-                event='start', launch=launch_record(runner),
-                resumed_iter=runner.iter or None, **self._identity))
+            append_event(
+                runner.work_dir,
+                dict(
+                    event='start',
+                    launch=launch_record(runner),
+                    resumed_iter=runner.iter or None,
+                    **self._identity))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Write the run id and config digest into the checkpoint's meta.
@@ -209,8 +215,7 @@ class SafeCheckpointHook(CheckpointHook):
         return isinstance(backend, LocalBackend)
 
     # -------------------------------------------------------- finiteness
-    def require_finite_state(self, runner, what: str,
-                             iterations: int) -> None:
+    def require_finite_state(self, runner, what: str, iterations: int) -> None:
         """Raise on every rank if any rank's state is not finite.
 
         One all-reduce and one host read.
@@ -231,8 +236,10 @@ class SafeCheckpointHook(CheckpointHook):
         all_reduce(flag, op='min')
         if int(flag.item()) == 1:
             return
-        local = [name for name, tensor in named
-                 if not bool(torch.isfinite(tensor).all())]
+        local = [
+            name for name, tensor in named
+            if not bool(torch.isfinite(tensor).all())
+        ]
         per_rank = all_gather_object(local) if get_world_size() > 1 \
             else [local]
         message = self.nonfinite_message(what, iterations, per_rank)
@@ -277,10 +284,15 @@ class SafeCheckpointHook(CheckpointHook):
         self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
         self.save_atomically(
-            runner, self.out_dir, filename, self.file_client_args,
+            runner,
+            self.out_dir,
+            filename,
+            self.file_client_args,
             save_optimizer=self.save_optimizer,
-            save_param_scheduler=self.save_param_scheduler, meta=meta,
-            by_epoch=self.by_epoch, backend_args=self.backend_args,
+            save_param_scheduler=self.save_param_scheduler,
+            meta=meta,
+            by_epoch=self.by_epoch,
+            backend_args=self.backend_args,
             **self.args)
         self._finite_checkpoint = self.last_ckpt
         if not is_main_process():
@@ -288,14 +300,17 @@ class SafeCheckpointHook(CheckpointHook):
         if local:
             self.record_saved(runner, str(self.last_ckpt), meta)
         last_checkpoint = osp.join(runner.work_dir, 'last_checkpoint')
-        write_atomically(str(self.last_ckpt), last_checkpoint, mode='w',
-                         encoding='utf-8')
+        write_atomically(
+            str(self.last_ckpt), last_checkpoint, mode='w', encoding='utf-8')
         if local:
             retired = self._retired_by_record(runner, str(self.last_ckpt))
         for path in retired:
             self._remove_checkpoint(path)
 
-    def record_saved(self, runner, path: str, meta: Dict[str, Any],
+    def record_saved(self,
+                     runner,
+                     path: str,
+                     meta: Dict[str, Any],
                      best: bool = False) -> None:
         """Append the ``saved`` event of a finalized local checkpoint.
 
@@ -307,12 +322,19 @@ class SafeCheckpointHook(CheckpointHook):
         """
         size, digest, ranks = fingerprint(path)
         launch = launch_record(runner)
-        append_event(runner.work_dir, dict(
-            event='saved', path=recorded_path(runner.work_dir, path),
-            epoch=int(meta['epoch']), iter=int(meta['iter']), size=size,
-            sha256=digest, best=best, launch=launch,
-            layout=dict(ranks=ranks, sharding=launch['sharding']),
-            **self._identity))
+        append_event(
+            runner.work_dir,
+            dict(
+                event='saved',
+                path=recorded_path(runner.work_dir, path),
+                epoch=int(meta['epoch']),
+                iter=int(meta['iter']),
+                size=size,
+                sha256=digest,
+                best=best,
+                launch=launch,
+                layout=dict(ranks=ranks, sharding=launch['sharding']),
+                **self._identity))
 
     def _retired_by_record(self, runner, newest: str) -> List[str]:
         """Retire the run's checkpoints older than the kept set.
@@ -335,8 +357,8 @@ class SafeCheckpointHook(CheckpointHook):
                                                  oldest_kept.epoch)
             if older and osp.realpath(entry.location) != \
                     osp.realpath(newest):
-                append_event(runner.work_dir, dict(event='removed',
-                                                   path=entry.path))
+                append_event(runner.work_dir,
+                             dict(event='removed', path=entry.path))
                 retired.append(entry.location)
         return retired
 
@@ -347,14 +369,15 @@ class SafeCheckpointHook(CheckpointHook):
         Returns:
             The checkpoints to remove once the new one is complete.
         """
-        if self.max_keep_ckpts <= 0 or (self.keep_ckpt_ids and
-                                        self.keep_ckpt_ids[-1] == step):
+        if self.max_keep_ckpts <= 0 or (self.keep_ckpt_ids
+                                        and self.keep_ckpt_ids[-1] == step):
             return []
         retired = []
         if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
             old_step = self.keep_ckpt_ids.popleft()
-            retired.append(self.file_backend.join_path(
-                self.out_dir, self.filename_tmpl.format(old_step)))
+            retired.append(
+                self.file_backend.join_path(
+                    self.out_dir, self.filename_tmpl.format(old_step)))
         self.keep_ckpt_ids.append(step)
         runner.message_hub.update_info('keep_ckpt_ids',
                                        list(self.keep_ckpt_ids))
@@ -368,14 +391,19 @@ class SafeCheckpointHook(CheckpointHook):
                 atomic_saves_of(runner, self):
             super()._save_best_checkpoint(runner, metrics)
         keep = {str(self.last_ckpt), str(getattr(self, 'best_ckpt_path', ''))}
-        keep |= {str(p) for p in
-                 (getattr(self, 'best_ckpt_path_dict', None) or {}).values()}
+        keep |= {
+            str(p)
+            for p in (
+                getattr(self, 'best_ckpt_path_dict', None) or {}).values()
+        }
         for path in queued:
             if str(path) not in keep:
                 if self._writes_locally() and is_main_process():
-                    append_event(runner.work_dir, dict(
-                        event='removed',
-                        path=recorded_path(runner.work_dir, str(path))))
+                    append_event(
+                        runner.work_dir,
+                        dict(
+                            event='removed',
+                            path=recorded_path(runner.work_dir, str(path))))
                 self._remove_checkpoint(path)
 
     def save_atomically(self, runner, out_dir: str, filename: str, *args,
@@ -409,8 +437,9 @@ class SafeCheckpointHook(CheckpointHook):
                 _remove_path_quietly(partial)
             if err.errno is None:
                 raise OSError(f'saving checkpoint {final}: {err}') from err
-            raise OSError(err.errno, f'{os.strerror(err.errno)} (saving '
-                          f'checkpoint {final})', final) from err
+            raise OSError(
+                err.errno, f'{os.strerror(err.errno)} (saving '
+                f'checkpoint {final})', final) from err
 
     def _remove_checkpoint(self, path: str) -> None:
         if self.file_backend.isfile(path):
@@ -541,12 +570,14 @@ def atomic_saves_of(runner, hook: SafeCheckpointHook) -> Iterator[None]:
     def save_checkpoint(out_dir, filename, *args, **kwargs) -> None:
         hook.save_atomically(runner, out_dir, filename, *args, **kwargs)
         if hook._writes_locally() and is_main_process():
-            hook.record_saved(runner, osp.join(str(out_dir), filename),
-                              kwargs['meta'], best=True)
+            hook.record_saved(
+                runner,
+                osp.join(str(out_dir), filename),
+                kwargs['meta'],
+                best=True)
 
     runner.save_checkpoint = save_checkpoint
     try:
         yield
     finally:
         del runner.save_checkpoint
-

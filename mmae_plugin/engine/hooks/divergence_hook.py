@@ -41,8 +41,10 @@ def logged_values(message_hub, keys) -> Dict[str, float]:
         (Python floats: reading them syncs nothing).
     """
     scalars = message_hub.log_scalars
-    return {key: float(scalars[f'train/{key}'].current())
-            for key in keys if f'train/{key}' in scalars}
+    return {
+        key: float(scalars[f'train/{key}'].current())
+        for key in keys if f'train/{key}' in scalars
+    }
 
 
 def total_loss(values: Dict[str, float]) -> Optional[float]:
@@ -78,8 +80,10 @@ def recent_totals(message_hub, count: int = 4) -> List[float]:
     return [float(v) for v in history.data[0][-count:]]
 
 
-def divergence_message(values: Dict[str, float], iteration: int,
-                       epoch: int, recent: Sequence[float] = (),
+def divergence_message(values: Dict[str, float],
+                       iteration: int,
+                       epoch: int,
+                       recent: Sequence[float] = (),
                        checkpoint: Optional[str] = None) -> str:
     """The error text: where training diverged and every term's value.
 
@@ -139,8 +143,9 @@ class DivergenceHook(Hook):
             ValueError: No ``RuntimeInfoHook``, or one running after us.
         """
         hooks = list(runner.hooks)
-        runtime_info = [i for i, h in enumerate(hooks)
-                        if isinstance(h, RuntimeInfoHook)]
+        runtime_info = [
+            i for i, h in enumerate(hooks) if isinstance(h, RuntimeInfoHook)
+        ]
         if not runtime_info or runtime_info[0] > hooks.index(self):
             raise ValueError(
                 'DivergenceHook reads the loss values RuntimeInfoHook logs '
@@ -148,7 +153,10 @@ class DivergenceHook(Hook):
                 '(RuntimeInfoHook) with a higher priority than HIGH; got '
                 f'hooks {[type(h).__name__ for h in hooks]}')
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
                          outputs: Optional[dict] = None) -> None:
         """Raise if this iteration's total loss is NaN or infinite.
 

@@ -8,8 +8,7 @@ from .runners import MMAEFlexibleRunner, MMAERunner
 
 __all__ = [
     'VerifiedCheckpointMixin', 'ForeignCheckpointError', 'LaunchRecordMixin',
-    'LaunchChangedError',
-    'CpuDistributedRunnerMixin',
+    'LaunchChangedError', 'CpuDistributedRunnerMixin',
     'CpuDistributedFlexibleRunnerMixin', 'CollateScopeMixin', 'MMAERunner',
     'MMAEFlexibleRunner'
 ]

@@ -109,7 +109,7 @@ class VerifiedCheckpointMixin:
                 self._load_from, self._resume_chosen = choice.path, True
             else:
                 self.logger.warning(f'auto-resume: no checkpoint yet in '
-                                 f'{self.work_dir}; starting afresh')
+                                    f'{self.work_dir}; starting afresh')
                 self._resume = False
         super().load_or_resume()
 
@@ -172,9 +172,10 @@ class VerifiedCheckpointMixin:
     def _check_resumable(self, path: str, checkpoint: Dict) -> None:
         meta = checkpoint.get('meta') if isinstance(checkpoint, dict) \
             else None
-        missing = [key for key in ('epoch', 'iter')
-                   if not isinstance(meta, dict)
-                   or type(meta.get(key)) is not int]
+        missing = [
+            key for key in ('epoch', 'iter')
+            if not isinstance(meta, dict) or type(meta.get(key)) is not int
+        ]
         if missing:
             raise ForeignCheckpointError(
                 f'cannot resume {path}: its meta does not say its '

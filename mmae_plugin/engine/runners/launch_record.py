@@ -58,10 +58,11 @@ def launch_record(runner) -> Dict[str, Any]:
         ``sharding`` (FSDP's state dict type, or None).
     """
     loader = runner.train_dataloader
-    return dict(world_size=get_world_size(),
-                per_gpu_batch=getattr(loader, 'batch_size', None),
-                iters_per_epoch=len(loader),
-                sharding=_sharding(runner))
+    return dict(
+        world_size=get_world_size(),
+        per_gpu_batch=getattr(loader, 'batch_size', None),
+        iters_per_epoch=len(loader),
+        sharding=_sharding(runner))
 
 
 def launch_problem(launch: Any) -> Optional[str]:
@@ -106,15 +107,14 @@ def launch_change_message(path: str, saved: Dict[str, Any],
     local_shards = saved.get('sharding') == 'LOCAL_STATE_DICT' and \
         saved['world_size'] != now['world_size']
     remedy = ('FSDP local shards load only at the world size that wrote '
-              'them: resume with the same number of processes.'
-              if local_shards else
-              f"Resume with the same launch, or set {OVERRIDE_KEY} = "
+              'them: resume with the same number of processes.' if local_shards
+              else f'Resume with the same launch, or set {OVERRIDE_KEY} = '
               "'rescale' in the config (--cfg-options "
-              f"{OVERRIDE_KEY}=rescale) to rescale the schedule to the new "
+              f'{OVERRIDE_KEY}=rescale) to rescale the schedule to the new '
               'iterations per epoch and accept the new regularised batch.')
     return (f'cannot resume {path}: it was written by a launch of '
             f'{describe(saved)}; this launch has {describe(now)}. Resumed '
-            "as it is, the parameter schedules (counted in iterations) would "
+            'as it is, the parameter schedules (counted in iterations) would '
             'no longer end at max_epochs and the regularised batch of a '
             "gather='global' regulariser would change. " + remedy)
 
@@ -140,9 +140,10 @@ def rescale_schedule(runner, ratio: float) -> None:
                 setattr(scheduler, name, max(1, round(value * ratio)))
         milestones = getattr(scheduler, 'milestones', None)
         if milestones is not None:
-            scheduler.milestones = type(milestones)(
-                {round(step * ratio): count
-                 for step, count in milestones.items()})
+            scheduler.milestones = type(milestones)({
+                round(step * ratio): count
+                for step, count in milestones.items()
+            })
 
 
 _NOT_LOADED = object()
@@ -198,7 +199,7 @@ class LaunchRecordMixin:
                 raise LaunchChangedError(
                     f'cannot resume {filename}: {unknown}, so whether '
                     f'this launch ({describe(now)}) continues its schedule '
-                    f"unchanged cannot be checked. Set {OVERRIDE_KEY} = "
+                    f'unchanged cannot be checked. Set {OVERRIDE_KEY} = '
                     "'accept' (--cfg-options "
                     f'{OVERRIDE_KEY}=accept) if it was written with this '
                     'launch.')

@@ -69,19 +69,27 @@ class MMAE(MAE):
         **kwargs: Other arguments of :class:`mmpretrain.models.MAE`.
     """
 
-    def __init__(self, backbone: dict, neck: dict, head: dict,
-                 regularizer: Optional[dict] = None, feature: str = 'cls',
+    def __init__(self,
+                 backbone: dict,
+                 neck: dict,
+                 head: dict,
+                 regularizer: Optional[dict] = None,
+                 feature: str = 'cls',
                  final_norm_twice: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None,
                  **kwargs) -> None:
-        for name, cfg in (('backbone', backbone), ('neck', neck),
-                          ('head', head)):
+        for name, cfg in (('backbone', backbone), ('neck', neck), ('head',
+                                                                   head)):
             check_config(cfg, name)
         check_config(regularizer, 'regularizer', optional=True)
         check_pooling_name(feature, 'feature')
         check_bool(final_norm_twice, 'final_norm_twice')
-        super().__init__(backbone=backbone, neck=neck, head=head,
-                         init_cfg=check_init_cfg(init_cfg), **kwargs)
+        super().__init__(
+            backbone=backbone,
+            neck=neck,
+            head=head,
+            init_cfg=check_init_cfg(init_cfg),
+            **kwargs)
         self.feature = feature
         self.final_norm_twice = final_norm_twice
         check_real(self.backbone.mask_ratio, 'backbone.mask_ratio')
@@ -97,8 +105,9 @@ class MMAE(MAE):
             # MAEViT.random_masking keeps int(L * (1 - mask_ratio)) patches.
             if int(num_patches * (1 - mask_ratio)) < 1:
                 raise ValueError(
-                    f"feature={self.feature!r} needs at least one visible "
-                    f'patch, but backbone.mask_ratio={mask_ratio!r} leaves none of '
+                    f'feature={self.feature!r} needs at least one visible '
+                    f'patch, but backbone.mask_ratio={mask_ratio!r} leaves '
+                    'none of '
                     f"the {num_patches} patches visible; use feature='cls' "
                     'or a smaller mask_ratio')
         if self.final_norm_twice and not getattr(self.backbone, 'final_norm',
@@ -131,8 +140,8 @@ class MMAE(MAE):
                 f'mask_ratio)) of them), got {ratio!r}')
 
     @staticmethod
-    def _build_regularizer(cfg: Optional[dict]
-                           ) -> Optional[FeatureRegularizer]:
+    def _build_regularizer(
+            cfg: Optional[dict]) -> Optional[FeatureRegularizer]:
         if cfg is None:
             return None
         regularizer = MODELS.build(cfg)
@@ -146,8 +155,8 @@ class MMAE(MAE):
     def pool(self, latent: Tensor) -> Tensor:
         """Representation (B, C) of the masked encoder output (B, 1 + L, C)."""
         pooled = pool_token_sequence(
-            latent, self.feature,
-            getattr(self.backbone, 'num_extra_tokens', 1))
+            latent, self.feature, getattr(self.backbone, 'num_extra_tokens',
+                                          1))
         if self.final_norm_twice:
             pooled = self.backbone.norm1(pooled)
         return pooled

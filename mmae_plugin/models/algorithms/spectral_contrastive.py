@@ -10,8 +10,8 @@ from mmpretrain.structures import DataSample
 # The head and loss this algorithm's configs name: importing the algorithm
 # registers them.
 from mmae_plugin.models.heads import SpectralContrastiveHead  # noqa: F401
-from mmae_plugin.models.losses.spectral_contrastive_loss import (  # noqa: F401
-    SpectralContrastiveLoss)
+from mmae_plugin.models.losses.spectral_contrastive_loss import \
+    SpectralContrastiveLoss  # noqa: F401
 
 
 @MODELS.register_module()
@@ -26,7 +26,8 @@ class SpectralContrastive(BaseSelfSupervisor):
     all-gather is needed (the authors' code is single-process too).
     """
 
-    def loss(self, inputs: List[torch.Tensor],
+    def loss(self,
+             inputs: List[torch.Tensor],
              data_samples: Optional[List[DataSample]] = None,
              **kwargs) -> Dict[str, torch.Tensor]:
         """The loss of one batch of two-view inputs.

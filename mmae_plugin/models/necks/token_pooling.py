@@ -36,7 +36,8 @@ def check_pooling(pooling: str, out_type: str = 'raw') -> None:
             " set the backbone's out_type='raw'")
 
 
-def pool_tokens(feats: Tensor, pooling: str,
+def pool_tokens(feats: Tensor,
+                pooling: str,
                 num_extra_tokens: int = 1) -> Tensor:
     """One (B, C) or (B, 2C) feature per image from a ViT's output.
 
@@ -81,7 +82,9 @@ class TokenPoolingNeck(BaseModule):
         init_cfg: Initialisation config (the neck has no parameters).
     """
 
-    def __init__(self, pooling: str = 'cls+mean', num_extra_tokens: int = 1,
+    def __init__(self,
+                 pooling: str = 'cls+mean',
+                 num_extra_tokens: int = 1,
                  init_cfg=None) -> None:
         super().__init__(init_cfg)
         check_pooling(pooling)
