@@ -1,27 +1,25 @@
 """mmae-plugin: matrix information theory for MMPretrain self-supervision.
 
-Importing the package registers every component in mmengine's and
-mmpretrain's registries (through :mod:`mmae_plugin.registration`) when
-mmengine is already imported, which is always the case when a config names
-the plugin in ``custom_imports`` (mmengine reads the config first)::
+``import mmae_plugin`` registers nothing, whatever was imported before it:
+the package stays light, and the framework-free subpackages
+(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`,
+:mod:`mmae_plugin.utils`) import neither mmengine nor mmpretrain.
+
+The components are registered in mmengine's and mmpretrain's registries
+by ``import mmae_plugin.registration``, in every import order. Configs name
+that module in ``custom_imports``::
 
     custom_imports = dict(imports=['mmae_plugin.registration'],
                           allow_failed_imports=False)
 
-``imports=['mmae_plugin']`` works too. Without mmengine loaded, importing the
-package imports nothing beyond it, so the framework-free subpackages
-(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`,
-:mod:`mmae_plugin.utils`) import neither mmengine nor mmpretrain; the
-components are then registered by ``import mmae_plugin.registration``, or on
-first use of a framework attribute such as ``mmae_plugin.models``. A script
-that imports the plugin before mmengine and needs the components should
-import ``mmae_plugin.registration``: Python runs this file once per process,
-so a later ``import mmae_plugin`` (or a config's
-``imports=['mmae_plugin']``) does not run it again.
+``imports=['mmae_plugin']`` registers nothing: building a plugin component
+then fails with mmengine's registry ``KeyError`` (``... is not in the
+mmpretrain::model registry``). First access of a framework attribute such as
+``mmae_plugin.models`` or ``mmae_plugin.engine`` registers too, as it
+imports :mod:`mmae_plugin.registration` first.
 """
 import importlib
 import importlib.util
-import sys
 from typing import Any
 
 __version__ = '0.2.0'
@@ -30,11 +28,6 @@ __version__ = '0.2.0'
 #: submodule, first reached as an attribute of the package, registers the
 #: plugin before it is imported.
 FRAMEWORK_FREE = ('matrix_info', 'theory', 'utils')
-
-if 'mmengine' in sys.modules:
-    # mmengine is loaded (a config is being read, or the user imported it):
-    # register now, as ``custom_imports`` expects.
-    from . import registration  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

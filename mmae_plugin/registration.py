@@ -11,9 +11,9 @@ model zoo. Configs name it in ``custom_imports``::
     custom_imports = dict(imports=['mmae_plugin.registration'],
                           allow_failed_imports=False)
 
-``imports=['mmae_plugin']`` registers the same whenever mmengine is already
-imported, which is the case while mmengine reads a config (see
-:mod:`mmae_plugin`); this module registers in every case.
+It is the one import that registers: ``import mmae_plugin`` (and a config's
+``imports=['mmae_plugin']``) registers nothing, in any import order (see
+:mod:`mmae_plugin`).
 """
 from .compat import apply_all
 

@@ -1,4 +1,4 @@
-"""``import mmae_plugin`` leaves mmengine and torch as they are.
+"""``import mmae_plugin.registration`` leaves mmengine and torch as they are.
 
 Each test runs a fresh interpreter, records upstream objects, imports the
 plugin and compares: only the documented process-wide security changes
@@ -114,8 +114,7 @@ def not_torchs_own(entries):
 
 before = record()
 safe_globals = not_torchs_own(torch.serialization.get_safe_globals())
-import mmae_plugin
-assert 'mmae_plugin.registration' in sys.modules  # mmengine was loaded
+import mmae_plugin.registration
 after = record()
 print(json.dumps(dict(
     changed=sorted(name for name in before if after[name] is not before[name]),
@@ -227,14 +226,99 @@ def test_matrix_info_imports_no_framework_and_configs_still_register():
     assert 'registered: True True True' in proc.stdout, proc.stdout
 
 
-def test_plugin_registers_on_import_once_mmengine_is_loaded():
-    proc = run_python('''
-        import mmpretrain
-        import mmae_plugin
-        from mmpretrain.registry import MODELS
-        print('registered:', MODELS.get('MMAE') is not None)
-    ''')
-    assert 'registered: True' in proc.stdout
+#: Imports mmengine and mmpretrain before or after the plugin, then says
+#: whether the plugin's components (and its runner) are registered.
+ORDERED_IMPORT = '''
+import sys
+if {framework_first}:
+    import mmengine, mmpretrain  # noqa: F401
+import {plugin}  # noqa: F401
+import mmengine, mmpretrain  # noqa: F401
+from mmengine.registry import RUNNERS
+from mmpretrain.registry import MODELS
+print('registered:', 'MMAE' in MODELS.module_dict,
+      'MMAERunner' in RUNNERS.module_dict,
+      'mmae_plugin.registration' in sys.modules)
+'''
+
+
+@pytest.mark.parametrize('framework_first', [True, False])
+@pytest.mark.parametrize('plugin, registers',
+                         [('mmae_plugin', False),
+                          ('mmae_plugin.registration', True)])
+def test_only_the_registration_module_registers_in_either_order(
+        plugin, registers, framework_first):
+    """``import mmae_plugin`` means the same whether mmengine and
+    mmpretrain were imported before or after it: nothing registered;
+    ``import mmae_plugin.registration`` registers in both orders."""
+    proc = run_python(
+        ORDERED_IMPORT.format(plugin=plugin, framework_first=framework_first))
+    assert f'registered: {registers} {registers} {registers}' in \
+        proc.stdout, proc.stdout + proc.stderr
+
+
+#: A config of a tiny MMAE that names ``{imports}`` in ``custom_imports``.
+TINY_MMAE_CONFIG = '''
+default_scope = 'mmpretrain'
+custom_imports = dict(imports=[{imports!r}], allow_failed_imports=False)
+model = dict(
+    type='MMAE',
+    backbone=dict(
+        type='MAEViT',
+        arch=dict(
+            embed_dims=16, num_layers=1, num_heads=2,
+            feedforward_channels=32),
+        img_size=8,
+        patch_size=4,
+        mask_ratio=0.75),
+    neck=dict(
+        type='MAEPretrainDecoder',
+        num_patches=4,
+        patch_size=4,
+        in_chans=3,
+        embed_dim=16,
+        decoder_embed_dim=16,
+        decoder_depth=1,
+        decoder_num_heads=2),
+    head=dict(
+        type='MAEPretrainHead',
+        patch_size=4,
+        loss=dict(type='PixelReconstructionLoss', criterion='L2')))
+'''
+
+
+@pytest.mark.parametrize('imports',
+                         ['mmae_plugin', 'mmae_plugin.registration'])
+def test_a_config_importing_the_bare_package_fails_at_build(tmp_path, imports):
+    """What a user sees with ``imports=['mmae_plugin']``: the real
+    ``Runner.from_cfg`` stops with mmengine's registry KeyError naming the
+    plugin's component; ``imports=['mmae_plugin.registration']`` builds."""
+    config = tmp_path / 'tiny_mmae.py'
+    config.write_text(TINY_MMAE_CONFIG.format(imports=imports))
+    proc = subprocess.run([
+        sys.executable, '-c',
+        textwrap.dedent(f'''
+            from mmengine.config import Config
+            from mmengine.runner import Runner
+            cfg = Config.fromfile({str(config)!r})
+            cfg.work_dir = {str(tmp_path / 'work')!r}
+            runner = Runner.from_cfg(cfg)
+            print('built:', type(runner.model).__name__)
+        ''')
+    ],
+                          cwd=REPO,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=''),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    if imports == 'mmae_plugin.registration':
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert 'built: MMAE' in proc.stdout
+        return
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        'KeyError: \'MMAE is not in the mmpretrain::model registry.'), \
+        proc.stderr[-3000:]
 
 
 def test_framework_attribute_registers_a_plugin_imported_first():
@@ -337,8 +421,7 @@ def test_plugin_import_leaves_random_states_alone():
         np.random.seed(0), random.seed(0), torch.manual_seed(0)
         before = (np.random.get_state()[1].copy(), random.getstate(),
                   torch.get_rng_state().clone())
-        import mmae_plugin
-        assert 'mmae_plugin.registration' in __import__('sys').modules
+        import mmae_plugin.registration  # noqa: F401
         print('same:', (np.random.get_state()[1] == before[0]).all(),
               random.getstate() == before[1],
               torch.equal(torch.get_rng_state(), before[2]))
