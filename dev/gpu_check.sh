@@ -144,7 +144,7 @@ import mmengine
 import mmpretrain
 import pkg_resources
 
-import mmae_plugin
+import mmae_plugin.registration
 
 site, root = osp.realpath(sys.argv[1]), sys.argv[2]
 for module in (mmengine, mmpretrain, mmcv, pkg_resources, mmae_plugin):

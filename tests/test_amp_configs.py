@@ -19,7 +19,7 @@ from mmengine.config import Config, DictAction
 from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 from mmengine.registry import init_default_scope
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.optimizers.mixed_precision_wrapper import (
     MixedPrecisionOptimWrapper, needs_loss_scaler)
 

@@ -11,7 +11,7 @@ import os
 import pytest
 from checkpoint_fault_tools import toy_runner
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.checkpoint.atomic_write import (atomic_write_target,
                                                  write_atomically,
                                                  writer_identity)

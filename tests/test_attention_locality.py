@@ -165,7 +165,7 @@ def test_runner_logs_attention_locality(config, repo_root, tmp_path):
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    import mmae_plugin  # noqa: F401  (upstream fixes, registries)
+    import mmae_plugin.registration  # noqa: F401  (upstream fixes, registries)
     cfg = _shrink(Config.fromfile(osp.join(repo_root, config)), str(tmp_path))
     runner = Runner.from_cfg(cfg)
     runner.train()

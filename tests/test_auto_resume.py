@@ -15,7 +15,7 @@ import torch
 from checkpoint_fault_tools import toy_runner
 from mmengine.hooks import Hook
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.checkpoint import (CorruptCheckpointError, UnsafeFileError,
                                     read_small_text)
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint

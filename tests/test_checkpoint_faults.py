@@ -22,7 +22,7 @@ from mmengine.fileio import register_backend
 from mmengine.fileio.backends import BaseStorageBackend
 from mmengine.hooks import Hook
 
-import mmae_plugin  # noqa: F401  (registers the hook and the runner)
+import mmae_plugin.registration  # noqa: F401  (the hook and the runner)
 from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
                                               legacy_sidecar_path,
                                               sidecar_path)

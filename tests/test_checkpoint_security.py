@@ -25,7 +25,7 @@ from mmengine.runner import checkpoint as checkpoint_module
 from mmengine.runner import load_checkpoint
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.compat.checkpoint_allowlist import (BUILTIN_STATISTICS,
                                                      NAMED_SAFE_GLOBALS)
 
@@ -499,7 +499,7 @@ OWNER_SCRIPT = '''
 import sys
 import torch
 from mmengine.logging import HistoryBuffer, MessageHub
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from owner_module import Owner
 
 HistoryBuffer.register_statistics(Owner.spread)

@@ -14,7 +14,7 @@ from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 TINY_VIT = dict(
     type='VisionTransformer',

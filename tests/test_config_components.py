@@ -6,7 +6,7 @@ import os
 import pytest
 from mmengine.config import Config
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

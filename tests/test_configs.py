@@ -6,7 +6,7 @@ import pytest
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 CONFIG_DIR = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), 'configs')

@@ -20,7 +20,7 @@ from checkpoint_payloads import ExecPayload, SystemPayload  # noqa: E402
 from mmengine.model import BaseModel  # noqa: E402
 from mmpretrain.registry import MODELS  # noqa: E402
 
-import mmae_plugin  # noqa: F401,E402
+import mmae_plugin.registration  # noqa: F401,E402
 
 CONVERTER = osp.join(
     osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',

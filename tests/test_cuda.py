@@ -21,7 +21,7 @@ from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.models.losses import TCRLoss, UniformityLoss
 
 pytestmark = pytest.mark.cuda

@@ -13,7 +13,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks import (DivergenceHook, NonFiniteCheckpointError,
                                       TrainingDivergedError)
 from mmae_plugin.engine.hooks.divergence_hook import divergence_message

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mmpretrain.registry import DATASETS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.datasets import DEFAULT_FASHION_MNIST_ROOT
 
 FILES = [

@@ -8,7 +8,7 @@ import torch
 from mmengine._strategy import FSDPStrategy
 from mmengine.registry import STRATEGIES
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.strategies import (MMAEFSDPStrategy,
                                            gathered_states_copied)
 from mmae_plugin.engine.strategies.fsdp import per_rank_seed

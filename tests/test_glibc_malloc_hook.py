@@ -80,7 +80,7 @@ def test_glibc_defaults_map_and_unmap_a_16_mib_tensor():
 def test_hook_keeps_the_tensor_in_the_heap_and_the_freed_memory():
     result = run_probe('''
         from mmpretrain.registry import HOOKS
-        import mmae_plugin  # noqa: F401
+        import mmae_plugin.registration  # noqa: F401
         HOOKS.build(dict(type='GlibcMallocHook')).before_run(None)
     ''')
     assert result['mmapped'] == 0
@@ -145,7 +145,7 @@ def test_after_run_gives_back_glibcs_starting_threshold():
     control (under the hook's thresholds it is not)."""
     result = run_probe('''
         from mmpretrain.registry import HOOKS
-        import mmae_plugin  # noqa: F401
+        import mmae_plugin.registration  # noqa: F401
         hook = HOOKS.build(dict(type='GlibcMallocHook'))
         hook.before_run(None)
         hook.after_run(None)
@@ -161,7 +161,7 @@ def test_after_run_returns_the_kept_memory_to_the_kernel():
     (``malloc_trim``), which is what resident memory shows."""
     result = run_probe('''
         from mmpretrain.registry import HOOKS
-        import mmae_plugin  # noqa: F401
+        import mmae_plugin.registration  # noqa: F401
         from mmae_plugin.engine.hooks.glibc_malloc_hook import resident_bytes
         hook = HOOKS.build(dict(type='GlibcMallocHook'))
         hook.before_run(None)

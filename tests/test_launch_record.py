@@ -8,7 +8,7 @@ import pytest
 import torch
 from launch_record_runs import toy_launch
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.runners import LaunchChangedError
 
 HERE = osp.dirname(osp.abspath(__file__))

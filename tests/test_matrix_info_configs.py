@@ -7,7 +7,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmpretrain.registry import DATASETS, MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ['simclr', 'byol', 'barlowtwins']

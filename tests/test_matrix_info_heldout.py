@@ -14,7 +14,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-import mmae_plugin  # noqa: F401  (registers datasets, models, hooks)
+import mmae_plugin.registration  # noqa: F401  (datasets, models, hooks)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
 from mmae_plugin.engine.hooks.matrix_info_measure import two_branch_quantities
 

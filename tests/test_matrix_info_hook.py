@@ -16,8 +16,8 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-import mmae_plugin  # noqa: F401  (registers datasets, models, fixes)
 import mmae_plugin.engine  # noqa: F401  (registers MatrixInfoHook)
+import mmae_plugin.registration  # noqa: F401  (datasets, models, fixes)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
 from mmae_plugin.engine.hooks.matrix_info_measure import (
     FALLBACK_TCR, one_branch_quantities, two_branch_quantities)

@@ -14,7 +14,7 @@ from conftest import ToyDataset, ToyModel
 from mmengine.runner import Runner
 from mmpretrain.registry import OPTIM_WRAPPERS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.optimizers.mixed_precision_wrapper import (
     MixedPrecisionOptimWrapper, needs_loss_scaler)
 

@@ -6,7 +6,7 @@ import torch
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 
 @pytest.fixture(scope='module')

@@ -9,7 +9,7 @@ from mmengine.config import Config
 from mmengine.runner import load_checkpoint
 from mmpretrain.apis import ModelHub
 
-import mmae_plugin  # noqa: F401  (registers the model index)
+import mmae_plugin.registration  # noqa: F401  (registers the model index)
 from mmae_plugin.checkpoint.integrity import (CorruptCheckpointError,
                                               checkpoint_problem, file_sha256,
                                               sidecar_path)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from checkpoint_fault_tools import InfiniteUpdate, toy_runner
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks import (NonFiniteCheckpointError,
                                       SafeCheckpointHook)
 

@@ -11,7 +11,7 @@ from mmengine.optim.scheduler import CosineAnnealingLR, LinearLR
 from mmengine.registry import init_default_scope
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.optimizers import merge_param_groups
 
 STEPS = 6

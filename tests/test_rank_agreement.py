@@ -22,7 +22,7 @@ from _helpers_gloo import loss_and_grad, run_gloo_ranks, split_rows
 from scipy_matrix_info_reference import (coding_rate, finite_difference_grad,
                                          uniformity)
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.models import TCRLoss, UniformityLoss
 from mmae_plugin.models.utils.gather import gather_rows
 

@@ -28,7 +28,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import FlexibleRunner, Runner
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.compat.safe_resume_config import (MAX_CONFIG_TEXT_CHARS,
                                                    ConfigTextWarning,
                                                    LiteralConfigText,

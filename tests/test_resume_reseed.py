@@ -11,7 +11,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks.reseed_hook import INACTIVE, SampleSeededCompose
 
 IMAGES = 64

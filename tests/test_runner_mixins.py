@@ -10,7 +10,7 @@ from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
 from mmengine.runner import Runner
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.runners import (CpuDistributedRunnerMixin,
                                         MMAEFlexibleRunner, MMAERunner)
 from mmae_plugin.engine.runners.cpu_distributed import (cpu_ddp_wrapper_cfg,

@@ -12,7 +12,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401  (registers the components)
+import mmae_plugin.registration  # noqa: F401  (registers the components)
 from mmae_plugin.models.algorithms import SpectralContrastive
 from mmae_plugin.models.losses.spectral_contrastive_loss import (
     SpectralContrastiveLoss, project_to_ball, spectral_contrastive_loss)

@@ -13,7 +13,7 @@ import pytest
 import scipy_matrix_info_reference as ref
 import torch
 
-import mmae_plugin  # noqa: F401  (registers the modules)
+import mmae_plugin.registration  # noqa: F401  (registers the modules)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
 from mmae_plugin.engine.hooks.matrix_info_taps import to_embeddings
 from mmae_plugin.evaluation.metrics import RepresentationStatistics

@@ -8,7 +8,7 @@ from mmengine.registry import init_default_scope
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 STATS = dict(mean=[72.94], std=[90.02], to_rgb=False)
 

@@ -7,7 +7,7 @@ import torch
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.models.necks import POOLINGS, TokenPoolingNeck, pool_tokens
 
 

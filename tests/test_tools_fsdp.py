@@ -13,7 +13,7 @@ from mmengine.registry import FUNCTIONS
 from mmpretrain.registry import MODELS
 from torch.torch_version import TorchVersion
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.integrity import checkpoint_problem
 from mmae_plugin.checkpoint.run_record import (RECORD_NAME, fingerprint,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-import mmae_plugin  # noqa: F401  (checkpoint allow-list)
+import mmae_plugin.registration  # noqa: F401  (checkpoint allow-list)
 
 CONFIG = 'configs/fashion_mnist/mmae_fmnist.py'
 # The shipped dataloader settings (num_workers=1, persistent_workers=True)

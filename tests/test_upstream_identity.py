@@ -351,7 +351,7 @@ def test_plugin_import_neither_imports_pkg_resources_nor_warns(tmp_path):
         warnings.simplefilter('always')
         with warnings.catch_warnings(record=True) as caught:
             import mmengine
-            import mmae_plugin
+            import mmae_plugin.registration  # noqa: F401
             from mmengine.config import Config
             Config.fromfile({str(plain)!r})
         print('pkg_resources:', 'pkg_resources' in sys.modules,

@@ -274,7 +274,7 @@ def timed_run(config: str, iters: int, interval: int,
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
 
     cfg = Config.fromfile(config)

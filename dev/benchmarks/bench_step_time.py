@@ -21,7 +21,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmpretrain.registry import MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 
 CASES = {
     # name: (baseline config, regularised configs, image shape, batch)

@@ -218,7 +218,7 @@ def run_plain(config: str,
               cfg_options: Optional[List[str]] = None) -> dict:
     from mmpretrain.registry import MODELS
 
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.engine.hooks.glibc_malloc_hook import \
         set_glibc_malloc_thresholds
     cfg = load_config(config, cfg_options, glibc_defaults=GLIBC_DEFAULTS)
@@ -311,7 +311,7 @@ def run_runner(config: str,
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
 
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     cfg = load_config(config, cfg_options, BASELINE, GLIBC_DEFAULTS)
     total = warmup + iters + 1
     cfg.work_dir = tempfile.mkdtemp(prefix='bench_throughput_')
@@ -477,7 +477,7 @@ def bench_vit_b(args) -> float:
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
 
-    import mmae_plugin  # noqa: F401
+    import mmae_plugin.registration  # noqa: F401
     init_default_scope('mmpretrain')  # the config names plugin components
     cfg = load_config(VIT_B_CONFIG)
     torch.manual_seed(0)

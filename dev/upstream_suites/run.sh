@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run mmengine v0.10.7's and mmpretrain v1.2.0's own test suites with and
-# without `import mmae_plugin`, and list every test whose outcome differs.
+# without `import mmae_plugin.registration`, and list every test whose outcome differs.
 #
 # Usage: bash dev/upstream_suites/run.sh MMENGINE_SRC MMPRETRAIN_SRC OUT [MMPRETRAIN_PATHS]
 #   *_SRC: a source tree holding tests/ at the release tag, or a git clone

@@ -39,7 +39,7 @@ with quiet_known_upstream_warnings():
     from mmengine.config import Config, DictAction
     from mmengine.registry import init_default_scope
 
-    import mmae_plugin  # noqa: F401  (registers components, applies fixes)
+    import mmae_plugin.registration  # noqa: F401  (components, fixes)
     from mmae_plugin.evaluation import (evaluate_frozen_encoder,
                                         linear_probe_state_dict)
 

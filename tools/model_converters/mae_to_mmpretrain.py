@@ -12,10 +12,10 @@ linear, fine-tune and kNN configs through
 through ``load_from``.
 
 The source is read with ``torch.load(weights_only=True)`` through the
-plugin's allow-list (``import mmae_plugin``), so checkpoints that mmengine's
-Runner wrote (message hub with ``HistoryBuffer`` and numpy arrays, under
-numpy 1.x or 2.x) load, and a crafted checkpoint that would run code is
-refused without running it.
+plugin's allow-list (``import mmae_plugin.registration``), so checkpoints
+that mmengine's Runner wrote (message hub with ``HistoryBuffer`` and numpy
+arrays, under numpy 1.x or 2.x) load, and a crafted checkpoint that would
+run code is refused without running it.
 
 Malformed input is refused with a named error saying what was found and
 what is expected (:class:`MalformedCheckpointError`): a checkpoint that is
