@@ -147,7 +147,17 @@ REFUSED = [
     # A weight that is finite but makes the float32 loss overflow.
     Row('TCRLoss', 'loss_weight', '3e+38', ValueError,
         forward(TCRLoss(loss_weight=3e38, gather='local'), Z)),
+    Row('TCRLoss', 'compute_dtype', "'float16'", ValueError,
+        tcr(compute_dtype='float16')),
+    Row('TCRLoss', 'compute_dtype', 'torch.bfloat16', ValueError,
+        tcr(compute_dtype=torch.bfloat16)),
+    Row('TCRLoss', 'compute_dtype', "'double'", ValueError,
+        tcr(compute_dtype='double')),
+    Row('MMAE', 'compute_dtype', "'fp32'", ValueError,
+        mmae(regularizer=dict(type='TCRLoss', compute_dtype='fp32'))),
     # --------------------------------------------------------- UniformityLoss
+    Row('UniformityLoss', 'compute_dtype', 'None', ValueError,
+        unif(compute_dtype=None)),
     Row('UniformityLoss', 'gather', "'global '", ValueError,
         unif(gather='global ')),
     Row('UniformityLoss', 'loss_weight', 'True', TypeError,

@@ -182,8 +182,9 @@ def total_coding_rate_sync_free(z: Tensor, mu: float, frobenius_sq: float,
     failure masks, 17 aten ops per forward + backward instead of 28).
     Otherwise (paper form with a tiny ``mu``) the clamped eigenvalues are
     used, whose kernel still checks its convergence on the host (one sync in
-    torch's ``eigvalsh``). Runs in ``z``'s dtype; the caller disables
-    autocast.
+    torch's ``eigvalsh``). Runs in ``z``'s dtype, except that float32 ``z``
+    is computed in float64 where only float64 is proven to factorise (the
+    result is then float64); the caller disables autocast.
 
     Args:
         z: Finite features (B, d) in float32 or float64.
@@ -198,6 +199,14 @@ def total_coding_rate_sync_free(z: Tensor, mu: float, frobenius_sq: float,
     num_samples, dim = z.shape
     samples_side = num_samples < dim
     offset = (dim - num_samples) * math.log(mu) if samples_side else 0.0
+    if (z.dtype != torch.float64
+            and not cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu,
+                                         z.dtype)
+            and cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu,
+                                     torch.float64)):
+        # float32 is not provably safe here and float64 is: the cast keeps
+        # the step free of host reads (the eigenvalue route has one).
+        z = z.to(torch.float64)
     if cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu, z.dtype):
         return signed_ridge_gram_logdet(z, mu, samples_side, scale, offset,
                                         sign)
