@@ -65,7 +65,7 @@ def test_knn_resolves_near_collinear_neighbours_in_float64():
     _, idx = knn.top_k_neighbours(query, bank, 3)
     assert idx[:, 0].tolist() == [123, 71]
     assert sorted(idx[0].tolist()) == [122, 123, 124]
-    # float32 cannot tell them apart: the search must not run in float32.
+    # float32 cannot tell them apart: float64 must decide.
     sims32 = F.normalize(query, dim=1) @ F.normalize(bank, dim=1).T
     assert sims32[0, 100:150].unique().numel() < 5
     scores = knn_class_scores(query, bank, labels, 10, k=1)
@@ -84,6 +84,99 @@ def test_knn_chunked_search_equals_one_pass(monkeypatch):
     monkeypatch.setattr(knn, 'QUERY_CHUNK', 7)  # 30 queries: 5 blocks
     torch.testing.assert_close(knn_class_scores(query, bank, labels, 3, k=25),
                                whole, rtol=1e-12, atol=1e-14)
+
+
+def numpy_top_k(query, bank, k):
+    """Indices of each query's k nearest rows, float64 numpy, equal
+    similarities by index (a stable sort)."""
+    q = query / np.linalg.norm(query, axis=1, keepdims=True)
+    b = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+    return np.argsort(-(q @ b.T), axis=1, kind='stable')[:, :k]
+
+
+def crowded_bank(seed, rows=3000, dim=24):
+    """Rows ``e + s_i v_i`` around one direction with ``s_i`` from 1e-6 to
+    1e-3 (cosines 1 - s^2 / 2 apart by 1e-13 to 1e-7: below float32's
+    resolution, far above float64's), a quarter of them random; queries
+    near ``e``."""
+    rng = np.random.default_rng(seed)
+    direction = rng.normal(size=dim)
+    direction /= np.linalg.norm(direction)
+    spread = 10.0 ** rng.uniform(-6, -3, size=(rows, 1))
+    offsets = rng.normal(size=(rows, dim))
+    offsets /= np.linalg.norm(offsets, axis=1, keepdims=True)
+    bank = direction + spread * offsets
+    bank[::4] = rng.normal(size=(len(bank[::4]), dim))
+    query = direction + 1e-4 * rng.normal(size=(40, dim))
+    labels = rng.integers(0, 10, size=rows)
+    return (torch.tensor(query, dtype=torch.float32),
+            torch.tensor(bank, dtype=torch.float32), torch.tensor(labels))
+
+
+@pytest.mark.parametrize('k', [1, 5, 20])
+@pytest.mark.parametrize('data', ['crowded', 'gaussian'])
+def test_float32_search_gives_float64_neighbours_and_scores(data, k):
+    """The float32 search and float64 re-rank give an independent float64
+    kNN's neighbours and scores, near-ties included; the crowded queries
+    are the ones searched again in float64, the Gaussian ones never are."""
+    if data == 'crowded':
+        query, bank, labels = crowded_bank(k)
+    else:
+        gen = torch.Generator().manual_seed(k)
+        bank = torch.randn(3000, 24, generator=gen)
+        labels = torch.randint(0, 10, (3000, ), generator=gen)
+        query = torch.randn(40, 24, generator=gen)
+    q, b = query.double().numpy(), bank.double().numpy()
+    if data == 'crowded':  # float32 cannot rank these rows
+        sims32 = F.normalize(query, dim=1) @ F.normalize(bank, dim=1).T
+        assert sims32[0, 1::4].unique().numel() < 1000
+    prepared = knn.NeighbourBank(bank, labels)
+    sim, idx = prepared.top_k(query, k)
+    np.testing.assert_array_equal(idx.numpy(), numpy_top_k(q, b, k))
+    scores = prepared.class_scores(query, 10, k, 0.07)
+    np.testing.assert_allclose(
+        scores.numpy(),
+        numpy_knn_scores(q, b, labels.numpy(), 10, k, 0.07),
+        rtol=1e-9, atol=1e-12)
+    if data == 'crowded':
+        assert prepared.exact_queries > 0
+    else:
+        assert prepared.exact_queries == 0
+
+
+def test_knn_memory_does_not_grow_with_the_bank(monkeypatch):
+    """No tensor made during the kNN is as large as a float64 copy of the
+    bank (what the search made for every query chunk before): with small
+    blocks, every op's output stays below a quarter of the float32 bank."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestOutput(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out, ):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest,
+                                       t.numel() * t.element_size())
+            return out
+
+    for name, value in (('BANK_CHUNK', 256), ('QUERY_CHUNK', 16),
+                        ('EXACT_BANK_CHUNK', 256), ('RERANK_ROWS', 256)):
+        monkeypatch.setattr(knn, name, value)
+    query, bank, labels = crowded_bank(0, rows=8192, dim=24)
+    query = torch.cat([query, torch.randn(24, 24)])
+    with LargestOutput() as mode:
+        prepared = knn.NeighbourBank(bank, labels)
+        scores = prepared.class_scores(query, 10, 20, 0.07)
+    assert prepared.exact_queries > 0  # the float64 search ran too
+    bank_bytes = bank.numel() * bank.element_size()
+    assert 0 < mode.largest < bank_bytes / 4, (mode.largest, bank_bytes)
+    np.testing.assert_allclose(
+        scores.numpy(),
+        numpy_knn_scores(query.double().numpy(), bank.double().numpy(),
+                         labels.numpy(), 10, 20, 0.07),
+        rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize('kwargs,error,name', [
