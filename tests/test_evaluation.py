@@ -16,6 +16,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner, load_checkpoint, save_checkpoint
 from mmpretrain.registry import MODELS
 from mmpretrain.evaluation import Accuracy
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mmae_plugin  # noqa: F401
 from mmae_plugin.evaluation import (evaluate_frozen_encoder, fit_linear_probe,
@@ -148,19 +149,6 @@ def test_knn_memory_does_not_grow_with_the_bank(monkeypatch):
     """No tensor made during the kNN is as large as a float64 copy of the
     bank (what the search made for every query chunk before): with small
     blocks, every op's output stays below a quarter of the float32 bank."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class LargestOutput(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out, ):
-                if isinstance(t, torch.Tensor):
-                    self.largest = max(self.largest,
-                                       t.numel() * t.element_size())
-            return out
-
     for name, value in (('BANK_CHUNK', 256), ('QUERY_CHUNK', 16),
                         ('EXACT_BANK_CHUNK', 256), ('RERANK_ROWS', 256)):
         monkeypatch.setattr(knn, name, value)
@@ -214,6 +202,52 @@ def test_linear_probe_reaches_the_regularised_optimum():
     assert np.abs(grad_w).max() < 1e-5 and np.abs(p.mean(0)).max() < 1e-5
     test_acc = (probe.logits(x[500:]).argmax(1) == y[500:]).double().mean()
     assert test_acc > 0.7
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the largest tensor (bytes) any op produced inside it."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out, ):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest,
+                                   t.numel() * t.element_size())
+        return out
+
+
+def test_linear_probe_fits_in_chunks_the_full_batch_optimum(monkeypatch):
+    """Summed over chunks of 64 rows, the loss and gradient are the full
+    batch's: the same probe to L-BFGS's tolerance, the numpy optimality
+    condition holds, and no op makes a tensor as large as a float64 copy
+    of the features (the whole batch's standardised copy and logits)."""
+    from mmae_plugin.evaluation import linear_probe
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2000, 24, generator=gen) * 3 + 1
+    y = (x @ torch.randn(24, 5, generator=gen)
+         + 2 * torch.randn(2000, 5, generator=gen)).argmax(dim=1)
+    whole = fit_linear_probe(x, y, 5, weight_decay=1e-2)
+    monkeypatch.setattr(linear_probe, 'PROBE_CHUNK', 64)
+    with LargestOutput() as mode:
+        chunked = fit_linear_probe(x, y, 5, weight_decay=1e-2)
+        top = chunked.top_k_classes(x, 2)
+    assert 0 < mode.largest < x.numel() * 8 / 4, mode.largest
+    torch.testing.assert_close(chunked.mean, whole.mean, rtol=1e-12,
+                               atol=1e-12)
+    torch.testing.assert_close(chunked.var, whole.var, rtol=1e-12, atol=0)
+    torch.testing.assert_close(chunked.head.weight, whole.head.weight,
+                               rtol=1e-5, atol=1e-7)
+    assert torch.equal(top, chunked.logits(x).topk(2, dim=1).indices)
+    xs = standardize(x, chunked.mean, chunked.var).numpy()
+    weight = chunked.head.weight.detach().numpy()
+    logits = xs @ weight.T + chunked.head.bias.detach().numpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(2000), y.numpy()] -= 1
+    grad_w = p.T @ xs / 2000 + 1e-2 * weight
+    assert np.abs(grad_w).max() < 1e-5 and np.abs(p.mean(0)).max() < 1e-5
 
 
 def numpy_statistics(z, mu=1.0):

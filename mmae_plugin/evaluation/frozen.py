@@ -82,9 +82,20 @@ def build_model(cfg: Config):
 
 def accuracy(scores: Tensor, labels: Tensor, k: int = 1) -> float:
     """Top-k accuracy in percent."""
-    top = scores.topk(k, dim=1).indices
+    return top_classes_accuracy(scores.topk(k, dim=1).indices, labels)
+
+
+def top_classes_accuracy(top: Tensor, labels: Tensor) -> float:
+    """Percent of rows whose ``top`` classes (N, k) include the label."""
     labels = labels.to(top.device)
     return 100.0 * (top == labels[:, None]).any(dim=1).double().mean().item()
+
+
+def probe_accuracy(probe: LinearProbe, features: Tensor,
+                   labels: Tensor) -> float:
+    """Top-1 accuracy in percent of the float64 probe, in chunks (no
+    (N, C) logits: 10 GB at ImageNet's training set)."""
+    return top_classes_accuracy(probe.top_k_classes(features, 1), labels)
 
 
 def float64_device(device: torch.device) -> torch.device:
@@ -195,8 +206,8 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
                              linear_weight_decay)
     metrics['linear/top1'] = accuracy(
         saved_probe_logits(probe, test_x.to(device), amp), test_y)
-    metrics['linear/probe_top1'] = accuracy(probe.logits(test_x), test_y)
-    metrics['linear/train_top1'] = accuracy(probe.logits(train_x), train_y)
+    metrics['linear/probe_top1'] = probe_accuracy(probe, test_x, test_y)
+    metrics['linear/train_top1'] = probe_accuracy(probe, train_x, train_y)
     metrics.update({f'repr/{key}': value for key, value in
                     representation_statistics(test_x).items()})
     encoder_state = {key: value.cpu() for key, value in
