@@ -145,6 +145,20 @@ def test_float32_search_gives_float64_neighbours_and_scores(data, k):
         assert prepared.exact_queries == 0
 
 
+@pytest.mark.parametrize('scale', [1e30, 1e100])
+def test_knn_at_extreme_scales_is_float64_s(scale):
+    """Rows whose float32 products could overflow (1e100 is beyond
+    float32's range): the bank is searched in float64 throughout, and the
+    neighbours are numpy's."""
+    query, bank, labels = crowded_bank(3)
+    bank = bank.double() * scale
+    prepared = knn.NeighbourBank(bank, labels)
+    _, idx = prepared.top_k(query.double() * scale, 5)
+    assert prepared.exact_queries == query.shape[0]
+    np.testing.assert_array_equal(
+        idx.numpy(), numpy_top_k(query.double().numpy(), bank.numpy(), 5))
+
+
 def test_knn_memory_does_not_grow_with_the_bank(monkeypatch):
     """No tensor made during the kNN is as large as a float64 copy of the
     bank (what the search made for every query chunk before): with small

@@ -40,6 +40,7 @@ ImageNet scale (1.28M x 768 float32 bank, 3.7 GiB): about 0.3 GiB (15 MiB
 of it the norms), where the float64 copies were 14.6 GiB.
 """
 import contextlib
+import math
 from typing import Iterator, Optional, Tuple
 
 import torch
@@ -62,6 +63,10 @@ KNN_DTYPE = torch.float64
 SEARCH_DTYPE = torch.float32
 #: Norm below which a row counts as zero (``F.normalize``'s ``eps``).
 NORM_EPS = 1e-12
+#: Row norms within which the float32 products of raw bank rows neither
+#: overflow nor lose more than 1e-24 to underflow (in cosine units); a
+#: bank with a non-zero row outside is searched in float64 throughout.
+SEARCH_NORM_RANGE = (1e-18, 1e18)
 
 
 def check_knn_args(k: int, temperature: float, num_classes: int) -> None:
@@ -172,6 +177,10 @@ class NeighbourBank:
         self.inverse_norms = norms.clamp_min(NORM_EPS).reciprocal().to(
             SEARCH_DTYPE)
         self.error_bound = search_error_bound(rows.shape[1])
+        low, high = SEARCH_NORM_RANGE
+        if bool(((norms > 0) & ((norms < low) | (norms > high))).any()):
+            # Evaluation, not a training step: one host read per bank.
+            self.error_bound = math.inf  # every query searched in float64
         #: Queries searched again in float64 over the whole bank so far.
         self.exact_queries = 0
 
@@ -242,7 +251,9 @@ class NeighbourBank:
 
     def _search(self, query: Tensor, count: int) -> Tuple[Tensor, Tensor]:
         """float32 cosines and indices of ``count`` candidates per query."""
-        query = F.normalize(query.to(SEARCH_DTYPE), dim=1)
+        # Normalised in float64: a float32 norm of tiny or huge queries
+        # would under- or overflow.
+        query = F.normalize(query.to(KNN_DTYPE), dim=1).to(SEARCH_DTYPE)
         # One block for every chunk of the bank: two alive at once would
         # double the search's memory.
         block = query.new_empty(query.shape[0] * min(BANK_CHUNK,
