@@ -60,9 +60,10 @@ class FeatureRegularizer(BaseModule):
     negligible part of a ViT-B step. ``compute_dtype='float32'`` is for cards
     with slow float64 (L40S, RTX 4090 / 3090: 1/64 rate). On the ViT-B
     recipe's shapes (1024 x 768 CLS features, reference form, mu 1) float32
-    differs from float64 by about 1e-6 relative in the value and 1e-5 in
-    the gradient (``docs/performance.md``), far below the step's noise, and
-    its Cholesky factorisation provably cannot fail there
+    differs from float64 by about 1.1e-5 relative in the value and 6.8e-7
+    in the gradient, but up to 1.2e-4 in the gradient of isotropic rows
+    (``docs/gpu_clusters.md``, ``dev/benchmarks/regulariser_dtype_error.py``),
+    and its Cholesky factorisation provably cannot fail there
     (:func:`~mmae_plugin.matrix_info.gram_logdet.cholesky_cannot_fail`,
     decided from the shapes, no host read); where float32 cannot be proven
     safe the TCR's log-determinant runs in float64 for that step.
