@@ -145,6 +145,26 @@ def test_float32_search_gives_float64_neighbours_and_scores(data, k):
         assert prepared.exact_queries == 0
 
 
+def test_knn_search_runs_in_ieee_float32_and_restores_the_setting():
+    """A process that allowed bfloat16 float32 products (oneDNN on the
+    CPU; TF32 on a GPU) still gets float64's neighbours: the search runs
+    in IEEE float32, and the setting is the process's again after it."""
+    backend = torch.backends.mkldnn.matmul
+    if not hasattr(backend, 'fp32_precision'):
+        pytest.skip('torch < 2.9: no per-backend float32 precision')
+    query, bank, labels = crowded_bank(4)
+    previous = backend.fp32_precision
+    backend.fp32_precision = 'bf16'
+    try:
+        _, idx = knn.NeighbourBank(bank, labels).top_k(query, 20)
+        assert backend.fp32_precision == 'bf16'
+    finally:
+        backend.fp32_precision = previous
+    np.testing.assert_array_equal(
+        idx.numpy(),
+        numpy_top_k(query.double().numpy(), bank.double().numpy(), 20))
+
+
 @pytest.mark.parametrize('scale', [1e30, 1e100])
 def test_knn_at_extreme_scales_is_float64_s(scale):
     """Rows whose float32 products could overflow (1e100 is beyond

@@ -109,13 +109,23 @@ def ieee_float32_matmul(device: torch.device) -> Iterator[None]:
         device: The device the products run on.
     """
     backend = (torch.backends.cuda.matmul if device.type == 'cuda'
-               else torch.backends.mkldnn.matmul)
-    previous = backend.fp32_precision
-    backend.fp32_precision = 'ieee'
+               else getattr(torch.backends.mkldnn, 'matmul', None))
+    if hasattr(backend, 'fp32_precision'):  # torch >= 2.9
+        previous = backend.fp32_precision
+        backend.fp32_precision = 'ieee'
+        try:
+            yield
+        finally:
+            backend.fp32_precision = previous
+        return
+    # Older torch: only the process-wide setting (the two APIs may not be
+    # mixed, so the new one is used wherever it exists).
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision('highest')
     try:
         yield
     finally:
-        backend.fp32_precision = previous
+        torch.set_float32_matmul_precision(previous)
 
 
 def search_error_bound(dim: int) -> float:
