@@ -97,25 +97,33 @@ def pending_epochs(out_dir: str, spec: Comparison, arm: str,
 def make_checkpoint(out_dir: str, spec: Comparison, arm: str, seed: int,
                     epoch: int, launcher: str) -> str:
     """The checkpoint of ``epoch``: trained to (or, for a random-init arm,
-    initialised) unless it is on disk."""
-    path = layout.checkpoint_path(out_dir, arm, seed, epoch)
-    if osp.isfile(path):
-        return path
+    initialised) unless the run already has it."""
+    found = layout.find_checkpoint(out_dir, arm, seed, epoch)
+    if found:
+        return found
     config = spec.arm(arm)
     directory = layout.run_dir(out_dir, arm, seed)
-    if config.trains:
-        from .training import train_segment
-        trained = layout.last_checkpoint_epoch(directory) or 0
-        if trained >= epoch:
-            raise FileNotFoundError(
-                f'{path} is missing but the run is already at epoch '
-                f'{trained}; delete {directory} to retrain it')
-        train_segment(
-            layout.frozen_config_path(out_dir, arm), spec, config, seed,
-            directory, epoch, launcher)
-    elif rank() == 0:
-        save_random_init(out_dir, arm, seed, path)
-    return path
+    if not config.trains:
+        path = layout.checkpoint_path(out_dir, arm, seed, epoch)
+        if rank() == 0:
+            save_random_init(out_dir, arm, seed, path)
+        return path
+    from .training import train_segment
+    trained = layout.last_checkpoint_epoch(directory) or 0
+    if trained >= epoch:
+        raise FileNotFoundError(
+            f'the run in {directory} is at epoch {trained} but has no '
+            f'checkpoint of epoch {epoch} in its record; delete the folder '
+            'to retrain it')
+    train_segment(
+        layout.frozen_config_path(out_dir, arm), spec, config, seed, directory,
+        epoch, launcher)
+    found = layout.find_checkpoint(out_dir, arm, seed, epoch)
+    if found is None:
+        raise FileNotFoundError(
+            f'training {directory} to epoch {epoch} recorded no checkpoint '
+            'of that epoch')
+    return found
 
 
 def save_random_init(out_dir: str, arm: str, seed: int, path: str) -> None:
@@ -144,7 +152,7 @@ def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,
     """Evaluate one kept checkpoint and write its record."""
     from .protocol import evaluate_checkpoint, test_config_metrics
     start = time.time()
-    checkpoint = layout.checkpoint_path(out_dir, arm, seed, epoch)
+    checkpoint = layout.find_checkpoint(out_dir, arm, seed, epoch)
     protocol = spec.protocol
     record = {
         'arm': arm,

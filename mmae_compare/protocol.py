@@ -6,10 +6,11 @@ The frozen evaluation: one pass of the encoder over the training images
 (:func:`~mmae_plugin.models.necks.pool_tokens`) gives every pooling at
 once (the CLS token is the first half, the mean patch token the second).
 On each pooling's cached features: the plugin's weighted kNN
-(:func:`~mmae_plugin.evaluation.knn.knn_class_scores`, float64
-similarities), the full-label linear probe, low-shot probes and the
-representation statistics of :mod:`mmae_plugin.evaluation.statistics`
-(whatever keys it defines, prefixed ``repr/``). Besides, any
+(:func:`~mmae_plugin.evaluation.knn.knn_class_scores`: float32 search,
+neighbours and scores those of float64), the full-label linear probe,
+low-shot probes and the representation statistics of
+:mod:`mmae_plugin.evaluation.statistics` (whatever keys it defines,
+prefixed ``repr/``). Besides, any
 ``tools/test.py`` config can be run on the checkpoint
 (:func:`test_config_metrics`).
 """
@@ -27,19 +28,13 @@ from mmae_plugin.evaluation.lowshot import fit_lowshot_probe, lowshot_indices
 from mmae_plugin.evaluation.statistics import representation_statistics
 from .spec import Protocol, resolve_config
 
-#: Test queries classified at once: bounds the float64 similarity matrix at
-#: QUERY_CHUNK x (training images) (250 MB for 60,000).
-QUERY_CHUNK = 512
-
 
 def knn_scores(test_x: Tensor, train_x: Tensor, train_y: Tensor,
                num_classes: int, k: int, temperature: float) -> Tensor:
-    """The plugin's kNN (float64 similarities) over chunks of queries."""
-    return torch.cat([
-        knn_class_scores(test_x[start:start + QUERY_CHUNK], train_x, train_y,
-                         num_classes, k, temperature)
-        for start in range(0, test_x.shape[0], QUERY_CHUNK)
-    ])
+    """The plugin's kNN: the bank prepared once, the queries searched in
+    bounded chunks, neighbours and scores those of float64."""
+    return knn_class_scores(test_x, train_x, train_y, num_classes, k,
+                            temperature)
 
 
 def split_poolings(features: Tensor, pooling: str,

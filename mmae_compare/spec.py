@@ -264,28 +264,58 @@ def frozen_config_path(out_dir: str, name: str) -> str:
     return osp.join(out_dir, 'configs', f'{name}.py')
 
 
-def checkpoint_epochs(directory: str) -> List[int]:
-    """Epochs of the ``epoch_<e>.pth`` files in a run directory."""
+def recorded_checkpoints(directory: str) -> Dict[int, str]:
+    """Epoch -> path of a run's finalized checkpoints that are still there.
+
+    Read from the run record the plugin's checkpoint hook keeps
+    (:mod:`mmae_plugin.checkpoint.run_record`): what the run wrote, never
+    what a name suggests. A run folder without a record (written before
+    records existed, or the random-init arm's ``epoch_0.pth``, which the
+    comparison writes itself) is read by its ``epoch_<e>.pth`` names.
+
+    Args:
+        directory: A run folder.
+
+    Returns:
+        The checkpoints by epoch, oldest first.
+    """
+    from mmae_plugin.checkpoint.run_record import read_record
+    record = read_record(directory)
+    if not record.exists:
+        return _named_checkpoints(directory)
+    entries = sorted(record.checkpoints(), key=lambda e: (e.iter, e.epoch))
+    return {e.epoch: e.location for e in entries if osp.exists(e.location)}
+
+
+def _named_checkpoints(directory: str) -> Dict[int, str]:
     if not osp.isdir(directory):
-        return []
+        return {}
     found = (
         re.fullmatch(r'epoch_(\d+)\.pth', name)
         for name in os.listdir(directory))
-    return sorted(int(m.group(1)) for m in found if m)
+    return {
+        int(m.group(1)): osp.join(directory, m.group(0))
+        for m in sorted(found, key=lambda m: int(m.group(1)) if m else -1) if m
+    }
+
+
+def checkpoint_epochs(directory: str) -> List[int]:
+    """Epochs of a run's finalized checkpoints (:func:`recorded_checkpoints`).
+    """
+    return sorted(recorded_checkpoints(directory))
 
 
 def last_checkpoint_epoch(directory: str) -> Optional[int]:
-    """Epoch of the checkpoint mmengine resumes from, if any.
+    """Epoch of the run's newest finalized checkpoint, if any."""
+    epochs = checkpoint_epochs(directory)
+    return epochs[-1] if epochs else None
 
-    mmengine writes ``last_checkpoint`` only after a checkpoint is saved
-    completely, so it never names a file cut short by a kill.
-    """
-    pointer = osp.join(directory, 'last_checkpoint')
-    if not osp.isfile(pointer):
-        return None
-    with open(pointer) as f:
-        match = re.search(r'epoch_(\d+)\.pth\s*$', f.read())
-    return int(match.group(1)) if match else None
+
+def find_checkpoint(out_dir: str, arm: str, seed: int,
+                    epoch: int) -> Optional[str]:
+    """The run's checkpoint of ``epoch`` (:func:`recorded_checkpoints`), or
+    None."""
+    return recorded_checkpoints(run_dir(out_dir, arm, seed)).get(epoch)
 
 
 def write_json_atomic(path: str, data: Any) -> None:

@@ -12,13 +12,11 @@ an evaluation epoch nor the newest are deleted, so a kill loses at most one
 epoch.
 """
 import copy
-import os
-import os.path as osp
 from typing import Any, Dict, Iterable, List
 
 from mmengine.hooks import Hook
 
-from .spec import Arm, Comparison, checkpoint_epochs
+from .spec import Arm, Comparison
 
 
 class StopAtEpochHook(Hook):
@@ -46,19 +44,30 @@ class StopAtEpochHook(Hook):
 
 
 def prune_checkpoints(directory: str, keep: Iterable[int]) -> None:
-    """Delete ``epoch_<e>.pth`` (and its sidecar files, e.g. the plugin's
-    hidden ``.epoch_<e>.pth.sha256``) for every ``e`` not in ``keep`` but
-    the newest (the one a resume needs)."""
-    epochs = checkpoint_epochs(directory)
-    keep = set(keep) | set(epochs[-1:])
-    for epoch in epochs:
-        if epoch in keep:
-            continue
-        name = f'epoch_{epoch}.pth'
-        for entry in os.listdir(directory):
-            if entry in (name, f'.{name}.sha256') or \
-                    entry.startswith(name + '.'):
-                os.remove(osp.join(directory, entry))
+    """Remove the run's recorded checkpoints of every epoch not in ``keep``
+    but the newest (the one a resume needs), each marked removed in the run
+    record before its file goes, as the checkpoint hook's own retention
+    does. Files the record does not name are left alone.
+
+    Args:
+        directory: The run folder.
+        keep: Epochs whose checkpoints stay.
+    """
+    from mmengine.dist import is_main_process
+
+    from mmae_plugin.checkpoint.integrity import remove_sidecars
+    from mmae_plugin.checkpoint.publish import remove_path
+    from mmae_plugin.checkpoint.run_record import append_event, read_record
+    record = read_record(directory)
+    if not is_main_process() or not record.exists:
+        return
+    entries = sorted(record.checkpoints(), key=lambda e: (e.iter, e.epoch))
+    keep = set(keep) | {e.epoch for e in entries[-1:]}
+    for entry in entries:
+        if entry.epoch not in keep:
+            append_event(directory, dict(event='removed', path=entry.path))
+            remove_sidecars(entry.location)
+            remove_path(entry.location)
 
 
 def fit_schedule(schedulers: List[dict], old_epochs: int,

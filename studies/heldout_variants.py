@@ -145,8 +145,8 @@ def measure_variants(out_dir: str,
         for seed in seeds:
             run = layout.run_dir(out_dir, arm, seed)
             for epoch in epochs:
-                ckpt = layout.checkpoint_path(out_dir, arm, seed, epoch)
-                if not osp.isfile(ckpt):
+                ckpt = layout.find_checkpoint(out_dir, arm, seed, epoch)
+                if ckpt is None:
                     continue
                 for name in variants or list(VARIANTS):
                     path = osp.join(run, 'variants',

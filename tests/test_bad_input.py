@@ -20,6 +20,7 @@ from mmpretrain.registry import DATASETS, HOOKS, MODELS
 import mmae_plugin  # noqa: F401
 from mmae_plugin.datasets import DEFAULT_FASHION_MNIST_ROOT
 from mmae_plugin.datasets.fashion_mnist import CorruptDataError
+# yapf: disable (isort wraps this import; yapf would rewrap it)
 from mmae_plugin.matrix_info import (FactoredPSD, effective_rank,
                                      hadamard_product, matrix_entropy,
                                      matrix_joint_entropy,
@@ -32,16 +33,31 @@ from mmae_plugin.matrix_info import (FactoredPSD, effective_rank,
 from mmae_plugin.matrix_info.coding_rate import unit_rows
 from mmae_plugin.models import TCRLoss, UniformityLoss
 
+# yapf: enable
+
 MAE_PARTS = dict(
-    backbone=dict(type='MAEViT', arch=dict(
-        embed_dims=16, num_layers=1, num_heads=2, feedforward_channels=32),
-        img_size=8, patch_size=4, patch_cfg=dict(in_channels=1)),
-    neck=dict(type='MAEPretrainDecoder', num_patches=4, patch_size=4,
-              in_chans=1, embed_dim=16, decoder_embed_dim=8, decoder_depth=1,
-              decoder_num_heads=2),
-    head=dict(type='MAEPretrainHead', norm_pix=True, patch_size=4,
-              in_channels=1,
-              loss=dict(type='PixelReconstructionLoss', criterion='L2')))
+    backbone=dict(
+        type='MAEViT',
+        arch=dict(
+            embed_dims=16, num_layers=1, num_heads=2, feedforward_channels=32),
+        img_size=8,
+        patch_size=4,
+        patch_cfg=dict(in_channels=1)),
+    neck=dict(
+        type='MAEPretrainDecoder',
+        num_patches=4,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=16,
+        decoder_embed_dim=8,
+        decoder_depth=1,
+        decoder_num_heads=2),
+    head=dict(
+        type='MAEPretrainHead',
+        norm_pix=True,
+        patch_size=4,
+        in_channels=1,
+        loss=dict(type='PixelReconstructionLoss', criterion='L2')))
 NAN, INF = math.nan, math.inf
 EYE = torch.eye(3)
 Z = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
@@ -65,10 +81,12 @@ def unif(**kwargs):
 
 
 def mmae(**kwargs):
+
     def build():
         cfg = dict(type='MMAE', **MAE_PARTS)
         cfg.update(kwargs)
         return MODELS.build(cfg)
+
     return build
 
 
@@ -92,9 +110,11 @@ def forward(loss, z):
     The forward pass itself never raises on values (it reads nothing on the
     host): its ``skip_code`` records why a term was dropped.
     """
+
     def call():
         loss(z)
         loss.raise_if_skipped()
+
     return call
 
 
@@ -115,21 +135,17 @@ REFUSED = [
     Row('TCRLoss', 'centering', "'no'", TypeError, tcr(centering='no')),
     Row('TCRLoss', 'centering', '1', TypeError, tcr(centering=1)),
     Row('TCRLoss', 'gather', "'all'", ValueError, tcr(gather='all')),
-    Row('TCRLoss', 'gather', "['global']", ValueError,
-        tcr(gather=['global'])),
+    Row('TCRLoss', 'gather', "['global']", ValueError, tcr(gather=['global'])),
     Row('TCRLoss', 'loss_weight', 'True', TypeError, tcr(loss_weight=True)),
-    Row('TCRLoss', 'loss_weight', "'0.1'", TypeError,
-        tcr(loss_weight='0.1')),
-    Row('TCRLoss', 'loss_weight', '-0.01', ValueError,
-        tcr(loss_weight=-0.01)),
+    Row('TCRLoss', 'loss_weight', "'0.1'", TypeError, tcr(loss_weight='0.1')),
+    Row('TCRLoss', 'loss_weight', '-0.01', ValueError, tcr(loss_weight=-0.01)),
     Row('TCRLoss', 'loss_weight', 'nan', ValueError, tcr(loss_weight=NAN)),
     Row('TCRLoss', 'loss_weight', '1e+308', ValueError,
         tcr(loss_weight=1e308)),
     Row('TCRLoss', 'init_cfg', "'kaiming'", TypeError,
         tcr(init_cfg='kaiming')),
     Row('TCRLoss', 'init_cfg', '[]', TypeError, tcr(init_cfg=[])),
-    Row('TCRLoss', 'gather_capacity', '0', ValueError,
-        tcr(gather_capacity=0)),
+    Row('TCRLoss', 'gather_capacity', '0', ValueError, tcr(gather_capacity=0)),
     Row('TCRLoss', 'gather_capacity', 'True', TypeError,
         tcr(gather_capacity=True)),
     Row('TCRLoss', 'init_cfg', "{'layer': 'Linear'}", TypeError,
@@ -147,7 +163,17 @@ REFUSED = [
     # A weight that is finite but makes the float32 loss overflow.
     Row('TCRLoss', 'loss_weight', '3e+38', ValueError,
         forward(TCRLoss(loss_weight=3e38, gather='local'), Z)),
+    Row('TCRLoss', 'compute_dtype', "'float16'", ValueError,
+        tcr(compute_dtype='float16')),
+    Row('TCRLoss', 'compute_dtype', 'torch.bfloat16', ValueError,
+        tcr(compute_dtype=torch.bfloat16)),
+    Row('TCRLoss', 'compute_dtype', "'double'", ValueError,
+        tcr(compute_dtype='double')),
+    Row('MMAE', 'compute_dtype', "'fp32'", ValueError,
+        mmae(regularizer=dict(type='TCRLoss', compute_dtype='fp32'))),
     # --------------------------------------------------------- UniformityLoss
+    Row('UniformityLoss', 'compute_dtype', 'None', ValueError,
+        unif(compute_dtype=None)),
     Row('UniformityLoss', 'gather', "'global '", ValueError,
         unif(gather='global ')),
     Row('UniformityLoss', 'loss_weight', 'True', TypeError,
@@ -183,11 +209,9 @@ REFUSED = [
         mmae(head='MAEPretrainHead')),
     # Impossible combinations, both settings named.
     Row('MMAE', "feature='mean'", 'mask_ratio=1.0', ValueError,
-        mmae_backbone(feature='mean',
-                      backbone=dict(mask_ratio=1.0))),
+        mmae_backbone(feature='mean', backbone=dict(mask_ratio=1.0))),
     Row('MMAE', 'final_norm_twice=True', 'final_norm is False', ValueError,
-        mmae_backbone(final_norm_twice=True,
-                      backbone=dict(final_norm=False))),
+        mmae_backbone(final_norm_twice=True, backbone=dict(final_norm=False))),
     # mmpretrain's MAEViT takes any mask_ratio; MMAE refuses at build the
     # ones that mask no patch (0 / 0 loss), all of them, or more than all.
     Row('MMAE', 'backbone.mask_ratio', 'got 1.0', ValueError,
@@ -198,7 +222,7 @@ REFUSED = [
         mmae_backbone(backbone=dict(mask_ratio=0.0))),
     Row('MMAE', 'backbone.mask_ratio', "'0.75'", TypeError,
         mmae_backbone(backbone=dict(mask_ratio='0.75'))),
-    # --------------------------------------------------------- GzipFashionMNIST
+    # ------------------------------------------------------- GzipFashionMNIST
     Row('GzipFashionMNIST', 'download', "'no'", TypeError,
         fmnist(download='no')),
     Row('GzipFashionMNIST', 'download', '1', TypeError, fmnist(download=1)),
@@ -306,8 +330,8 @@ REFUSED = [
         lambda: matrix_kl_divergence(EYE, EYE, eps=-1e-3)),
     Row('matrix_js_divergence', 'dtype', 'torch.float16', ValueError,
         lambda: matrix_js_divergence(EYE, EYE, dtype=torch.float16)),
-    Row('spectrum_js_divergence', 'K1 and K2', '3 x 3 and 4 x 4',
-        ValueError, lambda: spectrum_js_divergence(EYE, torch.eye(4))),
+    Row('spectrum_js_divergence', 'K1 and K2', '3 x 3 and 4 x 4', ValueError,
+        lambda: spectrum_js_divergence(EYE, torch.eye(4))),
     Row('effective_rank', 'x', '(2, 2, 2)', ValueError,
         lambda: effective_rank(torch.ones(2, 2, 2))),
     Row('effective_rank', 'dtype', 'torch.int64', ValueError,
@@ -346,8 +370,8 @@ def _gz(data: bytes) -> bytes:
 
 
 def _labels() -> bytes:
-    with gzip.open(f'{DEFAULT_FASHION_MNIST_ROOT}/t10k-labels-idx1-ubyte.gz'
-                   ) as f:
+    with gzip.open(
+            f'{DEFAULT_FASHION_MNIST_ROOT}/t10k-labels-idx1-ubyte.gz') as f:
         return f.read()
 
 
@@ -358,8 +382,7 @@ CORRUPT = {
     'not gzip': (lambda raw: b'hello, not gzip', 'not a gzip file'),
     'bad IDX magic': (lambda raw: _gz(b'\0\0\x08\x03' + raw[4:]),
                       'bad IDX magic number 0x00000803'),
-    'short data': (lambda raw: _gz(raw[:-10]),
-                   'announces shape (10000,)'),
+    'short data': (lambda raw: _gz(raw[:-10]), 'announces shape (10000,)'),
     'short header': (lambda raw: _gz(raw[:6]), 'too short for the 8-byte'),
     'label out of range': (lambda raw: _gz(raw[:8] + b'\x0c' + raw[9:]),
                            'label(s) out of range (e.g. 12 at index 0)'),
@@ -375,15 +398,17 @@ def test_corrupt_data_file_is_named_with_the_problem(kind, tmp_path):
     bad.unlink()
     bad.write_bytes(make(_labels()))
     with pytest.raises(CorruptDataError) as info:
-        DATASETS.build(dict(type='GzipFashionMNIST', data_root=str(tmp_path),
-                            split='test'))
+        DATASETS.build(
+            dict(
+                type='GzipFashionMNIST', data_root=str(tmp_path),
+                split='test'))
     assert str(bad) in str(info.value)
     assert problem in str(info.value)
 
 
 # ------------------------------------------------------------------ handled
-@pytest.mark.parametrize('loss', [TCRLoss(), UniformityLoss()],
-                         ids=['TCRLoss', 'UniformityLoss'])
+@pytest.mark.parametrize(
+    'loss', [TCRLoss(), UniformityLoss()], ids=['TCRLoss', 'UniformityLoss'])
 def test_batch_of_one_skips_the_term_with_a_warning(loss):
     z = torch.randn(1, 8, requires_grad=True)
     records = []
@@ -426,8 +451,11 @@ def test_last_batch_of_one_does_not_stop_training(repo_root, tmp_path):
     cfg.train_cfg.max_epochs = 1
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger.interval = 1
-    cfg.train_dataloader.update(batch_size=16, drop_last=False, num_workers=0,
-                                persistent_workers=False)
+    cfg.train_dataloader.update(
+        batch_size=16,
+        drop_last=False,
+        num_workers=0,
+        persistent_workers=False)
     cfg.train_dataloader.dataset.indices = 17
     runner = Runner.from_cfg(cfg)
     runner.train()
@@ -442,14 +470,14 @@ def test_last_batch_of_one_does_not_stop_training(repo_root, tmp_path):
 #: option -> what the message must say (the parameter, the value and what
 #: is allowed).
 BAD_CFG_OPTIONS = {
-    'model.backbone.mask_ratio=1.0': (
-        'backbone.mask_ratio', 'got 1.0', 'a number in (0, 1)',
-        'leaves at least one visible'),
-    'model.backbone.mask_ratio=-0.1': (
-        'backbone.mask_ratio', 'got -0.1', 'a number in (0, 1)',
-        'masks at least one of the 49 patches'),
-    'train_dataloader.dataset.indices=0': (
-        'indices=0 selects no image', 'use a count >= 1'),
+    'model.backbone.mask_ratio=1.0':
+    ('backbone.mask_ratio', 'got 1.0', 'a number in (0, 1)',
+     'leaves at least one visible'),
+    'model.backbone.mask_ratio=-0.1':
+    ('backbone.mask_ratio', 'got -0.1', 'a number in (0, 1)',
+     'masks at least one of the 49 patches'),
+    'train_dataloader.dataset.indices=0':
+    ('indices=0 selects no image', 'use a count >= 1'),
 }
 
 
@@ -466,16 +494,28 @@ def test_bad_cfg_option_is_refused_before_training(repo_root, tmp_path,
     import sys
     work_dir = tmp_path / 'work'
     command = [
-        sys.executable, os.path.join(repo_root, 'tools', 'train.py'),
+        sys.executable,
+        os.path.join(repo_root, 'tools', 'train.py'),
         os.path.join(repo_root, 'configs', 'fashion_mnist', 'mmae_fmnist.py'),
-        '--work-dir', str(work_dir), '--cfg-options', option,
+        '--work-dir',
+        str(work_dir),
+        '--cfg-options',
+        option,
         'train_dataloader.num_workers=0',
         'train_dataloader.persistent_workers=False',
     ]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1',
-               PYTHONWARNINGS='ignore')
-    result = subprocess.run(command, cwd=repo_root, env=env,
-                            capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES='',
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore')
+    result = subprocess.run(
+        command,
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]
     for text in BAD_CFG_OPTIONS[option]:

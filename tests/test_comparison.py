@@ -625,6 +625,27 @@ def test_the_requeued_job_resumed_instead_of_restarting(local_and_slurm):
         assert logs.count(f'Epoch(train) [{epoch}][6/6]') == 1, epoch
 
 
+def test_pruned_checkpoints_are_marked_in_the_run_record(local_and_slurm):
+    """The comparison keeps the evaluated epochs and the newest: the
+    others leave through the run record (a ``removed`` line before the file
+    goes), as the checkpoint hook's own retention does."""
+    from mmae_plugin.checkpoint.run_record import read_record, record_path
+    local, _, _ = local_and_slurm
+    for arm, seed in (('mae', 0), ('mmae', 1)):
+        directory = str(run_dir(local, arm, seed))
+        assert [e.epoch for e in read_record(directory).checkpoints()] == [3]
+        with open(record_path(directory)) as f:
+            events = [json.loads(line) for line in f]
+        removed = [
+            osp.basename(e['path']) for e in events if e['event'] == 'removed'
+        ]
+        assert removed == ['epoch_1.pth', 'epoch_2.pth'], events
+        assert sorted(
+            p.name for p in run_dir(local, arm, seed).glob('epoch_*.pth')) == [
+                'epoch_3.pth'
+            ]
+
+
 def test_a_failed_job_is_named_with_its_error_and_the_rest_reported(
         repo_root, tmp_path):
     proc = subprocess.run([

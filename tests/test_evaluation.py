@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.runner import Runner, load_checkpoint, save_checkpoint
-from mmpretrain.registry import MODELS
 from mmpretrain.evaluation import Accuracy
+from mmpretrain.registry import MODELS
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mmae_plugin  # noqa: F401
 from mmae_plugin.evaluation import (evaluate_frozen_encoder, fit_linear_probe,
@@ -65,7 +66,7 @@ def test_knn_resolves_near_collinear_neighbours_in_float64():
     _, idx = knn.top_k_neighbours(query, bank, 3)
     assert idx[:, 0].tolist() == [123, 71]
     assert sorted(idx[0].tolist()) == [122, 123, 124]
-    # float32 cannot tell them apart: the search must not run in float32.
+    # float32 cannot tell them apart: float64 must decide.
     sims32 = F.normalize(query, dim=1) @ F.normalize(bank, dim=1).T
     assert sims32[0, 100:150].unique().numel() < 5
     scores = knn_class_scores(query, bank, labels, 10, k=1)
@@ -82,12 +83,133 @@ def test_knn_chunked_search_equals_one_pass(monkeypatch):
     chunked = knn_class_scores(query, bank, labels, 3, k=25)
     torch.testing.assert_close(chunked, whole)
     monkeypatch.setattr(knn, 'QUERY_CHUNK', 7)  # 30 queries: 5 blocks
-    torch.testing.assert_close(knn_class_scores(query, bank, labels, 3, k=25),
-                               whole, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        knn_class_scores(query, bank, labels, 3, k=25),
+        whole,
+        rtol=1e-12,
+        atol=1e-14)
+
+
+def numpy_top_k(query, bank, k):
+    """Indices of each query's k nearest rows, float64 numpy, equal
+    similarities by index (a stable sort)."""
+    q = query / np.linalg.norm(query, axis=1, keepdims=True)
+    b = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+    return np.argsort(-(q @ b.T), axis=1, kind='stable')[:, :k]
+
+
+def crowded_bank(seed, rows=3000, dim=24):
+    """Rows ``e + s_i v_i`` around one direction with ``s_i`` from 1e-6 to
+    1e-3 (cosines 1 - s^2 / 2 apart by 1e-13 to 1e-7: below float32's
+    resolution, far above float64's), a quarter of them random; queries
+    near ``e``."""
+    rng = np.random.default_rng(seed)
+    direction = rng.normal(size=dim)
+    direction /= np.linalg.norm(direction)
+    spread = 10.0**rng.uniform(-6, -3, size=(rows, 1))
+    offsets = rng.normal(size=(rows, dim))
+    offsets /= np.linalg.norm(offsets, axis=1, keepdims=True)
+    bank = direction + spread * offsets
+    bank[::4] = rng.normal(size=(len(bank[::4]), dim))
+    query = direction + 1e-4 * rng.normal(size=(40, dim))
+    labels = rng.integers(0, 10, size=rows)
+    return (torch.tensor(query, dtype=torch.float32),
+            torch.tensor(bank, dtype=torch.float32), torch.tensor(labels))
+
+
+@pytest.mark.parametrize('k', [1, 5, 20])
+@pytest.mark.parametrize('data', ['crowded', 'gaussian'])
+def test_float32_search_gives_float64_neighbours_and_scores(data, k):
+    """The float32 search and float64 re-rank give an independent float64
+    kNN's neighbours and scores, near-ties included; the crowded queries
+    are the ones searched again in float64, the Gaussian ones never are."""
+    if data == 'crowded':
+        query, bank, labels = crowded_bank(k)
+    else:
+        gen = torch.Generator().manual_seed(k)
+        bank = torch.randn(3000, 24, generator=gen)
+        labels = torch.randint(0, 10, (3000, ), generator=gen)
+        query = torch.randn(40, 24, generator=gen)
+    q, b = query.double().numpy(), bank.double().numpy()
+    if data == 'crowded':  # float32 cannot rank these rows
+        sims32 = F.normalize(query, dim=1) @ F.normalize(bank, dim=1).T
+        assert sims32[0, 1::4].unique().numel() < 1000
+    prepared = knn.NeighbourBank(bank, labels)
+    sim, idx = prepared.top_k(query, k)
+    np.testing.assert_array_equal(idx.numpy(), numpy_top_k(q, b, k))
+    scores = prepared.class_scores(query, 10, k, 0.07)
+    np.testing.assert_allclose(
+        scores.numpy(),
+        numpy_knn_scores(q, b, labels.numpy(), 10, k, 0.07),
+        rtol=1e-9,
+        atol=1e-12)
+    if data == 'crowded':
+        assert prepared.exact_queries > 0
+    else:
+        assert prepared.exact_queries == 0
+
+
+def test_knn_search_runs_in_ieee_float32_and_restores_the_setting():
+    """A process that allowed bfloat16 float32 products (oneDNN on the
+    CPU; TF32 on a GPU) still gets float64's neighbours: the search runs
+    in IEEE float32, and the setting is the process's again after it."""
+    backend = torch.backends.mkldnn.matmul
+    if not hasattr(backend, 'fp32_precision'):
+        pytest.skip('torch < 2.9: no per-backend float32 precision')
+    query, bank, labels = crowded_bank(4)
+    previous = backend.fp32_precision
+    backend.fp32_precision = 'bf16'
+    try:
+        _, idx = knn.NeighbourBank(bank, labels).top_k(query, 20)
+        assert backend.fp32_precision == 'bf16'
+    finally:
+        backend.fp32_precision = previous
+    np.testing.assert_array_equal(
+        idx.numpy(),
+        numpy_top_k(query.double().numpy(),
+                    bank.double().numpy(), 20))
+
+
+@pytest.mark.parametrize('scale', [1e30, 1e100])
+def test_knn_at_extreme_scales_is_float64_s(scale):
+    """Rows whose float32 products could overflow (1e100 is beyond
+    float32's range): the bank is searched in float64 throughout, and the
+    neighbours are numpy's."""
+    query, bank, labels = crowded_bank(3)
+    bank = bank.double() * scale
+    prepared = knn.NeighbourBank(bank, labels)
+    _, idx = prepared.top_k(query.double() * scale, 5)
+    assert prepared.exact_queries == query.shape[0]
+    np.testing.assert_array_equal(
+        idx.numpy(), numpy_top_k(query.double().numpy(), bank.numpy(), 5))
+
+
+def test_knn_memory_does_not_grow_with_the_bank(monkeypatch):
+    """No tensor made during the kNN is as large as a float64 copy of the
+    bank (what the search made for every query chunk before): with small
+    blocks, every op's output stays below a quarter of the float32 bank."""
+    for name, value in (('BANK_CHUNK', 256), ('QUERY_CHUNK', 16),
+                        ('EXACT_BANK_CHUNK', 256), ('RERANK_ROWS', 256)):
+        monkeypatch.setattr(knn, name, value)
+    query, bank, labels = crowded_bank(0, rows=8192, dim=24)
+    query = torch.cat([query, torch.randn(24, 24)])
+    with LargestOutput() as mode:
+        prepared = knn.NeighbourBank(bank, labels)
+        scores = prepared.class_scores(query, 10, 20, 0.07)
+    assert prepared.exact_queries > 0  # the float64 search ran too
+    bank_bytes = bank.numel() * bank.element_size()
+    assert 0 < mode.largest < bank_bytes / 4, (mode.largest, bank_bytes)
+    np.testing.assert_allclose(
+        scores.numpy(),
+        numpy_knn_scores(query.double().numpy(),
+                         bank.double().numpy(), labels.numpy(), 10, 20, 0.07),
+        rtol=1e-9,
+        atol=1e-12)
 
 
 @pytest.mark.parametrize('kwargs,error,name', [
-    (dict(k=0), ValueError, 'k'), (dict(k=True), TypeError, 'k'),
+    (dict(k=0), ValueError, 'k'),
+    (dict(k=True), TypeError, 'k'),
     (dict(k=2.0), TypeError, 'k'),
     (dict(temperature=0), ValueError, 'temperature'),
     (dict(temperature=float('inf')), ValueError, 'temperature'),
@@ -97,16 +219,17 @@ def test_knn_rejects_bad_arguments(kwargs, error, name):
     args = dict(k=20, temperature=0.07)
     args.update(kwargs)
     with pytest.raises(error, match=name):
-        knn_class_scores(torch.ones(2, 3), torch.ones(4, 3),
-                         torch.zeros(4, dtype=torch.long), 2, **args)
+        knn_class_scores(
+            torch.ones(2, 3), torch.ones(4, 3),
+            torch.zeros(4, dtype=torch.long), 2, **args)
 
 
 def test_linear_probe_reaches_the_regularised_optimum():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(600, 12, generator=gen, dtype=torch.float64) * 3 + 1
     w = torch.randn(12, 4, generator=gen, dtype=torch.float64)
-    y = (x @ w + torch.randn(600, 4, generator=gen,
-                              dtype=torch.float64)).argmax(dim=1)
+    y = (x @ w +
+         torch.randn(600, 4, generator=gen, dtype=torch.float64)).argmax(dim=1)
     probe = fit_linear_probe(x[:500], y[:500], 4, weight_decay=1e-2)
     xs = standardize(x[:500], probe.mean, probe.var).numpy()
     np.testing.assert_allclose(xs.mean(0), 0, atol=1e-12)
@@ -123,6 +246,51 @@ def test_linear_probe_reaches_the_regularised_optimum():
     assert test_acc > 0.7
 
 
+class LargestOutput(TorchDispatchMode):
+    """Records the largest tensor (bytes) any op produced inside it."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out, ):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel() * t.element_size())
+        return out
+
+
+def test_linear_probe_fits_in_chunks_the_full_batch_optimum(monkeypatch):
+    """Summed over chunks of 64 rows, the loss and gradient are the full
+    batch's: the same probe to L-BFGS's tolerance, the numpy optimality
+    condition holds, and no op makes a tensor as large as a float64 copy
+    of the features (the whole batch's standardised copy and logits)."""
+    from mmae_plugin.evaluation import linear_probe
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2000, 24, generator=gen) * 3 + 1
+    y = (x @ torch.randn(24, 5, generator=gen) +
+         2 * torch.randn(2000, 5, generator=gen)).argmax(dim=1)
+    whole = fit_linear_probe(x, y, 5, weight_decay=1e-2)
+    monkeypatch.setattr(linear_probe, 'PROBE_CHUNK', 64)
+    with LargestOutput() as mode:
+        chunked = fit_linear_probe(x, y, 5, weight_decay=1e-2)
+        top = chunked.top_k_classes(x, 2)
+    assert 0 < mode.largest < x.numel() * 8 / 4, mode.largest
+    torch.testing.assert_close(
+        chunked.mean, whole.mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked.var, whole.var, rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        chunked.head.weight, whole.head.weight, rtol=1e-5, atol=1e-7)
+    assert torch.equal(top, chunked.logits(x).topk(2, dim=1).indices)
+    xs = standardize(x, chunked.mean, chunked.var).numpy()
+    weight = chunked.head.weight.detach().numpy()
+    logits = xs @ weight.T + chunked.head.bias.detach().numpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(2000), y.numpy()] -= 1
+    grad_w = p.T @ xs / 2000 + 1e-2 * weight
+    assert np.abs(grad_w).max() < 1e-5 and np.abs(p.mean(0)).max() < 1e-5
+
+
 def numpy_statistics(z, mu=1.0):
     """Every key of representation_statistics, from its definition: the
     uncentred Gram kernel's spectrum is that of ``zn^T zn / N``."""
@@ -136,12 +304,16 @@ def numpy_statistics(z, mu=1.0):
     entropy_cov = float(-(corr * np.log(corr)).sum())
     s = np.linalg.svd(z, compute_uv=False)
     p = s / s.sum() + 1e-7
-    tcr = np.linalg.slogdet(np.eye(z.shape[1]) + mu / z.shape[1] *
-                            zn.T @ zn)[1]
-    return {'entropy_gram': entropy, 'erank_gram': math.exp(entropy),
-            'entropy_cov': entropy_cov, 'erank_cov': math.exp(entropy_cov),
-            'rankme_raw': float(np.exp(-(p * np.log(p)).sum())),
-            f'tcr_reference_mu{mu:g}': float(tcr)}
+    tcr = np.linalg.slogdet(np.eye(z.shape[1]) +
+                            mu / z.shape[1] * zn.T @ zn)[1]
+    return {
+        'entropy_gram': entropy,
+        'erank_gram': math.exp(entropy),
+        'entropy_cov': entropy_cov,
+        'erank_cov': math.exp(entropy_cov),
+        'rankme_raw': float(np.exp(-(p * np.log(p)).sum())),
+        f'tcr_reference_mu{mu:g}': float(tcr)
+    }
 
 
 def test_representation_statistics_match_numpy():
@@ -201,8 +373,7 @@ def reference_features(cfg, checkpoint, split_cfg):
 def test_knn_classifier_under_the_runner(tmp_path, pretrained):
     cfg = small_knn_cfg(tmp_path, pretrained)
     metrics = Runner.from_cfg(cfg.copy()).test()
-    train_x, train_y = reference_features(cfg, pretrained,
-                                          cfg.model.prototype)
+    train_x, train_y = reference_features(cfg, pretrained, cfg.model.prototype)
     test_x, test_y = reference_features(cfg, pretrained, cfg.test_dataloader)
     scores = numpy_knn_scores(test_x, train_x, train_y, 10, 20, 0.07)
     top1 = 100 * (scores.argmax(1) == test_y).mean()
@@ -215,8 +386,8 @@ def test_knn_classifier_under_the_runner(tmp_path, pretrained):
     assert cached['knn/top1'] == pytest.approx(top1, abs=1e-4)
     for key in ('erank_gram', 'erank_cov', 'rankme_raw'):
         assert cached[f'repr/{key}'] == pytest.approx(ref[key], rel=1e-4)
-    probe_top1 = 100 * (probe.logits(torch.from_numpy(test_x)).argmax(1)
-                        .numpy() == test_y).mean()
+    probe_top1 = 100 * (probe.logits(
+        torch.from_numpy(test_x)).argmax(1).numpy() == test_y).mean()
     assert cached['linear/top1'] == pytest.approx(probe_top1, abs=1e-4)
 
 
@@ -224,19 +395,21 @@ def test_knn_classifier_two_processes_match_one(tmp_path, pretrained,
                                                 repo_root,
                                                 cpu_dist_env_factory):
     from test_train_e2e import run
-    options = ['model.prototype.dataset.indices=300',
-               'test_dataloader.dataset.indices=101',
-               'test_dataloader.num_workers=0',
-               'test_dataloader.persistent_workers=False',
-               'model.prototype.num_workers=0']
+    options = [
+        'model.prototype.dataset.indices=300',
+        'test_dataloader.dataset.indices=101', 'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False',
+        'model.prototype.num_workers=0'
+    ]
     results = {}
     for gpus in (1, 2):
         out = tmp_path / f'knn{gpus}.json'
         run(repo_root, [
-            'bash', 'tools/dist_test.sh', KNN_CONFIG, pretrained, str(gpus),
-            '--work-dir', str(tmp_path / f'w{gpus}'), '--out', str(out),
-            '--out-item', 'metrics', '--cfg-options', *options],
-            cpu_dist_env_factory())
+            'bash', 'tools/dist_test.sh', KNN_CONFIG, pretrained,
+            str(gpus), '--work-dir',
+            str(tmp_path / f'w{gpus}'), '--out',
+            str(out), '--out-item', 'metrics', '--cfg-options', *options
+        ], cpu_dist_env_factory())
         with open(out) as f:
             results[gpus] = json.load(f)
     assert results[1]['accuracy/top1'] == pytest.approx(
@@ -265,7 +438,8 @@ def test_finetune_config_trains_and_evaluates(tmp_path, pretrained):
         'val_dataloader.num_workers': 0,
         'val_dataloader.persistent_workers': False,
         'train_cfg.max_epochs': 2,
-        'param_scheduler.1.T_max': 1, 'param_scheduler.1.end': 2,
+        'param_scheduler.1.T_max': 1,
+        'param_scheduler.1.end': 2,
     })
     cfg.test_dataloader = cfg.val_dataloader
     cfg.work_dir = str(tmp_path)
@@ -289,8 +463,8 @@ def test_mixed_precision_features_are_float32_and_close(tmp_path, pretrained):
     model = build_model(cfg)
     load_checkpoint(model, pretrained, logger='silent')
     exact, labels = extract_features(model, cfg.model.prototype)
-    mixed, mixed_labels = extract_features(model, cfg.model.prototype,
-                                           amp=True)
+    mixed, mixed_labels = extract_features(
+        model, cfg.model.prototype, amp=True)
     assert mixed.dtype == exact.dtype == torch.float32
     assert torch.equal(labels, mixed_labels)
     assert not torch.equal(mixed, exact)  # autocast was on
@@ -312,15 +486,17 @@ def test_knn_similarities_stay_float64_under_autocast():
         mixed = knn_class_scores(query, bank, labels, 10, 20, 0.07)
     assert sim.dtype == mixed.dtype == torch.float64
     torch.testing.assert_close(
-        mixed, knn_class_scores(query, bank, labels, 10, 20, 0.07),
-        rtol=0, atol=0)
+        mixed,
+        knn_class_scores(query, bank, labels, 10, 20, 0.07),
+        rtol=0,
+        atol=0)
     q = query.double().numpy()
     b = bank.double().numpy()
     cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ \
         (b / np.linalg.norm(b, axis=1, keepdims=True)).T
     reference = np.argsort(-cos, axis=1, kind='stable')[:, :20]
-    np.testing.assert_array_equal(np.sort(idx.numpy(), 1),
-                                  np.sort(reference, 1))
+    np.testing.assert_array_equal(
+        np.sort(idx.numpy(), 1), np.sort(reference, 1))
 
 
 @pytest.mark.parametrize('amp', [False, True])
@@ -333,8 +509,7 @@ def test_reported_linear_accuracy_is_the_saved_classifier_s(
 
     from mmae_plugin.evaluation.frozen import linear_probe_state_dict
     cfg = small_knn_cfg(tmp_path, pretrained)
-    metrics, probe, encoder = evaluate_frozen_encoder(cfg, pretrained,
-                                                      amp=amp)
+    metrics, probe, encoder = evaluate_frozen_encoder(cfg, pretrained, amp=amp)
     linear_cfg = Config.fromfile('configs/fashion_mnist/linear_fmnist.py')
     linear_cfg.model.backbone.init_cfg = None
     linear_cfg.model.setdefault('data_preprocessor',
@@ -353,8 +528,8 @@ def test_reported_linear_accuracy_is_the_saved_classifier_s(
     # What tools/test.py reports: mmpretrain's Accuracy ranks pred_score
     # with topk. Half-precision logits tie; torch 2.4's argmax (pred_label)
     # breaks ties differently from topk (2 of 150 images here).
-    top1 = float(Accuracy.calculate(torch.stack(scores),
-                                    torch.tensor(labels))[0][0])
+    top1 = float(
+        Accuracy.calculate(torch.stack(scores), torch.tensor(labels))[0][0])
     # Accuracy.calculate counts in float32.
     assert metrics['linear/top1'] == pytest.approx(top1, abs=1e-4)
     # The float64 probe on the same features: the same up to rounding.

@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 import pytest
+import scipy_matrix_info_reference as reference
 import torch
+from _helpers_scripts import load_script
 
 from mmae_plugin.matrix_info.coding_rate import (row_magnitudes,
                                                  unit_rows_unchecked)
 from mmae_plugin.matrix_info.gram_logdet import (ridge_gram_logdet_flagged,
                                                  signed_ridge_gram_logdet)
-import scipy_matrix_info_reference as reference
-from _helpers_scripts import load_script
 
 
 @pytest.fixture(scope='module')
@@ -30,13 +30,12 @@ def unit_features(rows: int, dim: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize('rows,dim', [(40, 24), (24, 40)])
 @pytest.mark.parametrize('sign', [1.0, -1.0])
 @pytest.mark.parametrize('scale', [1.0, 0.37])
-def test_signed_logdet_is_the_flagged_chain_bit_for_bit(rows, dim, sign,
-                                                        scale):
+def test_signed_logdet_is_the_flagged_chain_bit_for_bit(
+        rows, dim, sign, scale):
     z = unit_features(rows, dim, seed=rows + dim)
     samples_side = rows < dim
     offset = (dim - rows) * math.log(1.5) if samples_side else 0.0
-    fused = signed_ridge_gram_logdet(z, 1.5, samples_side, scale, offset,
-                                     sign)
+    fused = signed_ridge_gram_logdet(z, 1.5, samples_side, scale, offset, sign)
     chained, ok = ridge_gram_logdet_flagged(z * scale, 1.5, samples_side)
     chained = offset + chained
     assert bool(ok)
@@ -58,14 +57,14 @@ def test_signed_logdet_gradient_is_autograds(rows, dim):
 
 def test_signed_logdet_refuses_other_signs():
     with pytest.raises(ValueError, match='sign must be 1.0 or -1.0'):
-        signed_ridge_gram_logdet(unit_features(4, 3, 0), 1.0, False,
-                                 sign=0.5)
+        signed_ridge_gram_logdet(unit_features(4, 3, 0), 1.0, False, sign=0.5)
 
 
 def test_unit_rows_value_and_gradient_are_autograds():
     generator = torch.Generator().manual_seed(5)
-    z = (torch.randn(16, 12, generator=generator, dtype=torch.float64) *
-         torch.logspace(-3, 3, 16, dtype=torch.float64).unsqueeze(1))
+    z = (
+        torch.randn(16, 12, generator=generator, dtype=torch.float64) *
+        torch.logspace(-3, 3, 16, dtype=torch.float64).unsqueeze(1))
     z.requires_grad_()
     weights = torch.randn(16, 12, generator=generator, dtype=torch.float64)
     magnitude = row_magnitudes(z)
@@ -110,15 +109,15 @@ def test_op_counts_of_the_fused_parts(ops_tool):
     assert from_file(ops['backward_sources'], 'coding_rate.py') <= 6
     assert ops['forward_ops']['aten.linalg_cholesky_ex.default'] == 1
     assert 'aten.eye.default' not in ops['forward_ops']
-    assert ops['backward_ops'][
-        'aten.linalg_solve_triangular.default'] == 2
+    assert ops['backward_ops']['aten.linalg_solve_triangular.default'] == 2
     assert ops['skip_code'] == 0
 
 
 def test_tool_reports_counts_and_cpu_time(ops_tool, tmp_path, capsys):
     out = tmp_path / 'ops.json'
-    result = ops_tool.main(['--rows', '32', '--dim', '16', '--reps', '2',
-                            '--json', str(out)])
+    result = ops_tool.main(
+        ['--rows', '32', '--dim', '16', '--reps', '2', '--json',
+         str(out)])
     assert result['ops']['total'] == \
         result['ops']['forward'] + result['ops']['backward'] > 0
     assert result['cpu_ms']['median'] > 0 and out.exists()

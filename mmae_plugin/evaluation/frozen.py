@@ -21,14 +21,15 @@ from mmpretrain.registry import MODELS
 from torch import Tensor
 
 from mmae_plugin.checkpoint.loading import verify_before_loading
-
 from .knn import knn_class_scores
 from .linear_probe import LinearProbe, fit_linear_probe
 from .statistics import representation_statistics
 
 
 @torch.no_grad()
-def extract_features(model, dataloader_cfg: dict, amp: bool = False,
+def extract_features(model,
+                     dataloader_cfg: dict,
+                     amp: bool = False,
                      progress: bool = False,
                      label: str = 'images') -> Tuple[Tensor, Tensor]:
     """Features and labels of a whole dataset, in dataset order.
@@ -60,8 +61,9 @@ def extract_features(model, dataloader_cfg: dict, amp: bool = False,
         with autocast(enabled=amp):
             feats.append(model.extract_feat(data['inputs']).float())
         # Device tensors: no host sync per image.
-        labels += [sample.gt_label.reshape(-1)[:1]
-                   for sample in data['data_samples']]
+        labels += [
+            sample.gt_label.reshape(-1)[:1] for sample in data['data_samples']
+        ]
         if bar is not None:
             bar.update(len(data['data_samples']))
     if bar is not None:
@@ -82,9 +84,20 @@ def build_model(cfg: Config):
 
 def accuracy(scores: Tensor, labels: Tensor, k: int = 1) -> float:
     """Top-k accuracy in percent."""
-    top = scores.topk(k, dim=1).indices
+    return top_classes_accuracy(scores.topk(k, dim=1).indices, labels)
+
+
+def top_classes_accuracy(top: Tensor, labels: Tensor) -> float:
+    """Percent of rows whose ``top`` classes (N, k) include the label."""
     labels = labels.to(top.device)
     return 100.0 * (top == labels[:, None]).any(dim=1).double().mean().item()
+
+
+def probe_accuracy(probe: LinearProbe, features: Tensor,
+                   labels: Tensor) -> float:
+    """Top-1 accuracy in percent of the float64 probe, in chunks (no
+    (N, C) logits: 10 GB at ImageNet's training set)."""
+    return top_classes_accuracy(probe.top_k_classes(features, 1), labels)
 
 
 def float64_device(device: torch.device) -> torch.device:
@@ -110,17 +123,22 @@ def probe_as_classifier(probe: LinearProbe,
     """
     dim, num_classes = probe.mean.numel(), probe.head.out_features
     classifier = torch.nn.ModuleDict({
-        'neck': MODELS.build(dict(type='ClsBatchNormNeck',
-                                  input_features=dim)),
-        'head': MODELS.build(dict(type='VisionTransformerClsHead',
-                                  num_classes=num_classes, in_channels=dim)),
+        'neck':
+        MODELS.build(dict(type='ClsBatchNormNeck', input_features=dim)),
+        'head':
+        MODELS.build(
+            dict(
+                type='VisionTransformerClsHead',
+                num_classes=num_classes,
+                in_channels=dim)),
     })
     classifier.load_state_dict(linear_probe_state_dict(probe, {}, 'cls'))
     return classifier.to(device).eval()
 
 
 @torch.no_grad()
-def saved_probe_logits(probe: LinearProbe, features: Tensor,
+def saved_probe_logits(probe: LinearProbe,
+                       features: Tensor,
                        amp: bool = False) -> Tensor:
     """Logits of the saved classifier, as ``tools/test.py`` computes them.
 
@@ -143,11 +161,14 @@ def saved_probe_logits(probe: LinearProbe, features: Tensor,
         return classifier['head'](pooled).float()
 
 
-def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
-                            linear_weight_decay: float = 1e-4,
-                            amp: bool = False, progress: bool = False,
-                            device: Optional[str] = None
-                            ) -> Tuple[Dict[str, float], LinearProbe, dict]:
+def evaluate_frozen_encoder(
+    knn_config: Config,
+    checkpoint: str,
+    linear_weight_decay: float = 1e-4,
+    amp: bool = False,
+    progress: bool = False,
+    device: Optional[str] = None
+) -> Tuple[Dict[str, float], LinearProbe, dict]:
     """kNN, cached-feature linear probe and statistics of a checkpoint.
 
     Args:
@@ -185,8 +206,10 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
 
     scores = knn_class_scores(test_x, train_x, train_y, model.num_classes,
                               model.k, model.temperature)
-    metrics = {'knn/top1': accuracy(scores, test_y, 1),
-               'knn/top5': accuracy(scores, test_y, 5)}
+    metrics = {
+        'knn/top1': accuracy(scores, test_y, 1),
+        'knn/top5': accuracy(scores, test_y, 5)
+    }
 
     exact = float64_device(device)
     train_x, train_y = train_x.to(exact), train_y.to(exact)
@@ -195,16 +218,21 @@ def evaluate_frozen_encoder(knn_config: Config, checkpoint: str,
                              linear_weight_decay)
     metrics['linear/top1'] = accuracy(
         saved_probe_logits(probe, test_x.to(device), amp), test_y)
-    metrics['linear/probe_top1'] = accuracy(probe.logits(test_x), test_y)
-    metrics['linear/train_top1'] = accuracy(probe.logits(train_x), train_y)
-    metrics.update({f'repr/{key}': value for key, value in
-                    representation_statistics(test_x).items()})
-    encoder_state = {key: value.cpu() for key, value in
-                     model.image_encoder.state_dict().items()}
+    metrics['linear/probe_top1'] = probe_accuracy(probe, test_x, test_y)
+    metrics['linear/train_top1'] = probe_accuracy(probe, train_x, train_y)
+    metrics.update({
+        f'repr/{key}': value
+        for key, value in representation_statistics(test_x).items()
+    })
+    encoder_state = {
+        key: value.cpu()
+        for key, value in model.image_encoder.state_dict().items()
+    }
     return metrics, probe, encoder_state
 
 
-def linear_probe_state_dict(probe: LinearProbe, encoder_state: dict,
+def linear_probe_state_dict(probe: LinearProbe,
+                            encoder_state: dict,
                             pooling: str = 'cls') -> Dict[str, Tensor]:
     """The cached-feature probe as weights of the linear-probe configs.
 
@@ -227,8 +255,7 @@ def linear_probe_state_dict(probe: LinearProbe, encoder_state: dict,
         A state dict for the linear-probe config.
     """
     batch_norm = 'neck.bn.' if pooling == 'cls' else 'neck.1.bn.'
-    state = {f'backbone.{key}': value
-             for key, value in encoder_state.items()}
+    state = {f'backbone.{key}': value for key, value in encoder_state.items()}
     state.update({
         f'{batch_norm}running_mean': probe.mean.float(),
         f'{batch_norm}running_var': probe.var.float(),

@@ -14,14 +14,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmae_plugin.evaluation.linear_probe import (LinearProbe,
-                                                 feature_moments,
+from mmae_plugin.evaluation.linear_probe import (LinearProbe, feature_moments,
                                                  fit_logistic_regression,
                                                  standardize)
 from mmae_plugin.utils.validation import check_int
 
 
-def lowshot_indices(labels: Sequence[int], shots: int, seed: int) -> np.ndarray:
+def lowshot_indices(labels: Sequence[int], shots: int,
+                    seed: int) -> np.ndarray:
     """Indices of ``shots`` rows of every class, fixed by ``seed``.
 
     Args:
@@ -51,7 +51,9 @@ def lowshot_indices(labels: Sequence[int], shots: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(chosen)).astype(np.int64)
 
 
-def fit_lowshot_probe(train_x: Tensor, train_y: Tensor, indices: np.ndarray,
+def fit_lowshot_probe(train_x: Tensor,
+                      train_y: Tensor,
+                      indices: np.ndarray,
                       num_classes: int,
                       weight_decay: float = 1e-4) -> LinearProbe:
     """A linear probe fitted on the rows ``indices`` only.

@@ -6,11 +6,12 @@ from torch import Tensor
 from mmae_plugin.matrix_info.representation import one_branch_statistics
 
 
-def representation_statistics(features: Tensor, tcr_mu: float = 1.0,
-                              tcr_form: str = 'reference',
-                              tcr_centering: bool = False,
-                              kernels: Optional[tuple] = None
-                              ) -> Dict[str, float]:
+def representation_statistics(
+        features: Tensor,
+        tcr_mu: float = 1.0,
+        tcr_form: str = 'reference',
+        tcr_centering: bool = False,
+        kernels: Optional[tuple] = None) -> Dict[str, float]:
     """Entropies, effective ranks, RankMe and TCR of features (N, d).
 
     The definitions and keys of
@@ -34,7 +35,8 @@ def representation_statistics(features: Tensor, tcr_mu: float = 1.0,
         zero kernel (constant features for ``cov``) are NaN: undefined.
     """
     values = one_branch_statistics(
-        features, kernels=kernels or ('gram', 'covariance'),
+        features,
+        kernels=kernels or ('gram', 'covariance'),
         tcr=dict(form=tcr_form, mu=tcr_mu, centering=tcr_centering),
         undefined='nan')
     return {key: float(value) for key, value in values.items()}

@@ -106,9 +106,10 @@ class _UnitRows(torch.autograd.Function):
 def logdet_identity_plus(a: Tensor, mu: float) -> Tensor:
     """``logdet(mu I + a)`` for a symmetric PSD matrix ``a``.
 
-    ``mu I + a`` has every eigenvalue >= mu > 0, so Cholesky is defined in exact
-    arithmetic; where rounding still breaks it (huge-scale inputs) the
-    eigenvalues, clamped at 0, give the same value with a stable gradient.
+    ``mu I + a`` has every eigenvalue >= mu > 0, so Cholesky is defined in
+    exact arithmetic; where rounding still breaks it (huge-scale inputs)
+    the eigenvalues, clamped at 0, give the same value with a stable
+    gradient.
 
     Args:
         a: Symmetric positive semi-definite matrix (n, n).
@@ -126,7 +127,8 @@ def logdet_identity_plus(a: Tensor, mu: float) -> Tensor:
     return torch.log(eigvals + mu).sum()
 
 
-def total_coding_rate(z: Tensor, mu: float = 1.0,
+def total_coding_rate(z: Tensor,
+                      mu: float = 1.0,
                       dtype: torch.dtype = torch.float64) -> Tensor:
     """Total coding rate ``TCR_mu = logdet(mu I_d + z^T z)``.
 
@@ -160,14 +162,16 @@ def total_coding_rate(z: Tensor, mu: float = 1.0,
         # Closed-form gradient (half the cost); autograd where Cholesky fails.
         value = ridge_gram_logdet(z, mu, samples_side)
         if value is None:
-            value = logdet_identity_plus(
-                z @ z.T if samples_side else z.T @ z, mu)
+            value = logdet_identity_plus(z @ z.T if samples_side else z.T @ z,
+                                         mu)
         value = offset + value
-    return check_finite_result(
-        value, f'total_coding_rate(mu={mu!r}, dtype={dtype})')
+    return check_finite_result(value,
+                               f'total_coding_rate(mu={mu!r}, dtype={dtype})')
 
 
-def total_coding_rate_sync_free(z: Tensor, mu: float, frobenius_sq: float,
+def total_coding_rate_sync_free(z: Tensor,
+                                mu: float,
+                                frobenius_sq: float,
                                 scale: float = 1.0,
                                 sign: float = 1.0) -> Tensor:
     """``sign *`` :func:`total_coding_rate` of finite ``scale * z`` without
@@ -182,8 +186,9 @@ def total_coding_rate_sync_free(z: Tensor, mu: float, frobenius_sq: float,
     failure masks, 17 aten ops per forward + backward instead of 28).
     Otherwise (paper form with a tiny ``mu``) the clamped eigenvalues are
     used, whose kernel still checks its convergence on the host (one sync in
-    torch's ``eigvalsh``). Runs in ``z``'s dtype; the caller disables
-    autocast.
+    torch's ``eigvalsh``). Runs in ``z``'s dtype, except that float32 ``z``
+    is computed in float64 where only float64 is proven to factorise (the
+    result is then float64); the caller disables autocast.
 
     Args:
         z: Finite features (B, d) in float32 or float64.
@@ -198,14 +203,21 @@ def total_coding_rate_sync_free(z: Tensor, mu: float, frobenius_sq: float,
     num_samples, dim = z.shape
     samples_side = num_samples < dim
     offset = (dim - num_samples) * math.log(mu) if samples_side else 0.0
+    if (z.dtype != torch.float64 and not cholesky_cannot_fail(
+            num_samples, dim, frobenius_sq, mu, z.dtype)
+            and cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu,
+                                     torch.float64)):
+        # float32 is not provably safe here and float64 is: the cast keeps
+        # the step free of host reads (the eigenvalue route has one).
+        z = z.to(torch.float64)
     if cholesky_cannot_fail(num_samples, dim, frobenius_sq, mu, z.dtype):
         return signed_ridge_gram_logdet(z, mu, samples_side, scale, offset,
                                         sign)
     if scale != 1.0:
         z = z * scale
     gram = z @ z.T if samples_side else z.T @ z
-    value = offset + torch.log(
-        torch.linalg.eigvalsh(gram).clamp_min(0) + mu).sum()
+    value = offset + torch.log(torch.linalg.eigvalsh(gram).clamp_min(0) +
+                               mu).sum()
     return value if sign == 1.0 else -value
 
 
@@ -243,8 +255,11 @@ def coding_rate_key(form: str, mu: float, centering: bool) -> str:
     return f'tcr_{form}{"_centered" if centering else ""}_mu{mu:g}'
 
 
-def coding_rate_of_unit_rows(zn: Tensor, form: str, mu: float,
-                             centering: bool, sign: float = 1.0) -> Tensor:
+def coding_rate_of_unit_rows(zn: Tensor,
+                             form: str,
+                             mu: float,
+                             centering: bool,
+                             sign: float = 1.0) -> Tensor:
     """:func:`coding_rate` of rows already of unit norm, sync-free.
 
     For the training step (``TCRLoss``): nothing is read on the host (see
@@ -270,11 +285,13 @@ def coding_rate_of_unit_rows(zn: Tensor, form: str, mu: float,
     if form == 'paper':
         return total_coding_rate_sync_free(zn, mu, num_samples, sign=sign)
     scale = math.sqrt(mu / dim)
-    return total_coding_rate_sync_free(zn, 1.0, num_samples * scale**2,
-                                       scale=scale, sign=sign)
+    return total_coding_rate_sync_free(
+        zn, 1.0, num_samples * scale**2, scale=scale, sign=sign)
 
 
-def coding_rate(z: Tensor, form: str = 'reference', mu: float = 1.0,
+def coding_rate(z: Tensor,
+                form: str = 'reference',
+                mu: float = 1.0,
                 centering: bool = False) -> Tensor:
     """Coding rate of a batch of features, the plugin's one definition.
 

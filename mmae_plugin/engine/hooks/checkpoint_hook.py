@@ -38,11 +38,9 @@ too. Select it in a config::
 """
 import os
 import os.path as osp
-import re
-import shutil
 from collections import deque
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from mmengine.dist import (all_gather_object, all_reduce, barrier,
@@ -51,17 +49,17 @@ from mmengine.fileio.backends import LocalBackend
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 
-from mmae_plugin.checkpoint.atomic_write import (fsync_folder,
-                                                 remove_orphan_temporaries,
+from mmae_plugin.checkpoint.atomic_write import (remove_orphan_temporaries,
                                                  write_atomically)
-from mmae_plugin.checkpoint.integrity import remove_sidecars
+from mmae_plugin.checkpoint.publish import (PARTIAL_SUFFIX, publish_checkpoint,
+                                            remove_partial_checkpoints,
+                                            remove_path, remove_path_quietly)
 from mmae_plugin.checkpoint.run_record import (append_event, fingerprint,
                                                read_record, recorded_path)
 from mmae_plugin.engine.run_identity import run_identity
 from mmae_plugin.engine.runners.launch_record import launch_record
+from .finite_state import all_finite_flag, flag_device, named_state_tensors
 
-PARTIAL_SUFFIX = '.partial'
-_PARTIAL_NAME = re.compile(r'^\..+\.pth' + re.escape(PARTIAL_SUFFIX) + '$')
 #: How many non-finite tensor names the error lists before "and N more".
 LISTED_TENSORS = 12
 
@@ -84,71 +82,6 @@ def _check_setting(name: str, value: Any) -> None:
         raise ValueError(
             f'SafeCheckpointHook: {name}={value!r} is not allowed: use an '
             f'integer >= 1 or -1 ({meaning})')
-
-
-def named_state_tensors(model: torch.nn.Module,
-                        optim_wrapper: Any) -> List[Tuple[str, torch.Tensor]]:
-    """Every floating-point tensor a checkpoint of this run holds, named.
-
-    Args:
-        model: ``runner.model`` (wrapped or not).
-        optim_wrapper: ``runner.optim_wrapper`` (an ``OptimWrapper`` or
-            ``OptimWrapperDict``), or None.
-
-    Returns:
-        ``(name, tensor)`` for parameters, floating-point buffers and
-        optimizer state tensors (``optimizer[<param>].exp_avg``...).
-    """
-    tensors = [(name, p) for name, p in model.named_parameters()]
-    tensors += [(name, b) for name, b in model.named_buffers()
-                if b.is_floating_point()]
-    names = {id(p): name for name, p in model.named_parameters()}
-    for optimizer in _optimizers(optim_wrapper):
-        for param, state in optimizer.state.items():
-            for key, value in state.items():
-                if torch.is_tensor(value) and (value.is_floating_point()
-                                               or value.is_complex()):
-                    owner = names.get(id(param), f'param@{id(param):x}')
-                    tensors.append((f'optimizer[{owner}].{key}', value))
-    return tensors
-
-
-def _optimizers(optim_wrapper: Any) -> Iterator[torch.optim.Optimizer]:
-    if optim_wrapper is None:
-        return
-    wrappers = getattr(optim_wrapper, 'optim_wrappers', None)
-    for wrapper in (wrappers.values() if wrappers else [optim_wrapper]):
-        optimizer = getattr(wrapper, 'optimizer', None)
-        if optimizer is not None:
-            yield optimizer
-
-
-def all_finite_flag(tensors: List[torch.Tensor],
-                    device: torch.device) -> torch.Tensor:
-    """One int flag on ``device``: 1 if every tensor is finite, else 0.
-
-    Computed on the tensors' devices without a host read.
-
-    Args:
-        tensors: The state tensors.
-        device: Where the flag goes (the collective's device).
-
-    Returns:
-        A 0-d int64 tensor.
-    """
-    flag = torch.ones((), dtype=torch.int64, device=device)
-    for tensor in tensors:
-        finite = torch.isfinite(tensor).all()
-        flag = flag * finite.to(
-            device=device, dtype=torch.int64, non_blocking=True)
-    return flag
-
-
-def _flag_device(tensors: List[torch.Tensor]) -> torch.device:
-    for tensor in tensors:
-        if tensor.device.type != 'cpu':
-            return tensor.device
-    return torch.device('cpu')
 
 
 @MMENGINE_HOOKS.register_module()
@@ -232,7 +165,7 @@ class SafeCheckpointHook(CheckpointHook):
         named = named_state_tensors(runner.model,
                                     getattr(runner, 'optim_wrapper', None))
         tensors = [tensor for _, tensor in named]
-        flag = all_finite_flag(tensors, _flag_device(tensors))
+        flag = all_finite_flag(tensors, flag_device(tensors))
         all_reduce(flag, op='min')
         if int(flag.item()) == 1:
             return
@@ -424,7 +357,7 @@ class SafeCheckpointHook(CheckpointHook):
         final = osp.join(str(out_dir), filename)
         partial = osp.join(str(out_dir), f'.{filename}{PARTIAL_SUFFIX}')
         if is_main_process():
-            _remove_path(partial)
+            remove_path(partial)
         _barrier_if_distributed()
         try:
             save(runner, out_dir, osp.basename(partial), *args, **kwargs)
@@ -434,7 +367,7 @@ class SafeCheckpointHook(CheckpointHook):
         except OSError as err:
             # A full disk says only "[Errno 28] No space left on device".
             if is_main_process():
-                _remove_path_quietly(partial)
+                remove_path_quietly(partial)
             if err.errno is None:
                 raise OSError(f'saving checkpoint {final}: {err}') from err
             raise OSError(
@@ -451,74 +384,6 @@ class SafeCheckpointHook(CheckpointHook):
 def _barrier_if_distributed() -> None:
     if get_world_size() > 1:
         barrier()
-
-
-def _remove_path(path: str) -> None:
-    if osp.isdir(path) and not osp.islink(path):
-        shutil.rmtree(path)
-    elif osp.lexists(path):
-        os.remove(path)
-
-
-def _remove_path_quietly(path: str) -> None:
-    try:
-        _remove_path(path)
-    except OSError:
-        pass  # a later start removes it (remove_partial_checkpoints)
-
-
-def _fsync_tree(path: str) -> None:
-    files = [path] if osp.isfile(path) else \
-        [osp.join(path, name) for name in os.listdir(path)]
-    for file in files:
-        with open(file, 'rb') as handle:
-            os.fsync(handle.fileno())
-    if osp.isdir(path):
-        fsync_folder(path)
-
-
-def publish_checkpoint(partial: str, final: str) -> None:
-    """Move a completely written checkpoint into place.
-
-    A checksum sidecar of plugin 0.3 and earlier describing the replaced
-    file goes first (the record is what describes checkpoints now).
-
-    Args:
-        partial: The written file or FSDP folder.
-        final: Its name.
-    """
-    _fsync_tree(partial)
-    remove_sidecars(final)
-    if osp.isdir(partial):
-        # A folder cannot be renamed over a non-empty one: move the old one
-        # aside first (a re-save of the same name).
-        if osp.lexists(final):
-            aside = f'{partial}.old'
-            _remove_path(aside)
-            os.replace(final, aside)
-            os.replace(partial, final)
-            _remove_path(aside)
-        else:
-            os.replace(partial, final)
-    else:
-        os.replace(partial, final)
-    fsync_folder(osp.dirname(final) or '.')
-
-
-def remove_partial_checkpoints(folder: str) -> None:
-    """Delete ``.<name>.pth.partial`` files and folders of killed saves.
-
-    Args:
-        folder: A checkpoint folder (main process only).
-    """
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        if _PARTIAL_NAME.match(name) or (name.endswith('.partial.old')
-                                         and name.startswith('.')):
-            _remove_path(osp.join(folder, name))
 
 
 @contextmanager

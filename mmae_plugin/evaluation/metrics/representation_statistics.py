@@ -25,7 +25,9 @@ class RepresentationStatistics(BaseMetric):
 
     default_prefix = 'repr'
 
-    def __init__(self, tcr_mu: float = 1.0, collect_device: str = 'cpu',
+    def __init__(self,
+                 tcr_mu: float = 1.0,
+                 collect_device: str = 'cpu',
                  prefix: Optional[str] = None) -> None:
         tcr_mu = check_real(tcr_mu, 'tcr_mu', minimum=0, strict=True)
         super().__init__(collect_device=collect_device, prefix=prefix)

@@ -7,8 +7,7 @@ from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 from torch import Tensor
 
-from mmae_plugin.evaluation.knn import check_knn_args, knn_class_scores
-
+from mmae_plugin.evaluation.knn import NeighbourBank, check_knn_args
 from ..necks import check_pooling, pool_tokens
 
 
@@ -21,6 +20,8 @@ class KNNClassifier(ImageToImageRetriever):
     with ``all_reduce``, before the first test batch. Each test image then
     takes the ``k`` most cosine-similar training images, which vote for
     their class with weight ``exp(cos / temperature)`` (InstDisc / DINO).
+    The bank is prepared once (:class:`~mmae_plugin.evaluation.knn.
+    NeighbourBank`: float32 search, float64 re-rank, bounded memory).
     Predictions are class scores, so mmpretrain's ``Accuracy`` evaluates
     them, and each sample also carries its feature as ``frozen_feature`` for
     :class:`~mmae_plugin.evaluation.RepresentationStatistics`.
@@ -48,8 +49,12 @@ class KNNClassifier(ImageToImageRetriever):
         init_cfg: Initialisation config.
     """
 
-    def __init__(self, backbone: dict, prototype: dict, num_classes: int,
-                 k: int = 20, temperature: float = 0.07,
+    def __init__(self,
+                 backbone: dict,
+                 prototype: dict,
+                 num_classes: int,
+                 k: int = 20,
+                 temperature: float = 0.07,
                  pooling: str = 'cls',
                  data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
@@ -58,13 +63,17 @@ class KNNClassifier(ImageToImageRetriever):
             raise TypeError('prototype must be a dataloader config (dict), '
                             f'got {type(prototype).__name__}')
         super().__init__(
-            image_encoder=backbone, prototype=prototype, topk=-1,
-            data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+            image_encoder=backbone,
+            prototype=prototype,
+            topk=-1,
+            data_preprocessor=data_preprocessor,
+            init_cfg=init_cfg)
         self.num_classes = num_classes
         self.k = k
         self.temperature = float(temperature)
         check_pooling(pooling, getattr(self.image_encoder, 'out_type', 'raw'))
         self.pooling = pooling
+        self._neighbour_bank: Optional[NeighbourBank] = None
         self._register_load_state_dict_pre_hook(_backbone_keys_to_encoder)
 
     def extract_feat(self, inputs: Tensor) -> Tensor:
@@ -87,9 +96,22 @@ class KNNClassifier(ImageToImageRetriever):
             super().prepare_prototype()
         self.prototype_labels = self.prototype_labels.to(
             self.prototype_vecs.device)
+        self._neighbour_bank = None
+
+    @property
+    def neighbour_bank(self) -> NeighbourBank:
+        """The prepared bank of the prototype features, built once (again
+        only when the buffers were replaced, e.g. by ``.to(device)``)."""
+        bank = self._neighbour_bank
+        if (bank is None or bank.rows is not self.prototype_vecs
+                or bank.labels is not self.prototype_labels):
+            bank = NeighbourBank(self.prototype_vecs, self.prototype_labels)
+            self._neighbour_bank = bank
+        return bank
 
     @torch.no_grad()
-    def predict(self, inputs: Tensor,
+    def predict(self,
+                inputs: Tensor,
                 data_samples: Optional[List[DataSample]] = None,
                 **kwargs) -> List[DataSample]:
         """kNN class scores of a batch of images.
@@ -104,13 +126,12 @@ class KNNClassifier(ImageToImageRetriever):
         """
         if not self.prototype_inited:
             self.prepare_prototype()
-        # float32 whatever autocast produced; knn_class_scores computes the
-        # similarities, votes and scores in float64 with autocast off
+        # float32 whatever autocast produced; the bank decides the
+        # neighbours, votes and scores in float64 with autocast off
         # (tools/test.py --amp), see mmae_plugin.evaluation.knn.
         feats = self.extract_feat(inputs).float()
-        scores = knn_class_scores(feats, self.prototype_vecs,
-                                  self.prototype_labels, self.num_classes,
-                                  self.k, self.temperature)
+        scores = self.neighbour_bank.class_scores(feats, self.num_classes,
+                                                  self.k, self.temperature)
         if data_samples is None:
             data_samples = [DataSample() for _ in range(feats.shape[0])]
         for sample, score, feat in zip(data_samples, scores, feats):

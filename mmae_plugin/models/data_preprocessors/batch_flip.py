@@ -6,7 +6,7 @@ from mmengine.structures import BaseDataElement
 from mmpretrain.registry import MODELS
 
 from mmae_plugin.utils.validation import check_choice, check_real
-from .non_blocking import NonBlockingSelfSupDataPreprocessor
+from .non_blocking import NonBlockingSelfSupDataPreprocessor, copy_to_device
 
 FLIP_DIRECTIONS = {'horizontal': -1, 'vertical': -2}
 
@@ -25,7 +25,10 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
 
     The normalisation is :class:`NonBlockingSelfSupDataPreprocessor`'s
     (mmpretrain's ``SelfSupDataPreprocessor`` bit for bit, the BGR/RGB swap
-    on the device); unlike there, copies block by default here.
+    on the device), with its non-blocking batch copy. The flip draw is
+    made on the CPU as before (the same generator and numbers, so resumed
+    runs draw the same flips) and copied to the device from pinned memory
+    without blocking (:func:`~.non_blocking.copy_to_device`).
 
     On the CPU the data samples are passed through as they come: moving a
     CPU data element to the CPU returns an equal copy, and building 256 of
@@ -34,8 +37,9 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
     Args:
         flip_prob: Probability in [0, 1] of flipping each image.
         direction: ``'horizontal'`` (mirror left-right) or ``'vertical'``.
-        non_blocking: As in mmpretrain's ``SelfSupDataPreprocessor``
-            (default False, blocking).
+        non_blocking: Copy batches to the device without blocking the host
+            (default True; effective with the dataloader's
+            ``pin_memory=True``).
         **kwargs: The normalisation arguments of
             :class:`NonBlockingSelfSupDataPreprocessor` (``mean``, ``std``,
             ``pad_size_divisor``, ``pad_value``, ``to_rgb``, ``bgr_to_rgb``,
@@ -46,7 +50,7 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
                  flip_prob: float = 0.5,
                  direction: str = 'horizontal',
                  *,
-                 non_blocking: Optional[bool] = False,
+                 non_blocking: Optional[bool] = True,
                  **kwargs) -> None:
         flip_prob = check_real(flip_prob, 'flip_prob', minimum=0, maximum=1)
         check_choice(direction, 'direction', tuple(FLIP_DIRECTIONS))
@@ -66,8 +70,9 @@ class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
         """Flip each image of ``inputs`` (B, C, H, W) with ``flip_prob``."""
         if self.flip_prob == 0:
             return inputs  # no draw: the random stream is left untouched
-        chosen = torch.rand(inputs.shape[0]) < self.flip_prob
-        chosen = chosen.to(inputs.device).view(-1, *([1] * (inputs.dim() - 1)))
+        chosen = copy_to_device(
+            torch.rand(inputs.shape[0]) < self.flip_prob, inputs.device)
+        chosen = chosen.view(-1, *([1] * (inputs.dim() - 1)))
         flipped = inputs.flip(FLIP_DIRECTIONS[self.direction])
         return torch.where(chosen, flipped, inputs)
 

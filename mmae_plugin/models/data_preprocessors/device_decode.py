@@ -18,8 +18,10 @@ __all__ = ['DeviceJpegDataPreprocessor', 'decode_crop_batch']
 INTERPOLATIONS = ('bilinear', 'bicubic')
 
 
-def decode_crop_batch(inputs: Sequence[Tensor], samples: Sequence,
-                      size: int, device: torch.device,
+def decode_crop_batch(inputs: Sequence[Tensor],
+                      samples: Sequence,
+                      size: int,
+                      device: torch.device,
                       interpolation: str = 'bicubic') -> Tensor:
     """The batch's (B, 3, size, size) uint8 RGB crops on ``device``.
 
@@ -53,9 +55,14 @@ def decode_crop_batch(inputs: Sequence[Tensor], samples: Sequence,
             crops.append(inputs[index].to(device, non_blocking=True))
             continue
         top, left, height, width = sample.metainfo['crop_box']
-        crop = F.resized_crop(images[index], top, left, height, width,
-                              [size, size], interpolation=mode,
-                              antialias=True)
+        crop = F.resized_crop(
+            images[index],
+            top,
+            left,
+            height,
+            width, [size, size],
+            interpolation=mode,
+            antialias=True)
         crops.append(crop.flip(-1) if sample.metainfo['flip'] else crop)
     return torch.stack(crops)
 
@@ -86,8 +93,12 @@ class DeviceJpegDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
                  bgr_to_rgb: bool = False,
                  non_blocking: Optional[bool] = True) -> None:
         check_choice(interpolation, 'interpolation', INTERPOLATIONS)
-        super().__init__(mean=mean, std=std, to_rgb=to_rgb,
-                         bgr_to_rgb=bgr_to_rgb, non_blocking=non_blocking)
+        super().__init__(
+            mean=mean,
+            std=std,
+            to_rgb=to_rgb,
+            bgr_to_rgb=bgr_to_rgb,
+            non_blocking=non_blocking)
         self.size = int(size)
         self.interpolation = interpolation
         # The recipe's model sees RGB exactly when it swaps OpenCV's BGR.
@@ -106,12 +117,14 @@ class DeviceJpegDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
         if not isinstance(data, dict) or not isinstance(
                 data.get('inputs'), (list, tuple)):
             raise TypeError('DeviceJpegDataPreprocessor takes the batches of '
-                            "PackEncodedJpeg through pseudo_collate (a dict "
+                            'PackEncodedJpeg through pseudo_collate (a dict '
                             'with a list of inputs)')
         samples = data['data_samples']
         batch = decode_crop_batch(data['inputs'], samples, self.size,
                                   self.device, self.interpolation)
         if self._model_wants_bgr:
             batch = bgr_rgb_swap(batch)
-        return {'inputs': self._normalise(batch),
-                'data_samples': self.cast_data(samples)}
+        return {
+            'inputs': self._normalise(batch),
+            'data_samples': self.cast_data(samples)
+        }

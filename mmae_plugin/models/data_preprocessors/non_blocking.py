@@ -11,7 +11,13 @@ classes here give the same output bit for bit, with
   ``pin_memory=True`` the copy is queued and the host goes on to the
   forward pass (from pageable memory CUDA still stages it synchronously,
   so the result is the same either way);
-* the channel swap as ``torch.flip`` on the device (no host-side index).
+* the channel swap as ``torch.flip`` on the device (no host-side index);
+* for classification, the labels copied to the device as one pinned,
+  non-blocking copy before mmpretrain's code runs (its own
+  ``batch_label.to(device)`` then has nothing to copy), so the one-hot is
+  made on the device, and Mixup / CutMix's permutation, still drawn on the
+  CPU from the same generator, copied the same way (where mmpretrain
+  indexes the device batch with the CPU permutation: a blocking copy).
 
 The ImageNet recipes (``configs/*vit*.py``) use them.
 """
@@ -21,10 +27,62 @@ import torch
 from mmpretrain.models.utils import (ClsDataPreprocessor,
                                      SelfSupDataPreprocessor)
 from mmpretrain.registry import MODELS
+from mmpretrain.structures import DataSample
+from mmpretrain.structures.utils import cat_batch_labels, tensor_split
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
-__all__ = ['NonBlockingSelfSupDataPreprocessor',
-           'NonBlockingClsDataPreprocessor', 'bgr_rgb_swap']
+__all__ = [
+    'NonBlockingSelfSupDataPreprocessor', 'NonBlockingClsDataPreprocessor',
+    'bgr_rgb_swap', 'copy_to_device'
+]
+
+
+def copy_to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    """``tensor`` on ``device``, copied without the host waiting.
+
+    To a GPU the tensor is staged in pinned memory first (a copy from
+    pageable memory is staged synchronously by CUDA whatever
+    ``non_blocking`` says); torch's pinned-memory allocator keeps the
+    staging buffer until the copy has run.
+
+    Args:
+        tensor: A host (or already device) tensor.
+        device: Where it is needed.
+
+    Returns:
+        ``tensor`` itself if it is on ``device``, else the queued copy.
+    """
+    if tensor.device == torch.device(device):
+        return tensor
+    if torch.device(device).type == 'cuda' and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+class HostDrawsToDevice(TorchFunctionMode):
+    """Within it, ``torch.randperm`` draws on the CPU as always (the same
+    generator, the same numbers) and returns the permutation copied to
+    ``device`` with :func:`copy_to_device`.
+
+    mmpretrain's Mixup and CutMix index the device batch with that
+    permutation; a CPU index would be copied there with a blocking copy.
+    Used around mmpretrain's preprocessing only, never process-wide.
+
+    Args:
+        device: The preprocessor's device.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func is torch.randperm and kwargs.get('device') is None:
+            return copy_to_device(result, self.device)
+        return result
 
 
 def bgr_rgb_swap(batch: Tensor) -> Tensor:
@@ -122,7 +180,8 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
         inputs, data_samples = self.cast_data(list(data.values()))
         if isinstance(inputs, list):
             converted: Union[Tensor, List[Tensor]] = [
-                self._convert(view) for view in inputs]
+                self._convert(view) for view in inputs
+            ]
         else:
             converted = self._convert(inputs)
         return {'inputs': converted, 'data_samples': data_samples}
@@ -132,11 +191,18 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
 class NonBlockingClsDataPreprocessor(ClsDataPreprocessor):
     """``ClsDataPreprocessor`` whose image copy does not block the host.
 
-    mmpretrain's class already swaps channels with ``flip``; it only copies
-    with ``non_blocking=False``. Everything else (normalisation, padding,
-    labels, Mixup / CutMix) is mmpretrain's, so the output is the same bit
-    for bit. The labels (B integers, gathered from the data samples on the
-    host) are copied as mmpretrain copies them.
+    mmpretrain's class already swaps channels with ``flip``; it copies
+    with ``non_blocking=False``, the labels too, and Mixup / CutMix index
+    the device batch with a permutation drawn on the CPU. Here the images
+    are copied with ``non_blocking``; the labels (B integers gathered from
+    the data samples on the host) go to the device in one pinned,
+    non-blocking copy before mmpretrain's code runs, which then finds them
+    there (its ``batch_label.to(device)`` copies nothing and the one-hot is
+    made on the device); and during a training batch with batch
+    augmentations the permutation, drawn on the CPU from the same
+    generator, is copied the same way (:class:`HostDrawsToDevice`).
+    Everything else (normalisation, padding, one-hot, Mixup / CutMix) is
+    mmpretrain's, so the output is the same bit for bit.
 
     Args:
         non_blocking: Copy the images without blocking the host (default
@@ -147,3 +213,32 @@ class NonBlockingClsDataPreprocessor(ClsDataPreprocessor):
     def __init__(self, non_blocking: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
         self._non_blocking = bool(non_blocking)
+
+    def forward(self, data: dict, training: bool = False) -> dict:
+        """mmpretrain's preprocessing with the labels already on the device
+        and Mixup / CutMix's permutation copied there without blocking.
+
+        Args:
+            data: Batch from the dataloader's collate function.
+            training: Apply the batch augmentations.
+
+        Returns:
+            ``dict(inputs=..., data_samples=...)`` on the device.
+        """
+        self._labels_to_device(data.get('data_samples'))
+        if training and self.batch_augments is not None:
+            with HostDrawsToDevice(self.device):
+                return super().forward(data, training)
+        return super().forward(data, training)
+
+    def _labels_to_device(self, data_samples) -> None:
+        """Give every data sample its ``gt_label`` on the device, from one
+        non-blocking copy of the batch's labels."""
+        if not data_samples or not isinstance(data_samples[0], DataSample) \
+                or 'gt_label' not in data_samples[0]:
+            return
+        labels, splits = cat_batch_labels(
+            [sample.gt_label for sample in data_samples])
+        labels = copy_to_device(labels, self.device)
+        for sample, label in zip(data_samples, tensor_split(labels, splits)):
+            sample.set_gt_label(label)

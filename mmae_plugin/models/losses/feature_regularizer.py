@@ -32,6 +32,9 @@ from ..utils.gather import (GatheredRows, RowGatherer, check_capacity,
 #: Largest weight whose float32 loss can be finite for a non-zero term.
 MAX_LOSS_WEIGHT = float(torch.finfo(torch.float32).max)
 
+#: ``compute_dtype`` values a regulariser accepts, and the torch dtypes.
+COMPUTE_DTYPES = {'float64': torch.float64, 'float32': torch.float32}
+
 #: :attr:`FeatureRegularizer.skip_code` values (0: the term was applied).
 SKIP_NON_FINITE = 1
 SKIP_ZERO_ROW = 2
@@ -45,9 +48,25 @@ class FeatureRegularizer(BaseModule):
 
     Subclasses implement :meth:`value` on the normalised, gathered features;
     this class validates arguments and input, gathers across ranks and runs
-    the arithmetic in float64 with autocast disabled (the reference runs took
-    the Gram matrix under fp16 autocast; we do not). Rows are normalised at
-    any scale (:func:`~mmae_plugin.matrix_info.coding_rate.unit_rows`).
+    the arithmetic in ``compute_dtype`` (float64 by default) with autocast
+    disabled (the reference runs took the Gram matrix under fp16 autocast;
+    we do not). Rows are normalised at any scale
+    (:func:`~mmae_plugin.matrix_info.coding_rate.unit_rows`).
+
+    Why float64 stays the default: it is what every published and recorded
+    run of this plugin computed, so their logged ``loss_tcr`` and their
+    resumed trajectories stay bit for bit the same, and on data-centre GPUs
+    (A100, H100, H200: float64 at half the float32 rate) the term costs a
+    negligible part of a ViT-B step. ``compute_dtype='float32'`` is for cards
+    with slow float64 (L40S, RTX 4090 / 3090: 1/64 rate). On the ViT-B
+    recipe's shapes (1024 x 768 CLS features, reference form, mu 1) float32
+    differs from float64 by about 1.1e-5 relative in the value and 6.8e-7
+    in the gradient, but up to 1.2e-4 in the gradient of isotropic rows
+    (``docs/gpu_clusters.md``, ``dev/benchmarks/regulariser_dtype_error.py``),
+    and its Cholesky factorisation provably cannot fail there
+    (:func:`~mmae_plugin.matrix_info.gram_logdet.cholesky_cannot_fail`,
+    decided from the shapes, no host read); where float32 cannot be proven
+    safe the TCR's log-determinant runs in float64 for that step.
 
     Unusable values do not raise in the forward pass, which reads nothing on
     the host: when the gathered features contain NaN or Inf (fp16 overflow),
@@ -81,21 +100,27 @@ class FeatureRegularizer(BaseModule):
         gather_capacity: Rows every rank's slot of the gather holds, at
             least the per-GPU batch size; ``None`` (default): the largest
             per-rank batch of the first gathered step.
+        compute_dtype: ``'float64'`` (default, see above) or ``'float32'``,
+            the dtype of the normalisation and the term's arithmetic; the
+            returned loss is float32 either way.
     """
 
     #: key under which :class:`~mmae_plugin.models.MMAE` logs the term.
     loss_name = 'loss_reg'
 
-    def __init__(self, gather: str = 'global', loss_weight: float = 0.01,
-                 init_cfg=None, gather_capacity: Optional[int] = None
-                 ) -> None:
+    def __init__(self,
+                 gather: str = 'global',
+                 loss_weight: float = 0.01,
+                 init_cfg=None,
+                 gather_capacity: Optional[int] = None,
+                 compute_dtype: str = 'float64') -> None:
         super().__init__(init_cfg=check_init_cfg(init_cfg))
+        self.compute_dtype = check_compute_dtype(compute_dtype)
         self.gather = check_gather_mode(gather)
-        self.loss_weight = check_real(loss_weight, 'loss_weight', minimum=0,
-                                      maximum=MAX_LOSS_WEIGHT)
+        self.loss_weight = check_real(
+            loss_weight, 'loss_weight', minimum=0, maximum=MAX_LOSS_WEIGHT)
         self.gather_capacity = check_capacity(gather_capacity)
-        self._gatherer = RowGatherer(self.gather_capacity,
-                                     'features')
+        self._gatherer = RowGatherer(self.gather_capacity, 'features')
         #: Every rank's slot header of the last gather (device, int64).
         self._last_headers: Optional[Tensor] = None
         #: Device scalar (float32) of the last forward: why the term was
@@ -104,7 +129,9 @@ class FeatureRegularizer(BaseModule):
 
     @abstractmethod
     def value(self, zn: Tensor, valid: Optional[Tensor] = None) -> Tensor:
-        """The unweighted term on unit-norm rows ``zn`` (N, d), float64.
+        """The unweighted term on unit-norm rows ``zn`` (N, d).
+
+        ``zn`` is in :attr:`compute_dtype`.
 
         Must read nothing on the host; may return NaN where its own
         numerics fail (the caller then skips the term).
@@ -135,7 +162,8 @@ class FeatureRegularizer(BaseModule):
                             f'{type(features).__name__}')
         gathered = self._gatherer(features, self.gather)
         if gathered is None:  # no rank has a row: the same on every rank
-            self.skip_code = features.new_full((), SKIP_TOO_FEW_ROWS,
+            self.skip_code = features.new_full((),
+                                               SKIP_TOO_FEW_ROWS,
                                                dtype=torch.float32)
             return (features.sum() * 0.0).float()
         self._check_gathered_layout()
@@ -149,25 +177,28 @@ class FeatureRegularizer(BaseModule):
                 f'{type(self).__name__} skipped for this step: it needs at '
                 f'least 2 samples in the (gathered) batch, got {z.shape[0]} '
                 '(a last batch with drop_last=False?)',
-                logger='current', level=logging.WARNING)
+                logger='current',
+                level=logging.WARNING)
             self.skip_code = z.new_zeros((), dtype=torch.float32)
             return (z.sum() * 0.0).float()
         with torch.autocast(device_type=z.device.type, enabled=False):
-            z = z.to(torch.float64)
+            z = z.to(self.compute_dtype)
             magnitude = row_magnitudes(z)
             finite = torch.isfinite(magnitude).all()
             zero_row = (magnitude == 0).any()
             usable = finite & ~zero_row
             # Unusable rows are swapped for ones before any arithmetic, so
             # the skipped term has a finite, exactly zero gradient.
-            zn = unit_rows_unchecked(torch.where(usable, z, 1.0),
-                                     torch.where(usable, magnitude, 1.0))
+            zn = unit_rows_unchecked(
+                torch.where(usable, z, 1.0),
+                torch.where(usable, magnitude, 1.0))
             loss = (self.loss_weight * self.value(zn)).float()
             code = torch.where(
                 ~finite, SKIP_NON_FINITE,
-                torch.where(zero_row, SKIP_ZERO_ROW,
-                            torch.where(torch.isfinite(loss), 0,
-                                        SKIP_NON_FINITE_RESULT)))
+                torch.where(
+                    zero_row, SKIP_ZERO_ROW,
+                    torch.where(
+                        torch.isfinite(loss), 0, SKIP_NON_FINITE_RESULT)))
             self.skip_code = code.float()
             return torch.where(code == 0, loss, 0.0)
 
@@ -188,7 +219,7 @@ class FeatureRegularizer(BaseModule):
         """The term on every rank's padded rows, masked on the device."""
         z, valid = gathered.rows, gathered.valid
         with torch.autocast(device_type=z.device.type, enabled=False):
-            z = z.to(torch.float64)
+            z = z.to(self.compute_dtype)
             magnitude = torch.where(valid, row_magnitudes(z), 1.0)
             finite = torch.isfinite(magnitude).all()
             zero_row = (magnitude == 0).any()
@@ -197,8 +228,9 @@ class FeatureRegularizer(BaseModule):
             # Padding and every row of a skipped step become zero before
             # any arithmetic: the term stays finite, its gradient exactly 0.
             keep = valid & usable
-            zn = unit_rows_unchecked(torch.where(keep.unsqueeze(1), z, 1.0),
-                                     torch.where(keep, magnitude, 1.0))
+            zn = unit_rows_unchecked(
+                torch.where(keep.unsqueeze(1), z, 1.0),
+                torch.where(keep, magnitude, 1.0))
             zn = torch.where(keep.unsqueeze(1), zn, 0.0)
             loss = (self.loss_weight * self.value(zn, valid)).float()
             code = self._gathered_skip_code(gathered.refused, enough, finite,
@@ -267,3 +299,23 @@ class FeatureRegularizer(BaseModule):
         code = 0 if self.skip_code is None else int(self.skip_code)
         if code:
             raise ValueError(self.skip_reason(code))
+
+
+def check_compute_dtype(compute_dtype) -> torch.dtype:
+    """The torch dtype of a regulariser's ``compute_dtype``, validated.
+
+    Args:
+        compute_dtype: ``'float64'`` or ``'float32'`` (a config's string),
+            or the torch dtype itself.
+
+    Returns:
+        ``torch.float64`` or ``torch.float32``.
+    """
+    if isinstance(compute_dtype, str) and compute_dtype in COMPUTE_DTYPES:
+        return COMPUTE_DTYPES[compute_dtype]
+    if compute_dtype in (torch.float64, torch.float32):
+        return compute_dtype
+    raise ValueError(
+        f'compute_dtype must be one of {tuple(COMPUTE_DTYPES)} (or the torch '
+        f'dtype), got {compute_dtype!r}: half precision has no Cholesky '
+        'kernel and loses the term')

@@ -60,7 +60,8 @@ def project_to_ball(z: Tensor, mu: float) -> Tensor:
     return inside * z + (1 - inside) * scaled
 
 
-def spectral_contrastive_loss(z1: Tensor, z2: Tensor,
+def spectral_contrastive_loss(z1: Tensor,
+                              z2: Tensor,
                               mu: Optional[float] = 1.0) -> Tensor:
     """The off-diagonal cross-pair estimator of the spectral loss.
 
@@ -92,8 +93,8 @@ def spectral_contrastive_loss(z1: Tensor, z2: Tensor,
     cross = z1 @ z2.T
     # All B^2 squares minus the B diagonal (positive-pair) ones.
     squares = cross.square()
-    negative = (squares.sum() - squares.diagonal().sum()) / (batch *
-                                                             (batch - 1))
+    negative = (squares.sum() - squares.diagonal().sum()) / (
+        batch * (batch - 1))
     loss = negative - positive
     return loss if mu is None else loss / mu
 
@@ -111,7 +112,8 @@ class SpectralContrastiveLoss(nn.Module):
         loss_weight: Multiplier of the loss (>= 0).
     """
 
-    def __init__(self, mu: Optional[float] = 1.0,
+    def __init__(self,
+                 mu: Optional[float] = 1.0,
                  loss_weight: float = 1.0) -> None:
         super().__init__()
         self.mu = None if mu is None else check_real(

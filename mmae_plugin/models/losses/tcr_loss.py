@@ -29,8 +29,10 @@ class TCRLoss(FeatureRegularizer):
     The two differ by the scale of the ridge, so the same ``mu`` is not the
     same regulariser. ``centering=True`` replaces ``zn^T zn`` by
     ``zn^T J_B zn`` with ``J_B = I_B - 11^T / B``. The log-determinant runs in
-    float64 on the smaller of the d x d and B x B sides (Sylvester), which is
-    exact and stays finite on collapsed (rank-1) features.
+    ``compute_dtype`` (float64 by default; see
+    :class:`~mmae_plugin.models.losses.FeatureRegularizer` for when float32
+    serves) on the smaller of the d x d and B x B sides (Sylvester), which
+    is exact and stays finite on collapsed (rank-1) features.
     ``MatrixInfoHook`` logs the same quantity as :attr:`key`
     (``tcr_reference_mu1`` for the default).
 
@@ -47,16 +49,26 @@ class TCRLoss(FeatureRegularizer):
         gather_capacity: Rows per rank of the gather's slots (see
             :class:`FeatureRegularizer`); ``None``: agreed at the first
             gathered step.
+        compute_dtype: ``'float64'`` (default) or ``'float32'``.
     """
 
     loss_name = 'loss_tcr'
 
-    def __init__(self, mu: float = 1.0, form: str = 'reference',
-                 centering: bool = False, gather: str = 'global',
-                 loss_weight: float = 0.01, init_cfg=None,
-                 gather_capacity: Optional[int] = None) -> None:
-        super().__init__(gather=gather, loss_weight=loss_weight,
-                         init_cfg=init_cfg, gather_capacity=gather_capacity)
+    def __init__(self,
+                 mu: float = 1.0,
+                 form: str = 'reference',
+                 centering: bool = False,
+                 gather: str = 'global',
+                 loss_weight: float = 0.01,
+                 init_cfg=None,
+                 gather_capacity: Optional[int] = None,
+                 compute_dtype: str = 'float64') -> None:
+        super().__init__(
+            gather=gather,
+            loss_weight=loss_weight,
+            init_cfg=init_cfg,
+            gather_capacity=gather_capacity,
+            compute_dtype=compute_dtype)
         self.form, self.mu, self.centering = check_coding_rate_args(
             form, mu, centering)
 
@@ -68,11 +80,11 @@ class TCRLoss(FeatureRegularizer):
     def value(self, zn: Tensor, valid: Optional[Tensor] = None) -> Tensor:
         if valid is None or not self.centering:
             # Zero padding rows leave logdet(mu I + zn^T zn) unchanged.
-            return coding_rate_of_unit_rows(zn, self.form, self.mu,
-                                            self.centering, sign=-1.0)
+            return coding_rate_of_unit_rows(
+                zn, self.form, self.mu, self.centering, sign=-1.0)
         # Centre over the valid rows only and keep the padding at zero.
         count = valid.sum().clamp_min(1).to(zn.dtype)
         mean = zn.sum(dim=0, keepdim=True) / count
         centred = torch.where(valid.unsqueeze(1), zn - mean, 0.0)
-        return coding_rate_of_unit_rows(centred, self.form, self.mu, False,
-                                        sign=-1.0)
+        return coding_rate_of_unit_rows(
+            centred, self.form, self.mu, False, sign=-1.0)

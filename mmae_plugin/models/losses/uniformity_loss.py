@@ -20,6 +20,7 @@ class UniformityLoss(FeatureRegularizer):
         loss_weight: Weight lambda of the term (>= 0).
         gather_capacity: Rows per rank of the gather's slots (see
             :class:`~mmae_plugin.models.losses.FeatureRegularizer`).
+        compute_dtype: ``'float64'`` (default) or ``'float32'``.
     """
 
     loss_name = 'loss_unif'
