@@ -17,7 +17,7 @@ import torch
 from mmengine.logging import MMLogger
 from mmpretrain.registry import DATASETS, HOOKS, MODELS
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.datasets import DEFAULT_FASHION_MNIST_ROOT
 from mmae_plugin.datasets.fashion_mnist import CorruptDataError
 # yapf: disable (isort wraps this import; yapf would rewrap it)

@@ -18,7 +18,7 @@ from mmpretrain.evaluation import Accuracy
 from mmpretrain.registry import MODELS
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.evaluation import (evaluate_frozen_encoder, fit_linear_probe,
                                     knn, knn_class_scores,
                                     representation_statistics)

@@ -11,7 +11,7 @@ import scipy_matrix_info_reference as reference
 import torch
 from scipy_matrix_info_reference import finite_difference_grad
 
-import mmae_plugin  # noqa: F401
+import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.models import TCRLoss, UniformityLoss
 
 
