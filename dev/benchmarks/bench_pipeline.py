@@ -14,13 +14,6 @@ and ~110 KB):
 * ``torchvision_cpu``: ``torchvision.io.decode_jpeg`` on the CPU, then the
   same crop box resized bicubic (antialiased) by torchvision, the flip, and
   a CHW uint8 tensor;
-* ``gpu_decode_cpu_side``: the faster path, decoding and cropping on the
-  GPU (the plugin's option: ``PackEncodedJpeg`` in the workers,
-  ``DeviceJpegDataPreprocessor`` running ``torchvision.io.decode_jpeg`` and
-  ``resized_crop`` on the GPU): what stays on the worker's core is reading
-  the file's bytes, its size from the JPEG header, the crop box and flip
-  draws and the packing. The GPU's share (and whatever part of nvJPEG's
-  decoding its backend runs on the main process's core) is not measured.
 
 The paths run in alternating rounds; per path the median images/s of the
 rounds and their spread are reported, by CPU time of this process (what one
@@ -49,8 +42,7 @@ RECIPE = 'configs/mae_vit-base_200e.py'
 #: An estimate (not a measurement): MAE ViT-B/16 at 224 on one H200 in
 #: bfloat16, ~56 GFLOP per image at ~280 TFLOP/s achieved.
 GPU_IMAGES_PER_S = 5000.0
-PATHS = ('recipe', 'recipe_pil_decode', 'torchvision_cpu',
-         'gpu_decode_cpu_side')
+PATHS = ('recipe', 'recipe_pil_decode', 'torchvision_cpu')
 
 
 def single_thread() -> None:
@@ -205,27 +197,12 @@ def torchvision_cpu_path() -> Callable:
     return run
 
 
-def gpu_decode_cpu_side_path() -> Callable:
-    """The option's worker half, :class:`mmae_plugin.datasets.
-    PackEncodedJpeg` with the recipe's crop settings: the file's bytes, the
-    size from the header, the crop box and flip draws, the packing."""
-    from mmae_plugin.datasets import PackEncodedJpeg
-    pack = PackEncodedJpeg(
-        scale=224, crop_ratio_range=(0.2, 1.0), flip_prob=0.5)
-
-    def run(path: str):
-        return pack(dict(img_path=path))
-
-    return run
-
-
 def build_paths(names: Sequence[str]) -> Dict[str, Callable]:
     """The per-image functions of the selected paths."""
     makers = dict(
         recipe=recipe_pipeline,
         recipe_pil_decode=lambda: recipe_pipeline('pillow'),
-        torchvision_cpu=torchvision_cpu_path,
-        gpu_decode_cpu_side=gpu_decode_cpu_side_path)
+        torchvision_cpu=torchvision_cpu_path)
     return {name: makers[name]() for name in names}
 
 

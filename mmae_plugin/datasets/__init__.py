@@ -1,4 +1,3 @@
-from .device_decode import PackEncodedJpeg
 from .fashion_mnist import DEFAULT_FASHION_MNIST_ROOT, GzipFashionMNIST
 
-__all__ = ['DEFAULT_FASHION_MNIST_ROOT', 'GzipFashionMNIST', 'PackEncodedJpeg']
+__all__ = ['DEFAULT_FASHION_MNIST_ROOT', 'GzipFashionMNIST']
