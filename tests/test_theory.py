@@ -454,8 +454,7 @@ def test_feature_and_position_correlations_read_the_qk_blocks():
 # ------------------------------------- CL: where attention goes, and why
 def short_cl_run(variant_name: str, steps: int = 200) -> dict:
     """Seed-0 CL run of a documented variant at kappa = 0.5 (areas 40/8)."""
-    from mmae_plugin.theory.ablation import (CL_VARIANTS, curve_values,
-                                             run_variant)
+    from studies.cl_ablation import CL_VARIANTS, curve_values, run_variant
     threads = torch.get_num_threads()
     # One thread: tiny matrices, and the suite shares the cores; subnormal
     # softmax tails are ~10x slower unless flushed.
@@ -502,7 +501,7 @@ def test_cl_at_tau_10_concentrates_on_the_global_area():
 
 
 def test_unknown_cl_variant_is_refused_with_the_known_names():
-    from mmae_plugin.theory.ablation import check_variant_names
+    from studies.cl_ablation import check_variant_names
     with pytest.raises(ValueError, match="variants=.*'simclr'.*tau_10"):
         check_variant_names(['default', 'simclr'])
 

@@ -2,7 +2,7 @@
 """Which modelling choice makes CL leave or concentrate on the global area.
 
 Trains the one-layer ViT of :mod:`mmae_plugin.theory` with InfoNCE under the
-variants of :data:`mmae_plugin.theory.ablation.CL_VARIANTS` (each changes
+variants of :data:`studies.cl_ablation.CL_VARIANTS` (each changes
 one choice of the lab's default CL setting: similarity, pooling, views,
 temperature, data model) for every seed, and writes to ``--out-dir``:
 
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import os.path as osp
+import sys
 import textwrap
 from typing import Dict, List
 
@@ -31,12 +32,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from mmae_plugin.theory import ImbalanceSetting, TrainSetting  # noqa: E402
-from mmae_plugin.theory.ablation import CL_VARIANTS  # noqa
-from mmae_plugin.theory.ablation import (check_variant_names, curve_values,
-                                         run_variant, summarise_variant,
-                                         variant_settings)
 
-DEFAULT_VARIANTS = list(CL_VARIANTS)
+# The ablation is this repository's study (studies/), not the plugin's: run
+# from a checkout, with its root importable wherever the script starts.
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from studies import cl_ablation  # noqa: E402
+
+DEFAULT_VARIANTS = list(cl_ablation.CL_VARIANTS)
 
 
 def parse_args() -> argparse.Namespace:
@@ -87,19 +92,20 @@ def run_all(args: argparse.Namespace) -> Dict[str, Dict]:
     torch.set_num_threads(args.threads)
     # Subnormal attention probabilities are ~10x slower on CPUs.
     torch.set_flush_denormal(True)
-    variants = check_variant_names(args.variants)
+    variants = cl_ablation.check_variant_names(args.variants)
     base_data, base_train = base_settings(args)
     results = {}
     for variant in variants:
-        data_setting, train_setting = variant_settings(variant, base_data,
-                                                       base_train)
-        histories = run_variant(variant, base_data, base_train, args.seeds)
+        data_setting, train_setting = cl_ablation.variant_settings(
+            variant, base_data, base_train)
+        histories = cl_ablation.run_variant(variant, base_data, base_train,
+                                            args.seeds)
         results[variant.name] = dict(
             description=variant.description,
             data_setting=vars(data_setting),
             train_setting=vars(train_setting),
             histories=histories,
-            summary=summarise_variant(histories))
+            summary=cl_ablation.summarise_variant(histories))
         print_row(variant.name, results[variant.name]['summary'])
     return results
 
@@ -117,7 +123,8 @@ def print_row(name: str, summary: Dict) -> None:
 
 def band(histories: List[Dict], quantity: str) -> tuple:
     """Mean, min and max over seeds of a quantity's curve."""
-    curves = torch.tensor([curve_values(h, quantity) for h in histories])
+    curves = torch.tensor(
+        [cl_ablation.curve_values(h, quantity) for h in histories])
     return (curves.mean(0).tolist(), curves.min(0).values.tolist(),
             curves.max(0).values.tolist())
 
@@ -219,7 +226,7 @@ def save(fig: plt.Figure, stem: str) -> None:
 def main() -> None:
     """Run the variants and write JSON and figures."""
     args = parse_args()
-    check_variant_names(args.variants)
+    cl_ablation.check_variant_names(args.variants)
     os.makedirs(args.out_dir, exist_ok=True)
     results = run_all(args)
     with open(osp.join(args.out_dir, 'cl_ablation.json'), 'w') as f:

@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from .data import GLOBAL_AREA, FeatureImbalanceData, ImbalanceSetting
-from .training import TrainSetting, train
+from mmae_plugin.theory.data import (GLOBAL_AREA, FeatureImbalanceData,
+                                     ImbalanceSetting)
+from mmae_plugin.theory.training import TrainSetting, train
 
 
 @dataclass(frozen=True)
