@@ -66,10 +66,11 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     'lite': ['mmcv-lite>=2.1.0,<2.4'],  # mmpretrain 1.2 wants mmcv < 2.4
     # tests read TensorBoard event files written by MatrixInfoHook runs and
-    # check the checkpoint converter against timm's ViT.
+    # check the checkpoint converter against timm's ViT; pytest-xdist runs
+    # the suite on every core (tools/run_tests.sh).
     'tests': [
-        'pytest>=9.2,<10', 'scipy>=1.17,<2', 'tensorboard>=2.21,<3',
-        'timm>=1.0.31,<2'
+        'pytest>=9.2,<10', 'pytest-xdist>=3.8,<4', 'scipy>=1.17,<2',
+        'tensorboard>=2.21,<3', 'timm>=1.0.31,<2'
     ],
     'analysis': ['matplotlib>=3.11,<4', 'tensorboard>=2.21,<3'],
     # tools/compare.py (the mmae_compare package, shipped beside the plugin,

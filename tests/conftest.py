@@ -27,8 +27,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # At most 2 threads, never more than the process already chose (the kill
-# driver, which imports the toy run below, picks 1 for its forked children).
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# driver, which imports the toy run below, picks 1 for its forked children),
+# and the cores shared among pytest-xdist's workers (tools/run_tests.sh).
+_WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+_CORE_SHARE = max(1, (os.cpu_count() or 1) // _WORKERS)
+torch.set_num_threads(max(1, min(2, _CORE_SHARE, torch.get_num_threads())))
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
