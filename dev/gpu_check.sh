@@ -50,11 +50,15 @@
 #                limited to GPU_CHECK_TEST_TIMEOUT_S; in a dry run they are
 #                collected and skipped
 #   dist_train   150: tools/dist_train.sh configs/mmae_vit-base_200e.py 1 on the
-#                synthetic images: 1 epoch (25 iterations of 128), then a
-#                resumed run to epoch 2 (50 iterations in all); checks that
-#                the second run resumed at iteration 25 and that every loss
-#                is finite with the regulariser applied; before the
-#                benchmark, so that it always has its full limit
+#                synthetic images, labelled (meta/train.txt) and with every
+#                default hook, as users run it: 1 epoch (25 iterations of
+#                128), then a resumed run to epoch 2 (50 iterations in all);
+#                checks that the second run resumed at iteration 25 and that
+#                every loss is finite with the regulariser applied, and counts
+#                the device waits of each steady-state step and where they
+#                come from (dev/gpu_check_hooks.py, torch's sync debug mode);
+#                before the benchmark, so that it always has its full limit.
+#                bench_gpu.py times the model's train_step alone
 #   bench_gpu    170: dev/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16
 #                in bfloat16 and float16, alternating rounds in one process
 #                per dtype; last, as it saves its JSON after every case
@@ -164,7 +168,23 @@ EOF
 
 stage_images() {
   "$PYTHON" "$ROOT/dev/benchmarks/bench_gpu.py" --write-folder "$GC_IMAGES" \
-    --folder-images "$GC_IMAGE_COUNT"
+    --folder-images "$GC_IMAGE_COUNT" || return
+  # Labelled, as ImageNet is: meta/train.txt (mmpretrain's ImageNet reads it
+  # when present), so the step carries DataSamples with gt_label.
+  "$PYTHON" - "$GC_IMAGES" <<'EOF'
+import os
+import sys
+
+root = sys.argv[1]
+lines = []
+for folder in sorted(os.listdir(os.path.join(root, 'train'))):
+    for name in sorted(os.listdir(os.path.join(root, 'train', folder))):
+        lines.append(f'{folder}/{name} {int(folder[1:])}')
+os.makedirs(os.path.join(root, 'meta'), exist_ok=True)
+with open(os.path.join(root, 'meta', 'train.txt'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+print(f'{len(lines)} labelled images')
+EOF
 }
 
 stage_cuda_tests() {
@@ -204,15 +224,24 @@ stage_bench_gpu() {
 }
 
 stage_dist_train() {
-  local config="configs/mmae_vit-base_200e.py" options=() per_epoch
-  options=(train_dataloader.dataset.data_root="$GC_IMAGES"
-           train_dataloader.dataset.with_label=False)
+  # The recipe as users run it (all default hooks, labelled images), plus
+  # dev/gpu_check_hooks.py counting the device waits of every step.
+  local config="$GC_TMP/mmae_vit-base_check.py" options=() per_epoch
+  options=(train_dataloader.dataset.data_root="$GC_IMAGES")
+  cat > "$config" <<EOF
+_base_ = '$ROOT/configs/mmae_vit-base_200e.py'
+custom_imports = dict(
+    imports=['mmae_plugin.registration', 'gpu_check_hooks'],
+    allow_failed_imports=False)
+custom_hooks = [
+    dict(type='ReseedHook'), dict(type='DivergenceHook'),
+    dict(type='SyncCountStart'), dict(type='SyncCountStop')]
+EOF
+  export PYTHONPATH="$ROOT/dev:$PYTHONPATH"
   if [ "$GC_DRY" = 1 ]; then
     # AmpOptimWrapper needs a GPU: the same recipe with its optimizer in an
     # OptimWrapper, shrunk as the benchmark's dry run.
-    config="$GC_TMP/mmae_vit-base_cpu.py"
-    cat > "$config" <<EOF
-_base_ = '$ROOT/configs/mmae_vit-base_200e.py'
+    cat >> "$config" <<EOF
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
@@ -276,6 +305,11 @@ for folder in sorted(glob.glob(osp.join(work, '2*'))):
 result = dict(returncodes=[rc1, rc2], iterations_per_epoch=per_epoch,
               runs=runs, checkpoints=sorted(
                   osp.basename(p) for p in glob.glob(osp.join(work, '*.pth'))))
+try:  # dev/gpu_check_hooks.py, the resumed run's steady-state steps
+    with open(osp.join(work, 'sync_counts.json')) as f:
+        result['device_waits'] = json.load(f)
+except (OSError, ValueError):
+    result['device_waits'] = None
 problems = []
 if [rc1, rc2] != [0, 0]:
     problems.append(f'return codes {rc1}, {rc2}')
@@ -526,6 +560,12 @@ if dist is not None:
               f'({d.get("median_data_s", float("nan")):.3f} s of it data); '
               f'peak memory {[r["memory_mb"] for r in runs]} MB; '
               f'checkpoints {d["checkpoints"]}.']
+    waits = d.get('device_waits') or {}
+    if waits.get('counted'):
+        lines += [f'- device waits per step (set_sync_debug_mode, '
+                  f'{waits["steps"]} steady-state steps): median '
+                  f'{waits["median"]}, max {waits["max"]}; sites '
+                  f'{waits["sites"]}']
     lines += [f'- problem: {p}' for p in d['problems']]
 with open(osp.join(out, 'gpu_check.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')

@@ -120,6 +120,9 @@ def test_dry_run_resumes_the_distributed_training(dry_run):
     assert any('resumed epoch: 1, iter: 4' in line
                for line in second['resumed'])
     assert {'epoch_1.pth', 'epoch_2.pth'} <= set(dist['checkpoints'])
+    # dev/gpu_check_hooks.py ran inside the recipe (no CUDA: nothing counted)
+    assert dist['device_waits']['counted'] is False
+    assert dist['device_waits']['steps'] == 0
 
 
 def test_dry_run_markdown_summary(dry_run):
