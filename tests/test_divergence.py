@@ -5,6 +5,9 @@ M-MAE configs, all with lr = 1e6.
 """
 import glob
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -223,3 +226,82 @@ def test_nonfinite_first_save_says_there_is_no_checkpoint(tmp_path):
     message = str(info.value)
     assert 'The run has no checkpoint yet: start it again' in message
     assert message in run_log(tmp_path)
+
+
+# ------------------------------------------- two nodes, one rank diverging
+TWO_NODE_CONFIG = """_base_ = '{repo_root}/configs/fashion_mnist/mmae_fmnist.py'
+custom_imports = dict(
+    imports=['mmae_plugin.registration', 'rank_divergence_hook'],
+    allow_failed_imports=False)
+custom_hooks = [
+    dict(type='ReseedHook'),
+    dict(type='DivergenceHook'),
+    dict(type='NaNInputOnRank', rank=1, iteration={iteration}),
+]
+# A rank left alone in a collective would wait 10 minutes, not seconds.
+env_cfg = dict(dist_cfg=dict(backend='nccl', timeout=600))
+"""
+
+
+def two_node_command(repo_root, config, work_dir, node_rank, port):
+    return [
+        sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2',
+        '--nproc_per_node', '1', '--node_rank',
+        str(node_rank), '--master_addr', '127.0.0.1', '--master_port',
+        str(port),
+        os.path.join(repo_root, 'tools', 'train.py'),
+        str(config), '--launcher', 'pytorch', '--work-dir',
+        str(work_dir), '--cfg-options', 'train_dataloader.dataset.indices=64',
+        'train_dataloader.batch_size=8', 'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+        'default_hooks.logger.interval=100', 'train_cfg.max_epochs=4'
+    ]
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc (Linux)')
+def test_one_rank_diverging_stops_both_nodes_together(repo_root, tmp_path,
+                                                      cpu_dist_env_factory):
+    """Two torchrun "nodes" on localhost (gloo, one process each): rank
+    1's loss alone turns NaN at iteration 3; both processes stop there,
+    with the same message, long before the collective timeout."""
+    from test_multinode import kill_tree
+    config = tmp_path / 'diverge_on_rank1.py'
+    config.write_text(
+        TWO_NODE_CONFIG.format(repo_root=repo_root, iteration=3))
+    env = cpu_dist_env_factory(OMP_NUM_THREADS='1')
+    env['PYTHONPATH'] = os.pathsep.join(
+        [repo_root, os.path.join(repo_root, 'tests'),
+         env.get('PYTHONPATH', '')])
+    nodes = [
+        subprocess.Popen(
+            two_node_command(repo_root, config, tmp_path / 'work', rank,
+                             env['MASTER_PORT']),
+            cwd=repo_root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True) for rank in (0, 1)
+    ]
+    try:
+        logs = [node.communicate(timeout=180)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                kill_tree(node.pid)
+                node.wait()
+    messages = [
+        sorted({
+            line[line.index('training diverged'):]
+            for line in log.splitlines() if 'training diverged' in line
+        }) for log in logs
+    ]
+    assert all(node.returncode != 0 for node in nodes)
+    assert messages[0] and messages[0] == messages[1], \
+        [log[-3000:] for log in logs]
+    (message, ) = messages[0]
+    assert message.startswith(
+        'training diverged at iteration 3 (epoch 1): the total loss is not '
+        'finite on rank 1 of 2. Non-finite terms (rank 1): loss=nan'), message
+    assert 'loss_rec=nan' in message
+    assert 'TrainingDivergedError' in logs[0] and \
+        'TrainingDivergedError' in logs[1]
