@@ -23,8 +23,13 @@ from mmae_plugin.engine.hooks import DeferredRuntimeInfoHook
 CLOCK_KEYS = ('time', 'data_time', 'eta')
 
 
-def tiny_mmae_run(repo_root, work_dir, runtime_info, iters_per_epoch=7,
-                  epochs=2, log_interval=3, extra_hooks=()):
+def tiny_mmae_run(repo_root,
+                  work_dir,
+                  runtime_info,
+                  iters_per_epoch=7,
+                  epochs=2,
+                  log_interval=3,
+                  extra_hooks=()):
     """The Fashion-MNIST M-MAE config on a few batches, trained."""
     cfg = Config.fromfile(
         os.path.join(repo_root, 'configs', 'fashion_mnist', 'mmae_fmnist.py'))
@@ -49,8 +54,8 @@ def tiny_mmae_run(repo_root, work_dir, runtime_info, iters_per_epoch=7,
 
 def scalars(work_dir):
     """``scalars.json`` without the wall-clock keys."""
-    (path, ) = glob.glob(os.path.join(str(work_dir), '*', 'vis_data',
-                                      'scalars.json'))
+    (path, ) = glob.glob(
+        os.path.join(str(work_dir), '*', 'vis_data', 'scalars.json'))
     rows = []
     with open(path) as f:
         for line in f:
@@ -94,8 +99,9 @@ def both_runs(repo_root, tmp_path_factory):
 
 def test_the_config_selects_the_deferred_hook(both_runs):
     _, runner = both_runs['DeferredRuntimeInfoHook']
-    assert [type(h) for h in runner.hooks
-            if 'RuntimeInfo' in type(h).__name__] == [DeferredRuntimeInfoHook]
+    assert [
+        type(h) for h in runner.hooks if 'RuntimeInfo' in type(h).__name__
+    ] == [DeferredRuntimeInfoHook]
 
 
 def test_scalars_json_is_the_stock_hooks(both_runs):
@@ -134,7 +140,10 @@ class HubLength(Hook):
     def __init__(self):
         self.lengths = []
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None):
         buffer = runner.message_hub.log_scalars.get('train/loss')
         self.lengths.append(0 if buffer is None else len(buffer.data[0]))

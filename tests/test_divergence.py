@@ -143,31 +143,37 @@ def test_hook_refuses_to_run_without_runtime_info_hook(tmp_path):
         runner.train()
 
 
-def test_hook_reads_the_floats_mmengine_already_synced(tmp_path):
-    """No host sync of its own: the hook never calls Tensor.item.
-
-    mmengine's RuntimeInfoHook calls ``.item()`` once per logged value each
-    iteration (MessageHub._get_valid_value); counting the calls with and
-    without DivergenceHook shows the hook adds none.
-    """
+def test_with_upstreams_runtime_info_hook_one_read_per_step(tmp_path):
+    """With mmengine's RuntimeInfoHook (which waits for every step with
+    ``.item()`` on each logged value, MessageHub._get_valid_value) the hook
+    adds no ``.item()`` and reads its all-reduced table once per step
+    (``.cpu()``). With DeferredRuntimeInfoHook it reads nothing of the
+    step just queued (tests/test_step_waits.py)."""
     counts = []
-    original_item = torch.Tensor.item
+    originals = {name: getattr(torch.Tensor, name) for name in ('item', 'cpu')}
     for hooks in ([], [dict(type='DivergenceHook')]):
-        calls = [0]
+        calls = dict.fromkeys(originals, 0)
 
-        def counting_item(self, calls=calls):
-            calls[0] += 1
-            return original_item(self)
+        def counting(name, calls=calls):
 
-        torch.Tensor.item = counting_item
+            def call(self, *args, **kwargs):
+                calls[name] += 1
+                return originals[name](self, *args, **kwargs)
+
+            return call
+
+        for name in originals:
+            setattr(torch.Tensor, name, counting(name))
         try:
             toy_runner(
                 tmp_path / str(len(hooks)), max_epochs=3,
                 custom_hooks=hooks).train()
         finally:
-            torch.Tensor.item = original_item
-        counts.append(calls[0])
-    assert counts[0] > 0 and counts[1] == counts[0]
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+        counts.append(calls)
+    assert counts[0]['item'] > 0 and counts[1]['item'] == counts[0]['item']
+    assert counts[1]['cpu'] == counts[0]['cpu'] + 3  # 3 iterations
     assert DivergenceHook.priority == 'HIGH'
 
 
@@ -229,7 +235,7 @@ def test_nonfinite_first_save_says_there_is_no_checkpoint(tmp_path):
 
 
 # ------------------------------------------- two nodes, one rank diverging
-TWO_NODE_CONFIG = """_base_ = '{repo_root}/configs/fashion_mnist/mmae_fmnist.py'
+TWO_NODE_CONFIG = """_base_ = '{config}'
 custom_imports = dict(
     imports=['mmae_plugin.registration', 'rank_divergence_hook'],
     allow_failed_imports=False)
@@ -267,11 +273,16 @@ def test_one_rank_diverging_stops_both_nodes_together(repo_root, tmp_path,
     from test_multinode import kill_tree
     config = tmp_path / 'diverge_on_rank1.py'
     config.write_text(
-        TWO_NODE_CONFIG.format(repo_root=repo_root, iteration=3))
+        TWO_NODE_CONFIG.format(
+            config=os.path.join(repo_root, 'configs', 'fashion_mnist',
+                                'mmae_fmnist.py'),
+            iteration=3))
     env = cpu_dist_env_factory(OMP_NUM_THREADS='1')
-    env['PYTHONPATH'] = os.pathsep.join(
-        [repo_root, os.path.join(repo_root, 'tests'),
-         env.get('PYTHONPATH', '')])
+    env['PYTHONPATH'] = os.pathsep.join([
+        repo_root,
+        os.path.join(repo_root, 'tests'),
+        env.get('PYTHONPATH', '')
+    ])
     nodes = [
         subprocess.Popen(
             two_node_command(repo_root, config, tmp_path / 'work', rank,

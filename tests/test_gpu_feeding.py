@@ -222,12 +222,11 @@ def test_pretraining_leaves_the_data_samples_where_they_are():
     default none is moved (the same objects come back); on request each
     is moved as mmpretrain moves it (a new one, labels kept)."""
     samples = [DataSample().set_gt_label(i) for i in range(4)]
-    for cls in (NonBlockingSelfSupDataPreprocessor,
-                BatchFlipDataPreprocessor):
+    for cls in (NonBlockingSelfSupDataPreprocessor, BatchFlipDataPreprocessor):
         got = cls()(dict(inputs=random_batch(), data_samples=samples), True)
         assert all(a is b for a, b in zip(got['data_samples'], samples))
-    moved = NonBlockingSelfSupDataPreprocessor(move_data_samples=True)(
-        dict(inputs=random_batch(), data_samples=samples))['data_samples']
+    moved = NonBlockingSelfSupDataPreprocessor(move_data_samples=True)(dict(
+        inputs=random_batch(), data_samples=samples))['data_samples']
     assert all(a is not b for a, b in zip(moved, samples))
     assert [int(s.gt_label) for s in moved] == [0, 1, 2, 3]
 

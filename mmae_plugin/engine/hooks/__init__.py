@@ -10,6 +10,6 @@ from .reseed_hook import ReseedHook
 
 __all__ = [
     'AttentionLocalityHook', 'NonFiniteCheckpointError', 'SafeCheckpointHook',
-    'DeferredRuntimeInfoHook', 'DivergenceHook', 'TrainingDivergedError', 'GlibcMallocHook',
-    'MatrixInfoHook', 'RegularizerSkipHook', 'ReseedHook'
+    'DeferredRuntimeInfoHook', 'DivergenceHook', 'TrainingDivergedError',
+    'GlibcMallocHook', 'MatrixInfoHook', 'RegularizerSkipHook', 'ReseedHook'
 ]

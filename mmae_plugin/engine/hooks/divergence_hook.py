@@ -29,7 +29,7 @@ needs them, before the save); the hook then raises there. With upstream's
 ``.item()``, it is read at once.
 """
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmengine.dist import all_reduce, get_rank, get_world_size
@@ -144,7 +144,7 @@ def divergence_message(values: Dict[str, float],
             'warm-up or optim_wrapper.clip_grad.')
 
 
-def values_of_every_rank(outputs: dict) -> Dict[str, torch.Tensor]:
+def every_rank_table(outputs: dict) -> Tuple[List[str], torch.Tensor]:
     """The step's tensor log values of every rank, on the device.
 
     One all-reduce (sum) of a (world size, terms) float64 tensor in which
@@ -154,17 +154,36 @@ def values_of_every_rank(outputs: dict) -> Dict[str, torch.Tensor]:
         outputs: The step's ``log_vars`` (the same keys on every rank).
 
     Returns:
-        ``{PER_RANK + key: (world size,) tensor}`` for every tensor value.
+        The keys of the tensor values (the columns) and the table; an
+        empty list and None when no value is a tensor.
     """
     keys = [key for key, value in outputs.items() if torch.is_tensor(value)]
     if not keys:
-        return {}
+        return [], None
     rows = torch.stack(
         [outputs[key].detach().reshape(()).double() for key in keys])
     table = rows.new_zeros((get_world_size(), len(keys)))
     table[get_rank()] = rows
     all_reduce(table, op='sum')
+    return keys, table
+
+
+def by_key(keys: List[str], table: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """``{PER_RANK + key: (world size,) column}`` of an every-rank table."""
     return {PER_RANK + key: table[:, i] for i, key in enumerate(keys)}
+
+
+def values_of_every_rank(outputs: dict) -> Dict[str, torch.Tensor]:
+    """:func:`every_rank_table` by key (for ``DeferredRuntimeInfoHook``).
+
+    Args:
+        outputs: The step's ``log_vars``.
+
+    Returns:
+        ``{PER_RANK + key: (world size,) tensor}`` on the device.
+    """
+    keys, table = every_rank_table(outputs)
+    return by_key(keys, table) if keys else {}
 
 
 def diverged_ranks(per_rank: Dict[str, List[float]]) -> List[int]:
@@ -248,10 +267,8 @@ class DivergenceHook(Hook):
         """
         if getattr(self, '_deferred', None) is not None or not outputs:
             return
-        extras = {
-            key: value.cpu()
-            for key, value in values_of_every_rank(outputs).items()
-        }
+        keys, table = every_rank_table(outputs)
+        extras = by_key(keys, table.cpu()) if keys else {}
         values = logged_values(runner.message_hub, outputs.keys())
         self.check_step(
             runner,
@@ -280,8 +297,8 @@ class DivergenceHook(Hook):
         recent = recent_totals(runner.message_hub) if world_size == 1 else ()
         message = divergence_message(
             {key: values[ranks[0]]
-             for key, values in per_rank.items()}, step.iteration,
-            step.epoch, recent, runner.message_hub.get_info('last_ckpt'),
-            ranks, world_size)
+             for key, values in per_rank.items()},
+            step.iteration, step.epoch, recent,
+            runner.message_hub.get_info('last_ckpt'), ranks, world_size)
         runner.logger.error(message)  # the run's log file, not only
         raise TrainingDivergedError(message)  # the traceback on stderr
