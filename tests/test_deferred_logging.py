@@ -165,3 +165,28 @@ def test_values_are_read_one_step_late_except_where_the_log_needs_them(
         extra_hooks=[lengths])
     # iterations 1..7: settled at once at 3, 6 (log lines) and 7 (epoch end)
     assert lengths.lengths == [0, 1, 3, 3, 4, 6, 7]
+
+
+def test_any_checkpoint_hook_saves_every_step_up_to_the_save(
+        repo_root, tmp_path):
+    """mmengine's own CheckpointHook, saving every 2 iterations between log
+    lines (every 3): each checkpoint's message hub holds every step up to
+    it (DeferredRuntimeInfoHook settles in before_save_checkpoint)."""
+    cfg_checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=2)
+    cfg = Config.fromfile(
+        os.path.join(repo_root, 'configs', 'fashion_mnist', 'mmae_fmnist.py'))
+    cfg.merge_from_dict({
+        'train_dataloader.dataset.indices': 4 * 5,
+        'train_dataloader.batch_size': 4,
+        'train_dataloader.num_workers': 0,
+        'train_dataloader.persistent_workers': False,
+        'train_cfg.max_epochs': 1,
+        'default_hooks.logger.interval': 3,
+    })
+    cfg.default_hooks.checkpoint = cfg_checkpoint
+    cfg.work_dir = str(tmp_path)
+    Runner.from_cfg(cfg).train()
+    for iteration in (2, 4):
+        hub = hub_scalars(tmp_path / f'iter_{iteration}.pth')
+        assert len(hub['train/loss']) == iteration
+        assert len(hub['train/loss_tcr']) == iteration

@@ -16,9 +16,10 @@ into the message hub, with the same keys, counts and order as upstream. A
 step's values are settled (put in the hub at once) wherever anything reads
 the hub: at the iterations at which a ``LoggerHook`` writes a line or an
 epoch ends (so the log, ``scalars.json`` and the history averaged for each
-line are those of upstream), before validation, before
-:class:`~.checkpoint_hook.SafeCheckpointHook` saves (the message hub is in
-the checkpoint) and at the end of training. Between two log lines the host
+line are those of upstream), before validation, before any checkpoint save
+(the message hub is in the checkpoint; :class:`~.checkpoint_hook.
+SafeCheckpointHook` settles before it checks the state) and at the end of
+training. Between two log lines the host
 reads nothing of the step it just queued.
 
 Hooks that act on the logged values (:class:`~.divergence_hook.
@@ -81,12 +82,16 @@ def copy_to_host(tensor: torch.Tensor) -> torch.Tensor:
         tensor: A tensor of the step.
 
     Returns:
-        ``tensor`` detached if it is on the CPU; else a pinned host tensor
-        the copy is queued into (valid once the device has run the copy).
+        ``tensor`` detached if it is on the CPU; from a CUDA device, a
+        pinned host tensor the copy is queued into (valid once the device
+        has run the copy); from another device, a copy made at once.
     """
     tensor = tensor.detach()
     if tensor.device.type == 'cpu':
         return tensor
+    if tensor.device.type != 'cuda':
+        # No event to wait on here: copied as upstream reads it (blocking).
+        return tensor.to('cpu')
     host = torch.empty(
         tensor.shape, dtype=tensor.dtype, device='cpu', pin_memory=True)
     host.copy_(tensor, non_blocking=True)
@@ -206,6 +211,21 @@ class DeferredRuntimeInfoHook(RuntimeInfoHook):
         """Settle the last step, then upstream's."""
         self.settle(runner)
         super().after_train(runner)
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Settle before any save, the message hub's state included.
+
+        ``Runner.save_checkpoint`` has taken the hub's state before this
+        hook; with a step pending it is taken again. (``SafeCheckpointHook``
+        settles earlier, before it checks the state.)
+
+        Args:
+            runner: The runner.
+            checkpoint: The checkpoint about to be saved.
+        """
+        if self._pending is not None:
+            self.settle(runner)
+            checkpoint['message_hub'] = runner.message_hub.state_dict()
 
     def _stage(self, runner, outputs: dict) -> _Pending:
         extras: Dict[str, torch.Tensor] = {}

@@ -144,7 +144,8 @@ def divergence_message(values: Dict[str, float],
             'warm-up or optim_wrapper.clip_grad.')
 
 
-def every_rank_table(outputs: dict) -> Tuple[List[str], torch.Tensor]:
+def every_rank_table(
+        outputs: dict) -> Tuple[List[str], Optional[torch.Tensor]]:
     """The step's tensor log values of every rank, on the device.
 
     One all-reduce (sum) of a (world size, terms) float64 tensor in which
