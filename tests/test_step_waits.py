@@ -46,6 +46,8 @@ import mmae_plugin.registration  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BATCH, ITERS = 2, 6
+#: Every step but the first and the last (log line and checkpoint).
+STEADY = range(1, ITERS - 1)
 MOVES = ('to', 'cuda', 'cpu')
 #: The recipes' logged tensors: MMAE's four, MAE's one.
 LOGGED = {'mmae': 4, 'mae': 1}
@@ -233,10 +235,6 @@ def count_steps(case: str, tmp_path, before: bool) -> StepCounter:
     return counter
 
 
-def steady(counter: StepCounter) -> range:
-    return range(1, ITERS - 1)
-
-
 def report(case: str, label: str, counter: StepCounter) -> None:
     for step in range(ITERS):
         print(f'{case} {label} step {step + 1}: '
@@ -253,7 +251,7 @@ def test_before_the_logged_values_were_read_and_the_samples_moved(
     and every data sample of the batch was moved."""
     counter = count_steps(case, tmp_path, before=True)
     report(case, 'before', counter)
-    for step in steady(counter):
+    for step in STEADY:
         hub = sum(
             n for (path, _, name), n in counter.reads[step].items()
             if path.endswith('mmengine/logging/message_hub.py'))
@@ -266,6 +264,6 @@ def test_shipped_recipes_read_nothing_of_the_step_and_move_no_sample(
         case, tmp_path):
     counter = count_steps(case, tmp_path, before=False)
     report(case, 'after', counter)
-    for step in steady(counter):
+    for step in STEADY:
         assert not counter.reads[step], dict(counter.reads[step])
         assert counter.moves[step] == 0
