@@ -9,7 +9,11 @@ custom_imports = dict(
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'
-default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
+# DeferredRuntimeInfoHook: the step's logged values are read a step later
+# (the host never waits for the step it just queued); logs unchanged.
+default_hooks = dict(
+    checkpoint=dict(type='SafeCheckpointHook'),
+    runtime_info=dict(type='DeferredRuntimeInfoHook'))
 # Stop at the first non-finite loss, naming the terms (docs/reliability.md).
 custom_hooks = [dict(type='DivergenceHook')]
 # mmpretrain's layer-decay constructor, with the tensors of a layer that

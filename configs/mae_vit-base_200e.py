@@ -10,7 +10,11 @@ custom_imports = dict(
 # The plugin's runner and checkpoint hook: auto-resume from the run's own
 # newest intact checkpoint; finite-only, atomic, checksummed saves.
 runner_type = 'MMAERunner'
-default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
+# DeferredRuntimeInfoHook: the step's logged values are read a step later
+# (the host never waits for the step it just queued); logs unchanged.
+default_hooks = dict(
+    checkpoint=dict(type='SafeCheckpointHook'),
+    runtime_info=dict(type='DeferredRuntimeInfoHook'))
 
 # Data loading sized to feed a GPU (docs/gpu_clusters.md): 8 workers, the
 # CPUS_PER_TASK=9 of tools/slurm_train.sh minus the main process; pinned

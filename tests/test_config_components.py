@@ -1,5 +1,6 @@
 """Every shipped training config selects the plugin's safety components:
-its runner, its checkpoint hook and DivergenceHook."""
+its runner, its checkpoint hook and DivergenceHook, and the logging that
+never waits for the step just queued (DeferredRuntimeInfoHook)."""
 import glob
 import os
 
@@ -28,6 +29,7 @@ def test_training_config_selects_the_safe_runner_and_hooks(config):
     assert cfg.runner_type == expected_runner
     assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
     assert dict(type='DivergenceHook') in cfg.custom_hooks
+    assert cfg.default_hooks.runtime_info.type == 'DeferredRuntimeInfoHook'
 
 
 @pytest.mark.parametrize('config', training_configs())

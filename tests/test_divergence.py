@@ -5,6 +5,9 @@ M-MAE configs, all with lr = 1e6.
 """
 import glob
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -140,31 +143,37 @@ def test_hook_refuses_to_run_without_runtime_info_hook(tmp_path):
         runner.train()
 
 
-def test_hook_reads_the_floats_mmengine_already_synced(tmp_path):
-    """No host sync of its own: the hook never calls Tensor.item.
-
-    mmengine's RuntimeInfoHook calls ``.item()`` once per logged value each
-    iteration (MessageHub._get_valid_value); counting the calls with and
-    without DivergenceHook shows the hook adds none.
-    """
+def test_with_upstreams_runtime_info_hook_one_read_per_step(tmp_path):
+    """With mmengine's RuntimeInfoHook (which waits for every step with
+    ``.item()`` on each logged value, MessageHub._get_valid_value) the hook
+    adds no ``.item()`` and reads its all-reduced table once per step
+    (``.cpu()``). With DeferredRuntimeInfoHook it reads nothing of the
+    step just queued (tests/test_step_waits.py)."""
     counts = []
-    original_item = torch.Tensor.item
+    originals = {name: getattr(torch.Tensor, name) for name in ('item', 'cpu')}
     for hooks in ([], [dict(type='DivergenceHook')]):
-        calls = [0]
+        calls = dict.fromkeys(originals, 0)
 
-        def counting_item(self, calls=calls):
-            calls[0] += 1
-            return original_item(self)
+        def counting(name, calls=calls):
 
-        torch.Tensor.item = counting_item
+            def call(self, *args, **kwargs):
+                calls[name] += 1
+                return originals[name](self, *args, **kwargs)
+
+            return call
+
+        for name in originals:
+            setattr(torch.Tensor, name, counting(name))
         try:
             toy_runner(
                 tmp_path / str(len(hooks)), max_epochs=3,
                 custom_hooks=hooks).train()
         finally:
-            torch.Tensor.item = original_item
-        counts.append(calls[0])
-    assert counts[0] > 0 and counts[1] == counts[0]
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+        counts.append(calls)
+    assert counts[0]['item'] > 0 and counts[1]['item'] == counts[0]['item']
+    assert counts[1]['cpu'] == counts[0]['cpu'] + 3  # 3 iterations
     assert DivergenceHook.priority == 'HIGH'
 
 
@@ -223,3 +232,87 @@ def test_nonfinite_first_save_says_there_is_no_checkpoint(tmp_path):
     message = str(info.value)
     assert 'The run has no checkpoint yet: start it again' in message
     assert message in run_log(tmp_path)
+
+
+# ------------------------------------------- two nodes, one rank diverging
+TWO_NODE_CONFIG = """_base_ = '{config}'
+custom_imports = dict(
+    imports=['mmae_plugin.registration', 'rank_divergence_hook'],
+    allow_failed_imports=False)
+custom_hooks = [
+    dict(type='ReseedHook'),
+    dict(type='DivergenceHook'),
+    dict(type='NaNInputOnRank', rank=1, iteration={iteration}),
+]
+# A rank left alone in a collective would wait 10 minutes, not seconds.
+env_cfg = dict(dist_cfg=dict(backend='nccl', timeout=600))
+"""
+
+
+def two_node_command(repo_root, config, work_dir, node_rank, port):
+    return [
+        sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2',
+        '--nproc_per_node', '1', '--node_rank',
+        str(node_rank), '--master_addr', '127.0.0.1', '--master_port',
+        str(port),
+        os.path.join(repo_root, 'tools', 'train.py'),
+        str(config), '--launcher', 'pytorch', '--work-dir',
+        str(work_dir), '--cfg-options', 'train_dataloader.dataset.indices=64',
+        'train_dataloader.batch_size=8', 'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+        'default_hooks.logger.interval=100', 'train_cfg.max_epochs=4'
+    ]
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc (Linux)')
+def test_one_rank_diverging_stops_both_nodes_together(repo_root, tmp_path,
+                                                      cpu_dist_env_factory):
+    """Two torchrun "nodes" on localhost (gloo, one process each): rank
+    1's loss alone turns NaN at iteration 3; both processes stop there,
+    with the same message, long before the collective timeout."""
+    from test_multinode import kill_tree
+    config = tmp_path / 'diverge_on_rank1.py'
+    config.write_text(
+        TWO_NODE_CONFIG.format(
+            config=os.path.join(repo_root, 'configs', 'fashion_mnist',
+                                'mmae_fmnist.py'),
+            iteration=3))
+    env = cpu_dist_env_factory(OMP_NUM_THREADS='1')
+    env['PYTHONPATH'] = os.pathsep.join([
+        repo_root,
+        os.path.join(repo_root, 'tests'),
+        env.get('PYTHONPATH', '')
+    ])
+    nodes = [
+        subprocess.Popen(
+            two_node_command(repo_root, config, tmp_path / 'work', rank,
+                             env['MASTER_PORT']),
+            cwd=repo_root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True) for rank in (0, 1)
+    ]
+    try:
+        logs = [node.communicate(timeout=180)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                kill_tree(node.pid)
+                node.wait()
+    messages = [
+        sorted({
+            line[line.index('training diverged'):]
+            for line in log.splitlines() if 'training diverged' in line
+        }) for log in logs
+    ]
+    assert all(node.returncode != 0 for node in nodes)
+    assert messages[0] and messages[0] == messages[1], \
+        [log[-3000:] for log in logs]
+    (message, ) = messages[0]
+    assert message.startswith(
+        'training diverged at iteration 3 (epoch 1): the total loss is not '
+        'finite on rank 1 of 2. Non-finite terms (rank 1): loss=nan'), message
+    assert 'loss_rec=nan' in message
+    assert 'TrainingDivergedError' in logs[0] and \
+        'TrainingDivergedError' in logs[1]

@@ -217,6 +217,20 @@ def test_non_blocking_is_the_default_and_can_be_turned_off():
         non_blocking=False)._non_blocking is False
 
 
+def test_pretraining_leaves_the_data_samples_where_they_are():
+    """MAE-family and siamese losses never read the data samples: by
+    default none is moved (the same objects come back); on request each
+    is moved as mmpretrain moves it (a new one, labels kept)."""
+    samples = [DataSample().set_gt_label(i) for i in range(4)]
+    for cls in (NonBlockingSelfSupDataPreprocessor, BatchFlipDataPreprocessor):
+        got = cls()(dict(inputs=random_batch(), data_samples=samples), True)
+        assert all(a is b for a, b in zip(got['data_samples'], samples))
+    moved = NonBlockingSelfSupDataPreprocessor(move_data_samples=True)(dict(
+        inputs=random_batch(), data_samples=samples))['data_samples']
+    assert all(a is not b for a, b in zip(moved, samples))
+    assert [int(s.gt_label) for s in moved] == [0, 1, 2, 3]
+
+
 def test_channel_swap_needs_three_channels():
     with pytest.raises(ValueError, match='3-channel'):
         bgr_rgb_swap(random_batch(channels=1))

@@ -99,7 +99,8 @@ cifar10_param_scheduler = [
 # two branches, every 50 iterations (a multiple of the logger interval).
 cifar10_default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
-    checkpoint=dict(type='SafeCheckpointHook', interval=20, max_keep_ckpts=3))
+    checkpoint=dict(type='SafeCheckpointHook', interval=20, max_keep_ckpts=3),
+    runtime_info=dict(type='DeferredRuntimeInfoHook'))
 runner_type = 'MMAERunner'  # verified auto-resume (docs/reliability.md)
 # Per epoch and before training, the same quantities on a fixed held-out
 # set: 2 batches of 2,048 test images with the same two views at every

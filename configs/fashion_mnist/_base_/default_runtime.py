@@ -7,10 +7,12 @@ custom_imports = dict(
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='SafeCheckpointHook', interval=1, max_keep_ckpts=2))
+    checkpoint=dict(type='SafeCheckpointHook', interval=1, max_keep_ckpts=2),
+    runtime_info=dict(type='DeferredRuntimeInfoHook'))
 # The plugin's runner: auto-resume from the run's own newest intact
 # checkpoint; SafeCheckpointHook: finite-only, atomic, checksummed saves
-# (docs/reliability.md).
+# (docs/reliability.md); DeferredRuntimeInfoHook: a step's logged values are
+# read a step later, so the host never waits for the step it just queued.
 runner_type = 'MMAERunner'
 env_cfg = dict(dist_cfg=dict(backend='nccl'))  # gloo without CUDA (plugin)
 randomness = dict(seed=0, diff_rank_seed=True)

@@ -14,7 +14,9 @@ how each save is done:
    save make every rank decide the same. A non-finite state raises
    :class:`NonFiniteCheckpointError` on every rank with the same text
    (iteration, the non-finite tensors of all ranks, the newest checkpoint
-   saved finite) and nothing is written.
+   saved finite) and nothing is written. Logged values a
+   :class:`~.deferred_runtime_info_hook.DeferredRuntimeInfoHook` still
+   holds are put in the message hub (which the checkpoint holds) first.
 2. **Atomic, recorded saves.** The checkpoint (a file, or an FSDP
    folder of ``rank<i>.pth``) is written under a hidden partial name,
    fsync'ed and renamed into place; then its name, epoch, global
@@ -58,6 +60,7 @@ from mmae_plugin.checkpoint.run_record import (append_event, fingerprint,
                                                read_record, recorded_path)
 from mmae_plugin.engine.run_identity import run_identity
 from mmae_plugin.engine.runners.launch_record import launch_record
+from .deferred_runtime_info_hook import settle_logged_values
 from .finite_state import all_finite_flag, flag_device, named_state_tensors
 
 #: How many non-finite tensor names the error lists before "and N more".
@@ -210,6 +213,10 @@ class SafeCheckpointHook(CheckpointHook):
 
     # ------------------------------------------------------------- saving
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
+        # The message hub is saved: DeferredRuntimeInfoHook's pending step
+        # goes in first (and DivergenceHook sees it before anything is
+        # written).
+        settle_logged_values(runner)
         filename = self.filename_tmpl.format(step)
         self.require_finite_state(runner, filename, meta['iter'])
         local = self._writes_locally()
@@ -319,6 +326,7 @@ class SafeCheckpointHook(CheckpointHook):
     def _save_best_checkpoint(self, runner, metrics) -> None:
         # Upstream's rules decide whether and where; its one save goes
         # through save_atomically and its removal of the old best waits.
+        settle_logged_values(runner)
         self.require_finite_state(runner, 'the best checkpoint', runner.iter)
         with deferred_removals(self) as queued, \
                 atomic_saves_of(runner, self):

@@ -12,17 +12,34 @@ that turns non-finite in an update whose loss was still finite is kept
 off disk by ``SafeCheckpointHook``, which checks the parameters and the
 optimizer state themselves at every save.
 
-No host sync is added: mmengine's ``RuntimeInfoHook`` (priority
-``VERY_HIGH``, so it runs first) already converts every value of the
-iteration's ``log_vars`` to a Python float with ``.item()``
-(``MessageHub.update_scalar`` -> ``_get_valid_value``) every iteration, and
-this hook reads those floats back from ``runner.message_hub``.
+Every rank stops in the same iteration with the same message. After each
+``train_step`` the hook puts the step's logged values of every rank into
+one (world size, terms) tensor on the device, summed over ranks with one
+all-reduce (each rank fills its own row: the sum is exact); that tensor is
+read on the host together with the logged values, so no rank decides from
+its local loss alone and a diverged rank does not leave the others waiting
+in the next collective until its timeout.
+
+No host read is added: with :class:`~.deferred_runtime_info_hook.
+DeferredRuntimeInfoHook` (the plugin's configs select it) the tensor is
+copied off the device with the step's values and read one step later,
+when the values are (or at once at an iteration the log or a checkpoint
+needs them, before the save); the hook then raises there. With upstream's
+``RuntimeInfoHook``, which has already waited for the step with
+``.item()``, it is read at once.
 """
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
+import torch
+from mmengine.dist import all_reduce, get_rank, get_world_size
 from mmengine.hooks import Hook, RuntimeInfoHook
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
+
+from .deferred_runtime_info_hook import LoggedStep, deferred_runtime_info_hook
+
+#: Prefix of the hook's per-rank tensors among a logged step's extras.
+PER_RANK = 'divergence/'
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -84,15 +101,21 @@ def divergence_message(values: Dict[str, float],
                        iteration: int,
                        epoch: int,
                        recent: Sequence[float] = (),
-                       checkpoint: Optional[str] = None) -> str:
+                       checkpoint: Optional[str] = None,
+                       ranks: Sequence[int] = (),
+                       world_size: int = 1) -> str:
     """The error text: where training diverged and every term's value.
 
     Args:
-        values: The iteration's logged values.
+        values: The iteration's logged values (of the first diverged rank).
         iteration: 1-based iteration number (as the log shows it).
         epoch: 1-based epoch number.
-        recent: Total losses of the last iterations, this one last.
+        recent: Total losses of the last iterations, this one last (left
+            out when empty).
         checkpoint: The newest checkpoint of the run, None if it has none.
+        ranks: The ranks whose total loss is not finite (named when
+            ``world_size`` > 1).
+        world_size: Number of ranks.
 
     Returns:
         The message.
@@ -103,16 +126,82 @@ def divergence_message(values: Dict[str, float],
     def listing(terms: Dict[str, float]) -> str:
         return ', '.join(f'{k}={v:.6g}' for k, v in terms.items()) or 'none'
 
+    where = terms_of = ''
+    if world_size > 1:
+        where = f' on rank{"s" if len(ranks) > 1 else ""} ' \
+            f'{", ".join(map(str, ranks))} of {world_size}'
+        terms_of = f' (rank {ranks[0]})'
     trend = ' -> '.join(f'{v:.4g}' for v in recent)
+    trend = f' Total loss over the last iterations: {trend}.' if trend else ''
     restart = f'Resume from the newest checkpoint, {checkpoint},' \
         if checkpoint else 'The run has no checkpoint yet: start it again'
     return (f'training diverged at iteration {iteration} (epoch {epoch}): '
-            f'the total loss is not finite. Non-finite terms: {listing(bad)}; '
-            f'finite terms: {listing(good)}. Total loss over the last '
-            f'iterations: {trend or "n/a"}. No checkpoint of this iteration '
+            f'the total loss is not finite{where}. Non-finite '
+            f'terms{terms_of}: {listing(bad)}; finite terms: {listing(good)}.'
+            f'{trend} No checkpoint of this iteration '
             'was written (and SafeCheckpointHook writes only finite states). '
             f'{restart} with a lower optim_wrapper.optimizer.lr, a longer '
             'warm-up or optim_wrapper.clip_grad.')
+
+
+def every_rank_table(
+        outputs: dict) -> Tuple[List[str], Optional[torch.Tensor]]:
+    """The step's tensor log values of every rank, on the device.
+
+    One all-reduce (sum) of a (world size, terms) float64 tensor in which
+    each rank filled its own row; no host read.
+
+    Args:
+        outputs: The step's ``log_vars`` (the same keys on every rank).
+
+    Returns:
+        The keys of the tensor values (the columns) and the table; an
+        empty list and None when no value is a tensor.
+    """
+    keys = [key for key, value in outputs.items() if torch.is_tensor(value)]
+    if not keys:
+        return [], None
+    rows = torch.stack(
+        [outputs[key].detach().reshape(()).double() for key in keys])
+    table = rows.new_zeros((get_world_size(), len(keys)))
+    table[get_rank()] = rows
+    all_reduce(table, op='sum')
+    return keys, table
+
+
+def by_key(keys: List[str], table: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """``{PER_RANK + key: (world size,) column}`` of an every-rank table."""
+    return {PER_RANK + key: table[:, i] for i, key in enumerate(keys)}
+
+
+def values_of_every_rank(outputs: dict) -> Dict[str, torch.Tensor]:
+    """:func:`every_rank_table` by key (for ``DeferredRuntimeInfoHook``).
+
+    Args:
+        outputs: The step's ``log_vars``.
+
+    Returns:
+        ``{PER_RANK + key: (world size,) tensor}`` on the device.
+    """
+    keys, table = every_rank_table(outputs)
+    return by_key(keys, table) if keys else {}
+
+
+def diverged_ranks(per_rank: Dict[str, List[float]]) -> List[int]:
+    """The ranks whose total loss is not finite.
+
+    Args:
+        per_rank: ``{key: [value of rank 0, rank 1, ...]}``.
+
+    Returns:
+        Their ranks, in order.
+    """
+    ranks = []
+    for rank in range(len(next(iter(per_rank.values()), []))):
+        total = total_loss({k: v[rank] for k, v in per_rank.items()})
+        if total is not None and not math.isfinite(total):
+            ranks.append(rank)
+    return ranks
 
 
 # In mmengine's registry too: the hook serves any MMEngine config, whatever
@@ -125,16 +214,20 @@ class DivergenceHook(Hook):
 
         custom_hooks = [dict(type='DivergenceHook')]
 
-    It needs mmengine's default ``RuntimeInfoHook`` (present unless
-    ``default_hooks`` removes it), whose per-iteration floats it reads.
+    It needs a ``RuntimeInfoHook`` (mmengine's default, or the plugin's
+    :class:`DeferredRuntimeInfoHook`), whose logged values it reads.
     """
 
     # After RuntimeInfoHook (VERY_HIGH) has stored this iteration's values,
     # before LoggerHook (BELOW_NORMAL) and CheckpointHook (VERY_LOW).
     priority = 'HIGH'
 
+    def __init__(self) -> None:
+        self._deferred = None
+
     def before_train(self, runner) -> None:
-        """Check that ``RuntimeInfoHook`` runs before this hook.
+        """Check that a ``RuntimeInfoHook`` runs before this hook; follow a
+        :class:`DeferredRuntimeInfoHook`'s settled steps.
 
         Args:
             runner: The runner.
@@ -150,33 +243,63 @@ class DivergenceHook(Hook):
             raise ValueError(
                 'DivergenceHook reads the loss values RuntimeInfoHook logs '
                 'each iteration, so default_hooks must keep runtime_info '
-                '(RuntimeInfoHook) with a higher priority than HIGH; got '
-                f'hooks {[type(h).__name__ for h in hooks]}')
+                '(RuntimeInfoHook or DeferredRuntimeInfoHook) with a higher '
+                f'priority than HIGH; got hooks '
+                f'{[type(h).__name__ for h in hooks]}')
+        self._deferred = deferred_runtime_info_hook(runner)
+        if self._deferred is not None:
+            self._deferred.subscribe(self.check_step, values_of_every_rank)
 
     def after_train_iter(self,
                          runner,
                          batch_idx: int,
                          data_batch=None,
                          outputs: Optional[dict] = None) -> None:
-        """Raise if this iteration's total loss is NaN or infinite.
+        """With upstream's ``RuntimeInfoHook``: check this step now.
+
+        (With :class:`DeferredRuntimeInfoHook` :meth:`check_step` is called
+        as each step is settled.)
 
         Args:
             runner: The runner.
             batch_idx: Index of the batch in the epoch.
             data_batch: The batch (unused).
             outputs: The model's ``log_vars`` of this iteration.
+        """
+        if getattr(self, '_deferred', None) is not None or not outputs:
+            return
+        keys, table = every_rank_table(outputs)
+        extras = by_key(keys, table.cpu()) if keys else {}
+        values = logged_values(runner.message_hub, outputs.keys())
+        self.check_step(
+            runner,
+            LoggedStep(runner.iter + 1, runner.epoch + 1, values, extras))
+
+    def check_step(self, runner, step: LoggedStep) -> None:
+        """Raise on every rank if some rank's total loss is not finite.
+
+        Args:
+            runner: The runner.
+            step: A step's logged values with this hook's per-rank tensors.
 
         Raises:
-            TrainingDivergedError: The total loss is not finite.
+            TrainingDivergedError: Some rank's total loss is not finite.
         """
-        if not outputs:
+        per_rank = {
+            key[len(PER_RANK):]: value.tolist()
+            for key, value in step.extras.items() if key.startswith(PER_RANK)
+        }
+        ranks = diverged_ranks(per_rank)
+        if not ranks:
             return
-        values = logged_values(runner.message_hub, outputs.keys())
-        total = total_loss(values)
-        if total is not None and not math.isfinite(total):
-            message = divergence_message(
-                values, runner.iter + 1, runner.epoch + 1,
-                recent_totals(runner.message_hub),
-                runner.message_hub.get_info('last_ckpt'))
-            runner.logger.error(message)  # the run's log file, not only
-            raise TrainingDivergedError(message)  # the traceback on stderr
+        world_size = len(next(iter(per_rank.values())))
+        # The trend is this rank's history: named only on a single rank,
+        # so that every rank raises the same text.
+        recent = recent_totals(runner.message_hub) if world_size == 1 else ()
+        message = divergence_message(
+            {key: values[ranks[0]]
+             for key, values in per_rank.items()},
+            step.iteration, step.epoch, recent,
+            runner.message_hub.get_info('last_ckpt'), ranks, world_size)
+        runner.logger.error(message)  # the run's log file, not only
+        raise TrainingDivergedError(message)  # the traceback on stderr

@@ -5,10 +5,13 @@
 some rank) trained on the reconstruction alone; a step whose gather left
 some rank's features out means the ranks' batches no longer fit the layout
 agreed at the first step, which later steps cannot repair. This hook reads
-the code after each iteration from the message hub, where mmengine's
-``RuntimeInfoHook`` (priority ``VERY_HIGH``) has already put it as a host
-float for the log, so it adds no device sync and the model's forward
-depends only on its inputs and state.
+the code as a host number where the log has it: from
+:class:`~.deferred_runtime_info_hook.DeferredRuntimeInfoHook` (the
+plugin's configs) as each step's values are settled, one step late, or
+from the message hub after each iteration, where mmengine's
+``RuntimeInfoHook`` (priority ``VERY_HIGH``) has already put it. It adds
+no device sync and the model's forward depends only on its inputs and
+state.
 """
 import logging
 from typing import Optional, Union
@@ -21,6 +24,7 @@ from mmpretrain.registry import HOOKS
 from mmae_plugin.models.algorithms.mmae import SKIP_KEY
 from mmae_plugin.models.losses.feature_regularizer import (SKIP_GATHER_REFUSED,
                                                            FeatureRegularizer)
+from .deferred_runtime_info_hook import LoggedStep, deferred_runtime_info_hook
 
 
 @HOOKS.register_module()
@@ -51,6 +55,7 @@ class RegularizerSkipHook(Hook):
 
     def __init__(self) -> None:
         self._regularizer: Optional[FeatureRegularizer] = None
+        self._deferred = None
 
     def before_run(self, runner) -> None:
         """Find the model's regulariser (None: nothing to report)."""
@@ -60,13 +65,25 @@ class RegularizerSkipHook(Hook):
         self._regularizer = regularizer if isinstance(
             regularizer, FeatureRegularizer) else None
 
+    def before_train(self, runner) -> None:
+        """Follow a :class:`DeferredRuntimeInfoHook`'s settled steps."""
+        self._deferred = deferred_runtime_info_hook(runner)
+        if self._deferred is not None:
+            self._deferred.subscribe(self.report_step)
+
+    def report_step(self, runner, step: LoggedStep) -> None:
+        """Report a settled step's skip code (if the model logs one)."""
+        if self._regularizer is not None and SKIP_KEY in step.values:
+            self.report(int(step.values[SKIP_KEY]), step.iteration)
+
     def after_train_iter(self,
                          runner,
                          batch_idx: int,
                          data_batch: Optional[Union[dict, tuple, list]] = None,
                          outputs: Optional[dict] = None) -> None:
-        """Report the iteration's skip code."""
-        if self._regularizer is None:
+        """With upstream's ``RuntimeInfoHook``: report the iteration's skip
+        code from the message hub."""
+        if self._regularizer is None or self._deferred is not None:
             return
         buffer = runner.message_hub.log_scalars.get(f'train/{SKIP_KEY}')
         if buffer is None:

@@ -12,6 +12,11 @@ classes here give the same output bit for bit, with
   forward pass (from pageable memory CUDA still stages it synchronously,
   so the result is the same either way);
 * the channel swap as ``torch.flip`` on the device (no host-side index);
+* for self-supervised pretraining, the data samples left where the
+  dataloader put them (``move_data_samples=False``): MAE, M-MAE, U-MAE and
+  the siamese methods never read them in ``loss()``, and moving each one
+  (a new ``DataSample`` per image, 128 per batch in the recipes) costs
+  Python time on the host every step;
 * for classification, the labels copied to the device as one pinned,
   non-blocking copy before mmpretrain's code runs (its own
   ``batch_label.to(device)`` then has nothing to copy), so the one-hot is
@@ -112,10 +117,12 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
     """``SelfSupDataPreprocessor`` with a non-blocking copy and an on-device
     channel swap.
 
-    The output equals mmpretrain's ``SelfSupDataPreprocessor`` with the same
-    arguments bit for bit: the same copy, the channel swap as
+    The inputs equal mmpretrain's ``SelfSupDataPreprocessor``'s with the
+    same arguments bit for bit: the same copy, the channel swap as
     :func:`bgr_rgb_swap` (``torch.flip``) instead of ``[:, [2, 1, 0]]``,
     then the conversion to float and the normalisation in the same order.
+    The data samples are returned as they came unless
+    ``move_data_samples=True``.
 
     Args:
         mean, std, pad_size_divisor, pad_value, to_rgb, bgr_to_rgb,
@@ -123,6 +130,11 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
         non_blocking: Copy batches to the device without blocking the host
             (default True; effective with the dataloader's
             ``pin_memory=True``).
+        move_data_samples: Also move the data samples to the device, as
+            mmpretrain does (default False: no algorithm of the plugin's
+            configs reads them; set True for one whose ``loss()`` reads
+            tensors from them, such as mmpretrain's SimMIM, BEiT, CAE or
+            MaskFeat masks).
     """
 
     def __init__(self,
@@ -133,7 +145,8 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
                  to_rgb: bool = False,
                  bgr_to_rgb: bool = False,
                  rgb_to_bgr: bool = False,
-                 non_blocking: Optional[bool] = True) -> None:
+                 non_blocking: Optional[bool] = True,
+                 move_data_samples: bool = False) -> None:
         super().__init__(
             mean=mean,
             std=std,
@@ -143,6 +156,7 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
             bgr_to_rgb=bgr_to_rgb,
             rgb_to_bgr=rgb_to_bgr,
             non_blocking=non_blocking)
+        self._move_data_samples = bool(move_data_samples)
 
     def _normalise(self, batch: Tensor) -> Tensor:
         """Float, then ``(batch - mean) / std`` if mean and std are set.
@@ -171,13 +185,17 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
             training: Unused (kept for the preprocessor interface).
 
         Returns:
-            ``dict(inputs=..., data_samples=...)`` on the device.
+            ``dict(inputs=..., data_samples=...)``: the inputs on the
+            device, the data samples there only with ``move_data_samples``.
         """
         if not isinstance(data, dict):
             raise TypeError('NonBlockingSelfSupDataPreprocessor needs the '
                             "dataloader's default_collate (a dict), got "
                             f'{type(data).__name__}')
-        inputs, data_samples = self.cast_data(list(data.values()))
+        inputs = self.cast_data(data['inputs'])
+        data_samples = data.get('data_samples')
+        if self._move_data_samples:
+            data_samples = self.cast_data(data_samples)
         if isinstance(inputs, list):
             converted: Union[Tensor, List[Tensor]] = [
                 self._convert(view) for view in inputs
