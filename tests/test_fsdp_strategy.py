@@ -85,3 +85,82 @@ def test_ranks_that_keep_nothing_are_left_alone():
 def test_per_rank_seed_undoes_the_offset(checkpoint, expected):
     per_rank_seed(checkpoint, 3)
     assert checkpoint == expected
+
+
+def fsdp_initial_state(out_dir, init_weights, rank, world):
+    """Build the FSDP recipe's strategy on this gloo rank and wrap the tiny
+    M-MAE as ``FlexibleRunner.train`` does (``strategy.prepare``); save the
+    full (gathered) state dict of the initial weights, return its path."""
+    import os
+
+    from mmengine.config import Config
+    from torch.distributed.fsdp import FullStateDictConfig
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+
+    import mmae_plugin.registration  # noqa: F401
+    from conftest import REPO_ROOT
+    strategy_cfg = Config.fromfile(
+        os.path.join(REPO_ROOT, 'configs', 'mmae_vit-large_200e_fsdp.py'),
+        lazy_import=False).strategy
+    model_cfg = Config.fromfile(
+        os.path.join(REPO_ROOT, 'configs', 'fashion_mnist',
+                     'mmae_fmnist.py')).model
+    os.environ['LOCAL_RANK'] = str(rank)  # torchrun's, read by mmengine
+    strategy_cfg.model_wrapper.device_id = 'cpu'  # not cuda:LOCAL_RANK
+    strategy = STRATEGIES.build(
+        dict(
+            strategy_cfg,
+            work_dir=os.path.join(out_dir, f'work{world}'),
+            # The recipe's randomness: each rank its own seed.
+            env_kwargs=dict(
+                launcher='pytorch',
+                randomness=dict(seed=0, diff_rank_seed=True))))
+    strategy.prepare(
+        model_cfg,
+        dispatch_kwargs=dict(init_weights_for_test_or_val=init_weights))
+    with FSDP.state_dict_type(strategy.model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(rank0_only=False)):
+        state = strategy.model.state_dict()
+    path = os.path.join(out_dir, f'world{world}_rank{rank}.pth')
+    torch.save(state, path)
+    return path
+
+
+def initial_states(tmp_path, world, init_weights=True):
+    """Every rank's full initial state dict in a ``world``-process run."""
+    from functools import partial
+
+    from _helpers_gloo import run_gloo_ranks
+    paths = run_gloo_ranks(
+        partial(fsdp_initial_state, str(tmp_path), init_weights), world,
+        str(tmp_path))
+    return [torch.load(path, weights_only=True) for path in paths]
+
+
+def states_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_initial_weights_do_not_depend_on_the_world_size(tmp_path):
+    """1 and 2 gloo processes start from the same weights under the recipe's
+    ``diff_rank_seed``: mmengine's ``BaseStrategy._init_model_weights``
+    broadcasts rank 0's weights (seeded ``seed + 0`` at any world size)
+    after ``init_weights``, before the FSDP wrap shards them. (The full
+    state dict is gathered from every rank's shard, so it is the same on
+    both ranks by construction; what is compared is 1 vs 2 processes.)"""
+    (one, ), (two, _) = initial_states(tmp_path / 'one', 1), \
+        initial_states(tmp_path / 'two', 2)
+    assert len(one) > 10  # every parameter and buffer of the tiny M-MAE
+    assert states_equal(one, two)
+
+
+def test_without_the_init_broadcast_the_world_size_would_show(tmp_path):
+    """What the test above rests on: under ``diff_rank_seed`` rank 1 builds
+    other weights than rank 0, so without the broadcast after
+    ``init_weights`` (skipped here, as mmengine skips it for test/val with
+    ``init_weights_for_test_or_val=False``) the gathered weights of 2
+    processes (rank 1's shard from its own seed) are not 1 process's."""
+    (one, ), (two, _) = initial_states(tmp_path / 'one', 1, False), \
+        initial_states(tmp_path / 'two', 2, False)
+    assert not states_equal(one, two)
