@@ -270,8 +270,7 @@ def everything_the_pass_could_touch(model: torch.nn.Module) -> dict:
         modes=[m.training for m in model.modules()],
         # The gatherer is restored as a copy: its fields are compared.
         regularizer=None if regularizer is None else dict(
-            vars(regularizer),
-            _gatherer=dict(vars(regularizer._gatherer))),
+            vars(regularizer), _gatherer=dict(vars(regularizer._gatherer))),
         torch=torch.get_rng_state(),
         numpy=np.random.get_state()[1].copy(),
         python=random.getstate())
@@ -284,8 +283,11 @@ def test_the_pass_leaves_the_training_model_as_it_was(method, mode, tmp_path):
     running statistics and counts, M-MAE's sets its regulariser's skip
     code; all of it, the modes (mixed here: one module in eval) and the
     random states are as before the pass."""
-    runner = run(method, str(tmp_path), heldout=dict(num_batches=2,
-                                                     mode=mode), epochs=1)
+    runner = run(
+        method,
+        str(tmp_path),
+        heldout=dict(num_batches=2, mode=mode),
+        epochs=1)
     model = runner.model
     model.train()
     next(iter(model.children())).eval()

@@ -39,6 +39,11 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     assert cfg.strategy.type == 'MMAEFSDPStrategy'
     assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
     assert cfg.optim_wrapper.use_fsdp  # the float16 fallback's scaler
+    # FSDP computes in the dtype the optimizer wrapper autocasts to and
+    # reduces gradients in float32 (MMAEFSDPStrategy checks the first).
+    assert cfg.strategy.model_wrapper.mixed_precision == dict(
+        param_dtype='bfloat16', reduce_dtype='float32', buffer_dtype='float32')
+    assert cfg.optim_wrapper.dtype == 'bfloat16'
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', 'l')
     with torch.device('meta'):  # shapes only: no 300M-parameter init
         model = MODELS.build(cfg.model)
@@ -334,8 +339,10 @@ def test_heldout_pass_under_fsdp_measures_the_whole_network(
             config=config,
             nproc=nproc)
         rows = scalar_rows(work_dir)
-        heldout[nproc] = [r for r in rows if 'epoch' in r and any(
-            k.startswith('minfo_heldout/') for k in r)]
+        heldout[nproc] = [
+            r for r in rows
+            if 'epoch' in r and any(k.startswith('minfo_heldout/') for k in r)
+        ]
         steps = [r for r in rows if 'loss_tcr' in r]
         assert steps and all(r['reg_skipped'] == 0 for r in steps)
     assert [r['epoch'] for r in heldout[2]] == [0, 1]

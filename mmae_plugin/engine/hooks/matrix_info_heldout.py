@@ -33,6 +33,8 @@ from .matrix_info_taps import BranchTaps
 #: running statistics, the network as a linear probe sees it) or ``'train'``
 #: (batch statistics, as on the training batches).
 HELDOUT_MODES = ('eval', 'train')
+#: Embeddings of one batch -> its quantities.
+Measure = Callable[[List[Tensor]], Dict[str, Tensor]]
 HELDOUT_KEYS = ('dataset', 'num_batches', 'batch_size', 'seed', 'mode',
                 'interval', 'at_start')
 
@@ -203,17 +205,21 @@ def training_autocast(optim_wrapper: Any) -> Callable[[], ContextManager]:
 #: submodules, hooks, mode); the rest is the module's own state.
 _MODULE_MACHINERY = frozenset(vars(nn.Module()))
 
+#: Values a forward can only rebind, never change in place (so the reference
+#: is the snapshot).
+_KEPT_BY_REFERENCE = (Tensor, nn.Module, int, float, str, bool, tuple,
+                      frozenset, type(None))
+
 
 def _snapshot(value: Any) -> Any:
     """A value as it is now: tensors and modules by reference (rebinding,
     not mutation, is what a forward does to them), other objects copied
     (a forward may mutate them, e.g. a gatherer agreeing its layout)."""
-    if value is None or isinstance(value, (Tensor, nn.Module, int, float,
-                                           str, bool, tuple, frozenset)):
+    if isinstance(value, _KEPT_BY_REFERENCE):
         return value
     try:
         return copy.copy(value)
-    except Exception:  # an uncopyable handle (a lock, a process group)
+    except TypeError:  # an uncopyable handle (a lock, a process group)
         return value
 
 
@@ -284,12 +290,10 @@ def training_state_kept(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def measure_in_place(model: nn.Module, branches: List[dict],
-                     batches: List[Any],
-                     spec: HeldoutSpec, measure: Callable[[List[Tensor]],
-                                                          Dict[str, Tensor]],
-                     autocast: Callable[[], ContextManager]
-                     ) -> Dict[str, float]:
+def measure_in_place(
+        model: nn.Module, branches: List[dict], batches: List[Any],
+        spec: HeldoutSpec, measure: Measure,
+        autocast: Callable[[], ContextManager]) -> Dict[str, float]:
     """The quantities of the held-out batches, averaged over them.
 
     The forward runs on the training model itself, inside
