@@ -268,9 +268,14 @@ def everything_the_pass_could_touch(model: torch.nn.Module) -> dict:
         state={k: v.clone()
                for k, v in model.state_dict().items()},
         modes=[m.training for m in model.modules()],
-        # The gatherer is restored as a copy: its fields are compared.
+        # Tensor attributes (the skip code) by identity: a forward rebinds
+        # them. The gatherer is restored as a copy: its fields are compared.
         regularizer=None if regularizer is None else dict(
-            vars(regularizer), _gatherer=dict(vars(regularizer._gatherer))),
+            {
+                k: id(v) if isinstance(v, torch.Tensor) else v
+                for k, v in vars(regularizer).items()
+            },
+            _gatherer=dict(vars(regularizer._gatherer))),
         torch=torch.get_rng_state(),
         numpy=np.random.get_state()[1].copy(),
         python=random.getstate())
@@ -332,3 +337,29 @@ def test_the_pass_runs_under_the_runs_autocast(amp, expected, tmp_path):
     assert patch_embeddings_of_the_pass(runner) == [expected] * 2
     values = the_hook(runner).heldout_history[-1]
     assert all(math.isfinite(v) for v in values.values())
+
+
+def test_training_autocast_follows_the_optimizer_wrapper():
+    """The held-out forward's autocast is the training step's: bfloat16
+    for the plugin's bfloat16 wrapper, none for a plain one; wrappers that
+    disagree (an OptimWrapperDict) are refused naming the optim_wrapper."""
+    from mmengine.optim import OptimWrapper, OptimWrapperDict
+
+    from mmae_plugin.engine.hooks.matrix_info_heldout import training_autocast
+    from mmae_plugin.engine.optimizers.mixed_precision_wrapper import \
+        MixedPrecisionOptimWrapper
+    layer = torch.nn.Linear(2, 2)
+
+    def sgd():
+        return torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    bf16 = MixedPrecisionOptimWrapper(dtype='bfloat16', optimizer=sgd())
+    plain = OptimWrapper(optimizer=sgd())
+    with training_autocast(bf16)():
+        assert torch.is_autocast_enabled('cpu')
+        assert layer(torch.ones(1, 2)).dtype == torch.bfloat16
+    with training_autocast(plain)():
+        assert not torch.is_autocast_enabled('cpu')
+    both = OptimWrapperDict(a=bf16, b=plain)
+    with pytest.raises(ValueError, match='optim_wrapper'):
+        training_autocast(both)
