@@ -92,3 +92,23 @@ def test_fallback_is_documented_in_the_base_recipe(repo_root):
     text = open(os.path.join(repo_root, 'configs',
                              'mae_vit-base_200e.py')).read()
     assert '--cfg-options optim_wrapper.dtype=float16' in text
+
+
+def test_fsdp_recipe_float16_fallback_sets_both_dtypes(repo_root):
+    """The FSDP recipe's documented fallback (docs/gpu_clusters.md#fsdp):
+    the FSDP policy's compute dtype follows the autocast dtype, as
+    MMAEFSDPStrategy requires (the float32 gradient reduction stays)."""
+    cfg = Config.fromfile(
+        os.path.join(repo_root, 'configs', 'mmae_vit-large_200e_fsdp.py'))
+    policy = cfg.strategy.model_wrapper.mixed_precision
+    assert policy.param_dtype == cfg.optim_wrapper.dtype == 'bfloat16'
+    action = DictAction(option_strings=['--cfg-options'], dest='cfg_options')
+    namespace = argparse.Namespace()
+    action(None, namespace, [
+        'optim_wrapper.dtype=float16',
+        'strategy.model_wrapper.mixed_precision.param_dtype=float16'
+    ])
+    cfg.merge_from_dict(namespace.cfg_options)
+    policy = cfg.strategy.model_wrapper.mixed_precision
+    assert policy.param_dtype == cfg.optim_wrapper.dtype == 'float16'
+    assert (policy.reduce_dtype, policy.buffer_dtype) == ('float32', 'float32')

@@ -3,10 +3,22 @@
 The 2-process FSDP runs (resume bit for bit, Adam moments of the full state
 dict) are in tests/test_tools_fsdp.py.
 """
+import math
+import os
+from functools import partial
+
 import pytest
 import torch
+from _helpers_gloo import run_gloo_ranks
+from conftest import REPO_ROOT
 from mmengine._strategy import FSDPStrategy
-from mmengine.registry import STRATEGIES
+from mmengine.config import Config
+from mmengine.dataset import default_collate
+from mmengine.registry import STRATEGIES, DefaultScope
+from mmpretrain.registry import DATASETS
+from torch.distributed.fsdp import FullStateDictConfig
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import StateDictType
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.strategies import (MMAEFSDPStrategy,
@@ -85,3 +97,156 @@ def test_ranks_that_keep_nothing_are_left_alone():
 def test_per_rank_seed_undoes_the_offset(checkpoint, expected):
     per_rank_seed(checkpoint, 3)
     assert checkpoint == expected
+
+
+def recipe_strategy(work_dir, rank, model_wrapper=None):
+    """The FSDP recipe's strategy, built on this gloo rank with the recipe's
+    randomness (each rank its own seed) and FSDP on the CPU.
+
+    Args:
+        work_dir: The strategy's work_dir.
+        rank: This process's rank (torchrun's LOCAL_RANK, which mmengine
+            reads).
+        model_wrapper: Keys replacing the recipe's ``model_wrapper`` ones.
+    """
+    cfg = Config.fromfile(
+        os.path.join(REPO_ROOT, 'configs', 'mmae_vit-large_200e_fsdp.py'))
+    # The configs' default_scope, as the runner sets it (spawned process).
+    if DefaultScope.get_current_instance() is None:
+        DefaultScope.get_instance('fsdp_test', scope_name='mmpretrain')
+    os.environ['LOCAL_RANK'] = str(rank)
+    cfg.strategy.model_wrapper.update(device_id='cpu', **(model_wrapper or {}))
+    return STRATEGIES.build(
+        dict(
+            cfg.strategy,
+            work_dir=work_dir,
+            env_kwargs=dict(
+                launcher='pytorch',
+                randomness=dict(seed=0, diff_rank_seed=True))))
+
+
+def fmnist_mmae_config():
+    """The tiny M-MAE's config (Fashion-MNIST, ViT 4 x 128)."""
+    return Config.fromfile(
+        os.path.join(REPO_ROOT, 'configs', 'fashion_mnist', 'mmae_fmnist.py'))
+
+
+def fsdp_initial_state(out_dir, init_weights, rank, world):
+    """Wrap the tiny M-MAE with the recipe's strategy as
+    ``FlexibleRunner.train`` does (``strategy.prepare``); save the full
+    (gathered) state dict of the initial weights, return its path."""
+    strategy = recipe_strategy(os.path.join(out_dir, f'work{world}'), rank)
+    strategy.prepare(
+        fmnist_mmae_config().model,
+        dispatch_kwargs=dict(init_weights_for_test_or_val=init_weights))
+    with FSDP.state_dict_type(strategy.model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(rank0_only=False)):
+        state = strategy.model.state_dict()
+    path = os.path.join(out_dir, f'world{world}_rank{rank}.pth')
+    torch.save(state, path)
+    return path
+
+
+def initial_states(tmp_path, world, init_weights=True):
+    """Every rank's full initial state dict in a ``world``-process run."""
+    paths = run_gloo_ranks(
+        partial(fsdp_initial_state, str(tmp_path), init_weights), world,
+        str(tmp_path))
+    return [torch.load(path, weights_only=True) for path in paths]
+
+
+def states_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_initial_weights_do_not_depend_on_the_world_size(tmp_path):
+    """1 and 2 gloo processes start from the same weights under the recipe's
+    ``diff_rank_seed``: mmengine's ``BaseStrategy._init_model_weights``
+    broadcasts rank 0's weights (seeded ``seed + 0`` at any world size)
+    after ``init_weights``, before the FSDP wrap shards them. (The full
+    state dict is gathered from every rank's shard, so it is the same on
+    both ranks by construction; what is compared is 1 vs 2 processes.)"""
+    (one, ), (two, _) = initial_states(tmp_path / 'one', 1), \
+        initial_states(tmp_path / 'two', 2)
+    assert len(one) > 10  # every parameter and buffer of the tiny M-MAE
+    assert states_equal(one, two)
+
+
+def test_without_the_init_broadcast_the_world_size_would_show(tmp_path):
+    """What the test above rests on: under ``diff_rank_seed`` rank 1 builds
+    other weights than rank 0, so without the broadcast after
+    ``init_weights`` (skipped here, as mmengine skips it for test/val with
+    ``init_weights_for_test_or_val=False``) the gathered weights of 2
+    processes (rank 1's shard from its own seed) are not 1 process's."""
+    (one, ), (two, _) = initial_states(tmp_path / 'one', 1, False), \
+        initial_states(tmp_path / 'two', 2, False)
+    assert not states_equal(one, two)
+
+
+def bf16_policy_train_step(out_dir, rank, world):
+    """The recipe's strategy with the recipe's optimizer wrapper (bfloat16
+    autocast, no scaler) on the tiny M-MAE: the FSDP policy of every unit,
+    one training step on 4 Fashion-MNIST images, and the refusal of a
+    float16 policy under bfloat16 autocast."""
+    cfg = fmnist_mmae_config()
+    optim_wrapper = dict(
+        cfg.optim_wrapper,
+        type='MixedPrecisionOptimWrapper',
+        dtype='bfloat16',
+        use_fsdp=True)
+    strategy = recipe_strategy(os.path.join(out_dir, 'bf16'), rank)
+    model, optim_wrapper_built = strategy.prepare(
+        cfg.model, optim_wrapper=optim_wrapper)
+    policies = sorted({(str(unit.mixed_precision.param_dtype),
+                        str(unit.mixed_precision.reduce_dtype),
+                        str(unit.mixed_precision.buffer_dtype))
+                       for unit in FSDP.fsdp_modules(model)})
+    before = [p.detach().clone() for p in model.parameters()]
+    dataset = DATASETS.build(dict(cfg.train_dataloader.dataset, indices=4))
+    computed_with = []
+    projection = model.module.backbone.patch_embed.projection
+    handle = projection.register_forward_pre_hook(
+        lambda module, args: computed_with.append(str(module.weight.dtype)))
+    losses = model.train_step(
+        default_collate([dataset[i] for i in range(4)]), optim_wrapper_built)
+    handle.remove()
+    changed = any(not torch.equal(a, p.detach())
+                  for a, p in zip(before, model.parameters()))
+    refused = ''
+    try:
+        recipe_strategy(
+            os.path.join(out_dir, 'fp16'), rank,
+            dict(mixed_precision=dict(param_dtype='float16'))).prepare(
+                cfg.model, optim_wrapper=optim_wrapper)
+    except ValueError as error:
+        refused = str(error)
+    return dict(
+        policies=policies,
+        computed_with=computed_with,
+        finite=all(math.isfinite(float(v.detach())) for v in losses.values()),
+        loss_keys=sorted(losses),
+        changed=changed,
+        shard_dtypes=sorted({str(p.dtype)
+                             for p in model.parameters()}),
+        refused=refused)
+
+
+def test_recipe_trains_under_a_bfloat16_fsdp_policy(tmp_path):
+    """The recipe's FSDP policy: parameters gathered and computed in
+    bfloat16, gradients reduced in float32, buffers float32, on every FSDP
+    unit; a training step on 2 gloo ranks moves the float32 shards; a
+    float16 policy under the recipe's bfloat16 autocast is refused naming
+    both settings."""
+    for result in run_gloo_ranks(
+            partial(bf16_policy_train_step, str(tmp_path)), 2, str(tmp_path)):
+        assert result['policies'] == [[
+            'torch.bfloat16', 'torch.float32', 'torch.float32'
+        ]]
+        # The gathered weights the forward computes with: bfloat16.
+        assert result['computed_with'] == ['torch.bfloat16']
+        assert result['finite'] and result['changed']
+        assert {'loss_rec', 'loss_tcr'} <= set(result['loss_keys'])
+        assert result['shard_dtypes'] == ['torch.float32']
+        assert 'mixed_precision.param_dtype=float16' in result['refused']
+        assert 'optim_wrapper.dtype (autocast) is bfloat16' in \
+            result['refused']

@@ -7,8 +7,10 @@ import glob
 import json
 import math
 import os
+import random
 from typing import List, Optional
 
+import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
@@ -37,9 +39,17 @@ def heldout_dataset(cfg: Config) -> dict:
 def run(method: str,
         work_dir: str,
         heldout: Optional[dict] = None,
-        epochs: int = 2) -> Runner:
-    """Train ``method``'s config for a few iterations; return the runner."""
+        epochs: int = 2,
+        amp: bool = False) -> Runner:
+    """Train ``method``'s config for a few iterations; return the runner.
+
+    ``amp``: train under bfloat16 autocast (the plugin's
+    ``MixedPrecisionOptimWrapper``, which runs on a CPU without a scaler).
+    """
     cfg = Config.fromfile(os.path.join(FMNIST, f'{method}_fmnist.py'))
+    if amp:
+        cfg.optim_wrapper.type = 'MixedPrecisionOptimWrapper'
+        cfg.optim_wrapper.dtype = 'bfloat16'
     cfg.work_dir = work_dir
     cfg.log_level = 'WARNING'
     cfg.train_dataloader.batch_size = 8
@@ -248,3 +258,108 @@ def test_too_small_a_heldout_dataset_is_refused(tmp_path):
             str(tmp_path),
             epochs=1,
             heldout=dict(num_batches=2, batch_size=512))
+
+
+def everything_the_pass_could_touch(model: torch.nn.Module) -> dict:
+    """Parameters and buffers (values), each module's mode, the
+    regulariser's own attributes and the random states."""
+    regularizer = getattr(model, 'regularizer', None)
+    return dict(
+        state={k: v.clone()
+               for k, v in model.state_dict().items()},
+        modes=[m.training for m in model.modules()],
+        # Tensor attributes (the skip code) by identity: a forward rebinds
+        # them. The gatherer is restored as a copy: its fields are compared.
+        regularizer=None if regularizer is None else dict(
+            {
+                k: id(v) if isinstance(v, torch.Tensor) else v
+                for k, v in vars(regularizer).items()
+            },
+            _gatherer=dict(vars(regularizer._gatherer))),
+        torch=torch.get_rng_state(),
+        numpy=np.random.get_state()[1].copy(),
+        python=random.getstate())
+
+
+@pytest.mark.parametrize('method,mode', [('barlowtwins', 'train'),
+                                         ('mmae', 'eval')])
+def test_the_pass_leaves_the_training_model_as_it_was(method, mode, tmp_path):
+    """No copy any more: in train mode the forward updates BatchNorm's
+    running statistics and counts, M-MAE's sets its regulariser's skip
+    code; all of it, the modes (mixed here: one module in eval) and the
+    random states are as before the pass."""
+    runner = run(
+        method,
+        str(tmp_path),
+        heldout=dict(num_batches=2, mode=mode),
+        epochs=1)
+    model = runner.model
+    model.train()
+    next(iter(model.children())).eval()
+    before = everything_the_pass_could_touch(model)
+    the_hook(runner).measure_heldout(model)
+    after = everything_the_pass_could_touch(model)
+    assert before['state'].keys() == after['state'].keys()
+    for key in before['state']:
+        assert torch.equal(before['state'][key], after['state'][key]), key
+    assert before['modes'] == after['modes']
+    assert before['regularizer'] == after['regularizer']
+    assert torch.equal(before['torch'], after['torch'])
+    assert np.array_equal(before['numpy'], after['numpy'])
+    assert before['python'] == after['python']
+
+
+def patch_embeddings_of_the_pass(runner: Runner) -> list:
+    """The autocast state and the dtype of the patch embedding (a
+    convolution, so bfloat16 under bfloat16 autocast; the backbone's output
+    comes from a LayerNorm, which autocast keeps in float32) in each forward
+    of the held-out pass."""
+    seen = []
+
+    def note(module, args, output):
+        seen.append((torch.is_autocast_enabled('cpu'), output[0].dtype))
+
+    handle = runner.model.backbone.patch_embed.register_forward_hook(note)
+    try:
+        the_hook(runner).measure_heldout(runner.model)
+    finally:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize('amp,expected', [(True, (True, torch.bfloat16)),
+                                          (False, (False, torch.float32))])
+def test_the_pass_runs_under_the_runs_autocast(amp, expected, tmp_path):
+    """A bfloat16 run measures its held-out set in bfloat16, as its training
+    steps run; a float32 run in float32."""
+    runner = run(
+        'mmae', str(tmp_path), heldout=dict(num_batches=2), epochs=1, amp=amp)
+    assert patch_embeddings_of_the_pass(runner) == [expected] * 2
+    values = the_hook(runner).heldout_history[-1]
+    assert all(math.isfinite(v) for v in values.values())
+
+
+def test_training_autocast_follows_the_optimizer_wrapper():
+    """The held-out forward's autocast is the training step's: bfloat16
+    for the plugin's bfloat16 wrapper, none for a plain one; wrappers that
+    disagree (an OptimWrapperDict) are refused naming the optim_wrapper."""
+    from mmengine.optim import OptimWrapper, OptimWrapperDict
+
+    from mmae_plugin.engine.hooks.matrix_info_heldout import training_autocast
+    from mmae_plugin.engine.optimizers.mixed_precision_wrapper import \
+        MixedPrecisionOptimWrapper
+    layer = torch.nn.Linear(2, 2)
+
+    def sgd():
+        return torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    bf16 = MixedPrecisionOptimWrapper(dtype='bfloat16', optimizer=sgd())
+    plain = OptimWrapper(optimizer=sgd())
+    with training_autocast(bf16)():
+        assert torch.is_autocast_enabled('cpu')
+        assert layer(torch.ones(1, 2)).dtype == torch.bfloat16
+    with training_autocast(plain)():
+        assert not torch.is_autocast_enabled('cpu')
+    both = OptimWrapperDict(a=bf16, b=plain)
+    with pytest.raises(ValueError, match='optim_wrapper'):
+        training_autocast(both)

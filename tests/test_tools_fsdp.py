@@ -1,5 +1,6 @@
 """mmpretrain's FlexibleRunner / FSDP recipe runs through tools/train.py."""
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -38,6 +39,11 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     assert cfg.strategy.type == 'MMAEFSDPStrategy'
     assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
     assert cfg.optim_wrapper.use_fsdp  # the float16 fallback's scaler
+    # FSDP computes in the dtype the optimizer wrapper autocasts to and
+    # reduces gradients in float32 (MMAEFSDPStrategy checks the first).
+    assert cfg.strategy.model_wrapper.mixed_precision == dict(
+        param_dtype='bfloat16', reduce_dtype='float32', buffer_dtype='float32')
+    assert cfg.optim_wrapper.dtype == 'bfloat16'
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', 'l')
     with torch.device('meta'):  # shapes only: no 300M-parameter init
         model = MODELS.build(cfg.model)
@@ -62,11 +68,15 @@ def fsdp_train(repo_root,
                env,
                max_epochs,
                *extra,
-               state_dict_cfg='local'):
+               state_dict_cfg='local',
+               config='configs/fashion_mnist/mmae_fmnist.py',
+               nproc=2):
     """``dist_train.sh`` of the fmnist M-MAE config under the FSDP strategy.
 
     ``state_dict_cfg``: mmengine's ``'local'`` (the recipe's default: one
     file of ShardedTensors per rank) or ``'full'`` (one file, by rank 0).
+    ``config``: the config trained (the fmnist M-MAE or one inheriting it);
+    ``nproc``: the number of processes.
     """
     strategy = Config.fromfile(os.path.join(repo_root, FSDP_CONFIG)).strategy
     # FSDP places each rank's shard on cuda:LOCAL_RANK unless told otherwise.
@@ -74,8 +84,8 @@ def fsdp_train(repo_root,
     if state_dict_cfg != 'local':
         strategy.state_dict_cfg = state_dict_cfg
     args = [
-        'bash', 'tools/dist_train.sh', 'configs/fashion_mnist/mmae_fmnist.py',
-        '2', '--work-dir',
+        'bash', 'tools/dist_train.sh', config,
+        str(nproc), '--work-dir',
         str(work_dir), *extra, '--cfg-options',
         'runner_type=MMAEFlexibleRunner',
         *flatten('strategy', strategy.to_dict()),
@@ -281,3 +291,65 @@ def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
     assert len(expected) > 10 and expected.keys() == got.keys()
     differing = [key for key in expected if expected[key] != got[key]]
     assert not differing, differing
+
+
+def heldout_config(repo_root, path):
+    """The fmnist M-MAE with MatrixInfoHook's held-out pass (2 batches of 8
+    test images), written to ``path``; returns the path."""
+    base = os.path.join(repo_root, 'configs', 'fashion_mnist',
+                        'mmae_fmnist.py')
+    path.write_text(
+        f'_base_ = {base!r}\n'
+        'custom_hooks = [\n'
+        "    dict(type='ReseedHook'), dict(type='DivergenceHook'),\n"
+        "    dict(type='MatrixInfoHook', interval=1, heldout=dict(\n"
+        "        dataset=dict(type='GzipFashionMNIST', split='test',\n"
+        '                     data_root={{_base_.data_root}}, indices=16,\n'
+        '                     pipeline={{_base_.train_pipeline}}),\n'
+        '        num_batches=2, batch_size=8))]\n')
+    return str(path)
+
+
+def scalar_rows(work_dir):
+    """The rows of a run's ``vis_data/scalars.json``."""
+    (path, ) = [
+        os.path.join(root, 'scalars.json')
+        for root, _, files in os.walk(work_dir) if 'scalars.json' in files
+    ]
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_heldout_pass_under_fsdp_measures_the_whole_network(
+        repo_root, tmp_path, cpu_dist_env_factory):
+    """The held-out pass of 2 FSDP ranks (forward through the FSDP root:
+    every unit's full parameters) gives 1 process's numbers on the same
+    initial weights; and it leaves the regulariser's gather alone (agreed
+    on the held-out batch, 8 rows, the training batch of 16 would not fit:
+    every step's term would be skipped)."""
+    config = heldout_config(repo_root, tmp_path / 'heldout_fsdp.py')
+    heldout = {}
+    for nproc in (1, 2):
+        work_dir = tmp_path / f'world{nproc}'
+        fsdp_train(
+            repo_root,
+            work_dir,
+            cpu_dist_env_factory(),
+            1,
+            config=config,
+            nproc=nproc)
+        rows = scalar_rows(work_dir)
+        heldout[nproc] = [
+            r for r in rows
+            if 'epoch' in r and any(k.startswith('minfo_heldout/') for k in r)
+        ]
+        steps = [r for r in rows if 'loss_tcr' in r]
+        assert steps and all(r['reg_skipped'] == 0 for r in steps)
+    assert [r['epoch'] for r in heldout[2]] == [0, 1]
+    one, two = heldout[1][0], heldout[2][0]  # before training
+    keys = [k for k in one if k.startswith('minfo_heldout/')]
+    assert len(keys) >= 4 and sorted(keys) == sorted(
+        k for k in two if k.startswith('minfo_heldout/'))
+    for key in keys:
+        assert math.isfinite(one[key])
+        assert two[key] == pytest.approx(one[key], rel=1e-6, abs=1e-9), key

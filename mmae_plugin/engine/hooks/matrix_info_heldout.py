@@ -1,20 +1,27 @@
-"""The held-out pass of :class:`~.MatrixInfoHook`, on a copy of the model.
+"""The held-out pass of :class:`~.MatrixInfoHook`, on the training model.
 
 A fixed set of images the model never trains on, each turned into its
 augmented views once with a fixed seed, so that every measurement sees the
 same inputs and the curves over epochs show the network changing, not the
-batch. Each measurement runs the model's own training forward on a deep
-copy: the loss forward has side effects (BatchNorm statistics, BYOL's
-momentum step) that must not reach training.
+batch. Each measurement runs the model's own training forward under the
+run's autocast on the training model itself: the loss forward has side
+effects (BatchNorm statistics, BYOL's momentum step, a regulariser's skip
+code and gather layout) that must not reach training, so they are undone
+after the pass (:func:`training_state_kept`) instead of confined to a deep
+copy as before, which doubled the model's memory and, under FSDP, copied
+each rank's shards instead of the network.
 """
 import contextlib
 import copy
+import functools
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List,
+                    Optional)
 
 import numpy as np
 import torch
+from mmengine.model import is_model_wrapper
 from torch import Tensor, nn
 
 from mmae_plugin.utils.validation import (check_bool, check_choice,
@@ -26,6 +33,8 @@ from .matrix_info_taps import BranchTaps
 #: running statistics, the network as a linear probe sees it) or ``'train'``
 #: (batch statistics, as on the training batches).
 HELDOUT_MODES = ('eval', 'train')
+#: Embeddings of one batch -> its quantities.
+Measure = Callable[[List[Tensor]], Dict[str, Tensor]]
 HELDOUT_KEYS = ('dataset', 'num_batches', 'batch_size', 'seed', 'mode',
                 'interval', 'at_start')
 
@@ -113,26 +122,6 @@ def seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
         np.random.set_state(states[1])
 
 
-def _no_update(*args: Any, **kwargs: Any) -> None:
-    """Stand-in for ``BaseAveragedModel.update_parameters`` in a copy."""
-
-
-def freeze_averaged_models(model: nn.Module) -> None:
-    """Stop the momentum (EMA) networks inside ``model`` from updating.
-
-    BYOL's loss forward steps its target network before running it; the
-    held-out pass should measure the target network as training left it,
-    not one momentum step further.
-
-    Args:
-        model: A copy of the algorithm (changed in place).
-    """
-    from mmengine.model import BaseAveragedModel
-    for module in model.modules():
-        if isinstance(module, BaseAveragedModel):
-            module.update_parameters = _no_update
-
-
 def build_heldout_batches(spec: HeldoutSpec, batch_size: int,
                           collate: Callable[[list], Any]) -> List[Any]:
     """Draw, augment and collate the held-out batches once.
@@ -165,62 +154,181 @@ def build_heldout_batches(spec: HeldoutSpec, batch_size: int,
     ]
 
 
-def untapped_copy(model: nn.Module, taps: BranchTaps) -> nn.Module:
-    """A deep copy of ``model`` without ``taps``, its momentum nets frozen.
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether ``model`` is an FSDP root (its forward gathers the shards)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    return isinstance(model, FullyShardedDataParallel)
 
-    deepcopy would copy the recording hooks along (it shares functions),
-    so they are removed for the copy and put back on ``model``.
+
+def training_autocast(optim_wrapper: Any) -> Callable[[], ContextManager]:
+    """The autocast of the run's training steps, as a context factory.
+
+    ``AmpOptimWrapper.optim_context`` (also the plugin's
+    ``MixedPrecisionOptimWrapper``) runs each training forward under
+    mmengine's ``autocast(dtype=cast_dtype)``; the held-out forward uses
+    the same, so it measures the network as training runs it.
 
     Args:
-        model: The unwrapped algorithm.
-        taps: The training taps, attached to ``model`` or not.
+        optim_wrapper: The runner's built optimizer wrapper (or
+            ``OptimWrapperDict``).
 
     Returns:
-        The copy.
+        A function returning a fresh autocast context (a null context for a
+        run without mixed precision).
+
+    Raises:
+        ValueError: An ``OptimWrapperDict`` whose wrappers autocast
+            differently (the held-out forward could only follow one).
     """
-    tapped = taps.attached
-    taps.detach()
+    from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
+    from mmengine.runner.amp import autocast
+    wrappers = list(optim_wrapper.values()) if isinstance(
+        optim_wrapper, OptimWrapperDict) else [optim_wrapper]
+    casts = {
+        w.cast_dtype if isinstance(w, AmpOptimWrapper) else 'off'
+        for w in wrappers
+    }
+    if len(casts) > 1:
+        raise ValueError(
+            f'MatrixInfoHook heldout: the optim_wrapper\'s wrappers '
+            f'autocast differently ({sorted(map(str, casts))}); the held-out '
+            'forward follows one autocast: give them the same dtype')
+    cast, = casts
+    if cast == 'off':
+        return contextlib.nullcontext
+    return functools.partial(autocast, dtype=cast)
+
+
+#: What every ``nn.Module`` keeps in its ``__dict__`` (parameters, buffers,
+#: submodules, hooks, mode); the rest is the module's own state.
+_MODULE_MACHINERY = frozenset(vars(nn.Module()))
+
+#: Values a forward can only rebind, never change in place (so the reference
+#: is the snapshot).
+_KEPT_BY_REFERENCE = (Tensor, nn.Module, int, float, str, bool, tuple,
+                      frozenset, type(None))
+
+
+def _snapshot(value: Any) -> Any:
+    """A value as it is now: tensors and modules by reference (rebinding,
+    not mutation, is what a forward does to them), other objects copied
+    (a forward may mutate them, e.g. a gatherer agreeing its layout)."""
+    if isinstance(value, _KEPT_BY_REFERENCE):
+        return value
     try:
-        shadow = copy.deepcopy(model)
-    finally:
-        if tapped:
-            taps.attach(model)
-    freeze_averaged_models(shadow)
-    return shadow
+        return copy.copy(value)
+    except TypeError:  # an uncopyable handle (a lock, a process group)
+        return value
 
 
-def measure_on_copy(
-        model: nn.Module, taps: BranchTaps, batches: List[Any],
-        spec: HeldoutSpec,
-        measure: Callable[[List[Tensor]], Dict[str,
-                                               Tensor]]) -> Dict[str, float]:
-    """The quantities of the held-out batches, averaged over them.
+def own_state(module: nn.Module) -> Dict[str, Any]:
+    """The attributes of ``module`` outside ``nn.Module``'s machinery."""
+    return {
+        name: _snapshot(value)
+        for name, value in vars(module).items()
+        if name not in _MODULE_MACHINERY
+    }
+
+
+def _no_update(*args: Any, **kwargs: Any) -> None:
+    """Stand-in for ``BaseAveragedModel.update_parameters`` while frozen."""
+
+
+@contextlib.contextmanager
+def averaged_models_frozen(model: nn.Module) -> Iterator[None]:
+    """Stop the momentum (EMA) networks inside ``model`` from updating.
+
+    BYOL's loss forward steps its target network before running it; the
+    held-out pass measures the target network as training left it, not one
+    momentum step further.
 
     Args:
-        model: The unwrapped algorithm (left unchanged: the forward runs on
-            a copy).
-        taps: The training taps (their branches are tapped on the copy).
+        model: The algorithm (or its FSDP root).
+    """
+    from mmengine.model import BaseAveragedModel
+    averaged = [m for m in model.modules() if isinstance(m, BaseAveragedModel)]
+    for module in averaged:
+        module.update_parameters = _no_update
+    try:
+        yield
+    finally:
+        for module in averaged:
+            del module.update_parameters  # the class's method again
+
+
+@contextlib.contextmanager
+def training_state_kept(model: nn.Module) -> Iterator[None]:
+    """Undo, on exit, what a loss forward did to ``model`` besides outputs.
+
+    What the deep copy of the held-out pass used to isolate, without the
+    copy (which doubled the model's memory and, under FSDP, copied shards):
+    each module's train/eval mode, every buffer's values (BatchNorm running
+    statistics and counts), the modules' own attributes (a regulariser's
+    skip code, its gatherer's agreed layout) and the momentum networks
+    (frozen inside). FSDP's own wrapper state is left to FSDP. Parameters
+    need nothing: the pass runs under ``torch.no_grad()``.
+
+    Args:
+        model: The module the held-out forward runs on.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    states = [(module, own_state(module)) for module in model.modules()
+              if not is_fsdp(module)]
+    try:
+        with averaged_models_frozen(model):
+            yield
+    finally:
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(buffers[name])
+        for module, state in states:
+            vars(module).update(state)
+        for module, training in modes:
+            module.training = training
+
+
+def measure_in_place(
+        model: nn.Module, branches: List[dict], batches: List[Any],
+        spec: HeldoutSpec, measure: Measure,
+        autocast: Callable[[], ContextManager]) -> Dict[str, float]:
+    """The quantities of the held-out batches, averaged over them.
+
+    The forward runs on the training model itself, inside
+    :func:`training_state_kept`: under FSDP through the FSDP root, whose
+    forward gathers each unit's full parameters as training's does (every
+    rank runs the same batches, so the collectives match), under DDP or on
+    one device on the unwrapped algorithm.
+
+    Args:
+        model: The runner's model (wrapped or not); left as it was.
+        branches: The training taps' branches (tapped for the pass by
+            taps of its own; the training taps stay as they are).
         batches: The collated held-out batches.
         spec: The held-out settings (mode and seed).
         measure: Embeddings of one batch -> its quantities.
+        autocast: The run's training autocast (:func:`training_autocast`).
 
     Returns:
         ``{name: value}``.
     """
-    device = next(model.parameters()).device
-    shadow = untapped_copy(model, taps)
-    shadow_taps = BranchTaps(taps.branches)
-    shadow_taps.attach(shadow)
-    shadow.train(spec.mode == 'train')
+    algorithm = model.module if is_model_wrapper(model) else model
+    forward_model = model if is_fsdp(model) else algorithm
+    device = next(algorithm.parameters()).device
+    heldout_taps = BranchTaps(branches)
+    heldout_taps.attach(algorithm)
     per_batch = []
     try:
-        with torch.no_grad(), seeded_rng(spec.seed, device):
+        with training_state_kept(forward_model), torch.no_grad(), \
+                seeded_rng(spec.seed, device):
+            forward_model.train(spec.mode == 'train')
             for batch in batches:
-                data = shadow.data_preprocessor(batch, False)
-                with shadow_taps.recording():
-                    shadow(**data, mode='loss')
-                per_batch.append(measure(shadow_taps.embeddings()))
+                data = algorithm.data_preprocessor(batch, False)
+                with heldout_taps.recording(), autocast():
+                    forward_model(**data, mode='loss')
+                per_batch.append(measure(heldout_taps.embeddings()))
     finally:
-        shadow_taps.detach()
-        del shadow
+        heldout_taps.detach()
     return average_values(per_batch)

@@ -20,7 +20,7 @@ the batch (see :class:`MatrixInfoHook`).
 
 The parts live beside this file: what to tap per algorithm
 (:mod:`.matrix_info_taps`), the measurement (:mod:`.matrix_info_measure`)
-and the held-out pass on a model copy (:mod:`.matrix_info_heldout`).
+and the held-out pass (:mod:`.matrix_info_heldout`).
 """
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -38,7 +38,7 @@ from mmae_plugin.matrix_info.pooling import check_pooling_name
 from mmae_plugin.matrix_info.representation import KERNELS
 from mmae_plugin.utils.validation import check_choice, check_int, check_real
 from .matrix_info_heldout import (build_heldout_batches, checked_heldout,
-                                  measure_on_copy)
+                                  measure_in_place, training_autocast)
 from .matrix_info_measure import (FALLBACK_TCR, MAX_ALPHA, checked_tcr,
                                   measure_embeddings, objective_tcr)
 from .matrix_info_taps import (BranchTaps, checked_branch, checked_branches,
@@ -97,16 +97,18 @@ class MatrixInfoHook(Hook):
       restored after), and the collated batches are kept on the host: every
       measurement sees the same images and the same two views;
     * each batch is run through the model's own training forward
-      (``mode='loss'``) under ``torch.no_grad()``, with the forward hooks
-      tapping the same branches as on the training batches, in a copy of
-      the model (``copy.deepcopy``: the loss forward has side effects, such
-      as BatchNorm statistics, that must not reach training; the copy
-      doubles the model's memory for the duration) whose momentum networks
-      are frozen (BYOL's target branch is the target network as training
-      left it, not one momentum step further), in ``mode`` ``'eval'``
-      (BatchNorm running statistics) or ``'train'`` (batch statistics), and
-      with torch's generator seeded by ``seed`` (the same MAE masks every
-      epoch);
+      (``mode='loss'``) under ``torch.no_grad()`` and the run's autocast
+      (the optimizer wrapper's, as in a training step), with the forward
+      hooks tapping the same branches as on the training batches, on the
+      training model itself (under FSDP through the FSDP root, which
+      gathers the full parameters; no copy, so no extra memory) with its
+      momentum networks frozen (BYOL's target branch is the target network
+      as training left it, not one momentum step further), in ``mode``
+      ``'eval'`` (BatchNorm running statistics) or ``'train'`` (batch
+      statistics), and with torch's generator seeded by ``seed`` (the same
+      MAE masks every epoch). What the loss forward changes besides its
+      outputs (modes, BatchNorm statistics, the modules' own attributes,
+      random states) is restored after the pass;
     * the quantities of each batch are averaged over the batches. Every rank
       measures the same batches (no gather), so all ranks log the same.
 
@@ -186,6 +188,8 @@ class MatrixInfoHook(Hook):
         # Collated held-out batches (host memory), built in before_train.
         self._heldout_batches: List[Any] = []
         self.heldout_history: List[Dict[str, float]] = []
+        # The run's training autocast (before_train), for the held-out pass.
+        self._autocast = None
         # The forward hooks on the model's branches, made in before_run.
         self.taps: Optional[BranchTaps] = None
 
@@ -207,6 +211,7 @@ class MatrixInfoHook(Hook):
         self._warn_on_logger_interval(runner)
         if self.heldout is None:
             return
+        self._autocast = training_autocast(runner.optim_wrapper)
         self._heldout_batches = self._build_heldout(runner)
         # A resumed run (iter > 0) measured its start epoch before it stopped.
         if self.heldout.at_start and runner.iter == 0:
@@ -274,8 +279,8 @@ class MatrixInfoHook(Hook):
         """The quantities of the held-out set, averaged over its batches.
 
         Args:
-            model: The unwrapped algorithm (left unchanged: the forward
-                runs on a copy).
+            model: The runner's model, wrapped (DDP, FSDP) or not; left as
+                it was (see :func:`~.matrix_info_heldout.measure_in_place`).
 
         Returns:
             ``{name: value}`` with the keys of the training-batch values.
@@ -283,9 +288,10 @@ class MatrixInfoHook(Hook):
         if not self._heldout_batches:
             raise RuntimeError('MatrixInfoHook: the held-out set is built in '
                                'before_train; call it first')
-        return measure_on_copy(
-            model, self.taps, self._heldout_batches, self.heldout,
-            lambda embeddings: self.compute(embeddings, gather=False))
+        return measure_in_place(
+            model, self.taps.branches, self._heldout_batches, self.heldout,
+            lambda embeddings: self.compute(embeddings, gather=False),
+            self._autocast)
 
     @staticmethod
     def _model(runner) -> nn.Module:
@@ -331,7 +337,7 @@ class MatrixInfoHook(Hook):
 
     def _log_heldout(self, runner, epoch: int) -> None:
         """Measure the held-out set and write the values everywhere."""
-        values = self.measure_heldout(self._model(runner))
+        values = self.measure_heldout(runner.model)
         scalars = {
             f'{self.prefix}_heldout/{name}': value
             for name, value in values.items()

@@ -29,12 +29,29 @@ every other run in the process are left as they are.
    :func:`~.fsdp_optim_state_copy.gathered_states_copied`, so a
    ``state_dict_cfg='full'`` checkpoint written on CPU hosts keeps Adam's
    ``exp_avg`` instead of a copy of ``exp_avg_sq`` (see that module).
-"""
-from typing import Any
 
+And one check: FSDP's ``mixed_precision`` policy (``model_wrapper.
+mixed_precision.param_dtype``, the dtype each unit's parameters are
+gathered and computed in) must be the dtype the optimizer wrapper
+autocasts to (``optim_wrapper.dtype``); a float16 override of one without
+the other is refused when the optimizer wrapper is built, before any step.
+
+Initial weights need no fix: ``BaseStrategy._init_model_weights``
+broadcasts rank 0's weights after ``init_weights`` and before the FSDP
+wrap, so under ``randomness.diff_rank_seed`` (rank ``i`` seeded ``seed +
+i``) every world size starts from the weights of ``seed`` (tested on 1 and
+2 processes). FSDP's ``sync_module_states`` would broadcast them a second
+time, and refuses CPU modules.
+"""
+from typing import Any, Optional
+
+import torch
 from mmengine._strategy import FSDPStrategy
+from mmengine.device import get_device
 from mmengine.dist import get_rank
+from mmengine.optim import AmpOptimWrapper, BaseOptimWrapper
 from mmengine.registry import STRATEGIES
+from torch import nn
 
 from .fsdp_optim_state_copy import gathered_states_copied
 
@@ -52,12 +69,75 @@ def per_rank_seed(checkpoint: Any, rank: int) -> None:
         meta['seed'] -= rank
 
 
+def autocast_dtype(optim_wrapper: BaseOptimWrapper) -> Optional[torch.dtype]:
+    """The dtype ``optim_wrapper`` autocasts the forward to (None: off).
+
+    Args:
+        optim_wrapper: A built optimizer wrapper.
+
+    Returns:
+        ``cast_dtype`` of an ``AmpOptimWrapper`` (its ``None`` resolved to
+        autocast's default on this device: float16 on GPUs), else None.
+    """
+    if not isinstance(optim_wrapper, AmpOptimWrapper):
+        return None
+    if optim_wrapper.cast_dtype is not None:
+        return optim_wrapper.cast_dtype
+    return torch.get_autocast_dtype(torch.device(get_device()).type)
+
+
+def check_precision_agrees(model: nn.Module,
+                           optim_wrapper: BaseOptimWrapper) -> None:
+    """Refuse an FSDP compute dtype other than the autocast dtype.
+
+    Args:
+        model: The FSDP-wrapped model.
+        optim_wrapper: Its optimizer wrapper.
+
+    Raises:
+        ValueError: Both set and different (e.g. ``optim_wrapper.dtype=
+            float16`` for a GPU without bfloat16, with the policy's
+            bfloat16 left as it was).
+    """
+    policy = getattr(model, 'mixed_precision', None)
+    param_dtype = getattr(policy, 'param_dtype', None)
+    cast_dtype = autocast_dtype(optim_wrapper)
+    if None not in (param_dtype, cast_dtype) and param_dtype != cast_dtype:
+        name = str(param_dtype).replace('torch.', '')
+        cast = str(cast_dtype).replace('torch.', '')
+        raise ValueError(
+            f'strategy.model_wrapper.mixed_precision.param_dtype={name} '
+            f'but optim_wrapper.dtype (autocast) is {cast}: FSDP would '
+            f'compute in {name} what autocast casts to {cast}; set both to '
+            'one dtype (on GPUs without bfloat16: --cfg-options '
+            'optim_wrapper.dtype=float16 '
+            'strategy.model_wrapper.mixed_precision.param_dtype=float16)')
+
+
 @STRATEGIES.register_module()
 class MMAEFSDPStrategy(FSDPStrategy):
     """mmengine's ``FSDPStrategy`` with the fixes of this module.
 
     Takes exactly ``FSDPStrategy``'s arguments.
     """
+
+    def build_optim_wrapper(
+            self,
+            optim_wrapper: Any,
+            model: Optional[nn.Module] = None) -> BaseOptimWrapper:
+        """``FSDPStrategy.build_optim_wrapper``, then the precision check.
+
+        Args:
+            optim_wrapper: As for ``FSDPStrategy.build_optim_wrapper``.
+            model: The wrapped model (``self.model`` when None).
+
+        Returns:
+            The built optimizer wrapper.
+        """
+        built = super().build_optim_wrapper(optim_wrapper, model)
+        check_precision_agrees(model if model is not None else self.model,
+                               built)
+        return built
 
     def load_optim_state_dict(self, state_dict: dict) -> None:
         """Load an optimizer state dict this strategy saved.
