@@ -21,6 +21,10 @@ import pytest
 
 from mmae_compare.intervals import (NO_INTERVAL, mean_std, paired_interval,
                                     t_interval)
+# Imported at collection, before any test opens a log file: importing
+# submitit runs logging.config.dictConfig, which closes every open handler,
+# the FileHandler of the MMLogger a later test's init_weights writes to.
+from mmae_compare.jobs import pending_epochs
 from mmae_compare.spec import Arm, Comparison, Protocol, parse_arm
 from mmae_plugin.evaluation.lowshot import lowshot_indices
 
@@ -209,7 +213,6 @@ def test_restore_takes_up_finished_results_and_refuses_another(
     into the run folders, finished runs are skipped, the rest is pending,
     and values logged afterwards override restored curve points."""
     from mmae_compare import records
-    from mmae_compare.jobs import pending_epochs
     from mmae_compare.spec import freeze
     os.chdir(repo_root)
     spec = small_spec()
