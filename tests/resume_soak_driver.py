@@ -260,7 +260,7 @@ def soak(root, cycles, seed):
         replace_run=os.path.join(foreign_run, 'epoch_3.pth'),
         replace_config=os.path.join(other_config, 'epoch_3.pth'))
     violations, counts = [], dict(
-        kills=0, damages=0, refusals=0, episodes=0, resumes=0)
+        kills_armed=0, kills=0, damages=0, refusals=0, episodes=0, resumes=0)
     episode = None
     for cycle in range(cycles):
         if episode is None:
@@ -291,6 +291,7 @@ def soak(root, cycles, seed):
 
         before = read_record(str(work_dir))
         intact = [e for e in before.checkpoints() if e.problem() is None]
+        counts['kills_armed'] += kill_after is not None
         ended = in_child(train, kill_after)
         counts['kills'] += ended == ('signal', signal.SIGKILL)
         record = read_record(str(work_dir))

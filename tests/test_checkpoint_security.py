@@ -520,16 +520,17 @@ print('loaded')
 def test_statistic_of_allow_listed_class_loads_whatever_the_hash_seed(
         tmp_path):
     """Both the user's class and the statistic's owner stand-in claim the
-    class's path; the user's class wins under every hash seed (before the
-    fix, seeds 3 and 4 of these failed under torch 2.14: "object.__new__(X):
-    X is not a type object (RegisteredStatisticOwner)")."""
+    class's path; the user's class wins under every hash seed. Seeds 3 and
+    4 are the two of 0-5 that failed before the fix under torch 2.14
+    ("object.__new__(X): X is not a type object (RegisteredStatisticOwner)"),
+    seed 0 one that passed."""
     import subprocess
     import sys
     (tmp_path / 'owner_module.py').write_text(OWNER_MODULE)
     script = tmp_path / 'owner_script.py'
     script.write_text(OWNER_SCRIPT)
     failures = {}
-    for seed in range(6):
+    for seed in (0, 3, 4):
         result = subprocess.run(
             [sys.executable,
              str(script),

@@ -43,11 +43,13 @@ def test_quickstart_reports_the_accuracy_of_the_probe_it_saves(
         PRETRAIN_IMAGES='512',
         PRETRAIN_EPOCHS='2',
         EVAL_IMAGES='1000',
+        TEST_IMAGES='1000',
         EVAL_AMP=eval_amp,
         SEED='3')
     metrics = json.loads((tmp_path / 'metrics.json').read_text())
     message = (tmp_path / 'accuracy.txt').read_text()
     assert f"{metrics['linear/top1']:.2f} %" in message
+    assert 'on the 1,000 Fashion-MNIST test images' in message
     assert message.strip() in proc.stdout
     assert (tmp_path / 'mmae_fmnist' / 'epoch_2.pth').exists()
     dumped = (tmp_path / 'mmae_fmnist' / 'mmae_fmnist.py').read_text()
@@ -60,10 +62,11 @@ def test_quickstart_reports_the_accuracy_of_the_probe_it_saves(
         'configs/fashion_mnist/linear_fmnist_clsmean.py',
         str(tmp_path / 'linear_probe.pth'), '--work-dir',
         str(tmp_path / 'test'), '--out',
-        str(out), '--out-item', 'metrics', *amp
+        str(out), '--out-item', 'metrics', *amp, '--cfg-options',
+        'test_dataloader.dataset.indices=1000'
     ])
     top1 = json.loads(out.read_text())['accuracy/top1']
-    # One image of the 10,000 is 0.01 points; both runs use the same
+    # One image of the 1,000 is 0.1 points; both runs use the same
     # float32 classifier under the same autocast, so they agree to a
     # borderline image at most.
-    assert top1 == pytest.approx(metrics['linear/top1'], abs=0.02)
+    assert top1 == pytest.approx(metrics['linear/top1'], abs=0.11)

@@ -48,6 +48,8 @@ def quickstart(repo_root, work_dir, **env):
     ('PRETRAIN_IMAGES', '60001', 'an integer from 256 to 60000'),
     ('EVAL_IMAGES', '19', 'an integer from 20 to 60000'),
     ('EVAL_IMAGES', ' 100', 'an integer from 20 to 60000'),
+    ('TEST_IMAGES', '0', 'an integer from 1 to 10000'),
+    ('TEST_IMAGES', '10001', 'an integer from 1 to 10000'),
     ('SEED', '-1', 'an integer from 0 to 4294967295'),
     ('SEED', '4294967296', 'an integer from 0 to 4294967295'),
     ('SEED', '1e3', 'an integer from 0 to 4294967295'),

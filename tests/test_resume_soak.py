@@ -34,7 +34,10 @@ def test_random_kills_and_damage_never_break_the_invariants(
     summary = json.loads(out.read_text())
     assert summary['cycles'] == cycles
     assert summary['violations'] == []
-    # The soak exercised what it is for.
-    assert summary['kills'] >= cycles // 5
+    # The soak exercised what it is for. Whether an armed kill lands before
+    # its short run ends depends on the machine's speed: the count of armed
+    # kills is fixed by the seed, that of landed ones only bounded below.
+    assert summary['kills_armed'] >= cycles // 4
+    assert summary['kills'] >= 1
     assert summary['damages'] >= cycles // 5
     assert summary['resumes'] >= cycles // 4

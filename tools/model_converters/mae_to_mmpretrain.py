@@ -12,7 +12,8 @@ linear, fine-tune and kNN configs through
 through ``load_from``.
 
 The source is read with ``torch.load(weights_only=True)`` through the
-plugin's allow-list (``import mmae_plugin.registration``), so checkpoints
+plugin's allow-list (:func:`mmae_plugin.compat.apply_all`, what
+``import mmae_plugin.registration`` applies first), so checkpoints
 that mmengine's Runner wrote (message hub with ``HistoryBuffer`` and numpy
 arrays, under numpy 1.x or 2.x) load, and a crafted checkpoint that would
 run code is refused without running it.
@@ -47,14 +48,13 @@ import torch
 from mmae_plugin.checkpoint.atomic_write import (atomic_write_target,
                                                  open_atomically)
 from mmae_plugin.checkpoint.integrity import remove_sidecars
-from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
+from mmae_plugin.compat import apply_all
 
 # The exact classes mmengine checkpoints pickle, allow-listed for
-# weights_only (mmae_plugin.compat.checkpoint_allowlist); mmcv-lite's
-# harmless MultiScaleDeformableAttention warning (import of
-# mmpretrain.models) left out (mmae_plugin/compat/cli_warnings.py).
-with quiet_known_upstream_warnings():
-    import mmae_plugin.registration  # noqa: F401
+# weights_only (mmae_plugin.compat.checkpoint_allowlist). Only the security
+# fixes, not the registration: converting needs no mmpretrain model, and
+# leaving mmpretrain unimported halves the tool's start-up.
+apply_all()
 
 # (pattern on a source key, replacement) in the order they are tried. Block
 # internals are shared by the encoder's `blocks` and the decoder's
