@@ -6,6 +6,7 @@ import json
 import os
 import os.path as osp
 import re
+import statistics
 import subprocess
 from typing import List, Tuple
 
@@ -96,9 +97,34 @@ def test_dry_run_benchmark_figures(dry_run):
     bench = json.load(open(osp.join(out, 'bench_gpu.json')))
     assert bench['failed_cases'] == [] and 'partial' not in bench
     block = bench['amp']['float32']
-    assert set(block['cases']) == {'MAE', 'M-MAE'}
+    cases = block['cases']
+    assert set(cases) == {'MAE', 'M-MAE'}
+    for case in cases.values():
+        assert case['world_size'] == 1 and case['optim_wrapper'] == \
+            'OptimWrapper'
+        assert case['param_groups'] == 2  # merged decay / no-decay groups
+        # FlopCounterMode against the closed form from the model's shapes.
+        assert 0.9 < case['flops']['counted_over_analytic'] < 1.1
+        assert case['flops']['vit_b_recipe'] is False
+        assert case['loader_fed']['steps'] == 1
+        assert case['loader_fed']['images_per_s'] > 0
+        # 3 alternating rounds of --iters 1 step each.
+        assert [r['round'] for r in case['rounds']] == [0, 1, 2]
+        assert all(r['steps'] == 1 for r in case['rounds'])
+    mmae = cases['M-MAE']
+    # Global batch 4 x 2 = 8 rows: 2 real, 6 standing in for other ranks.
+    assert (mmae['regularised_rows'], mmae['stand_in_rows']) == (8, 6)
+    assert mmae['regulariser']['skip_code'] == 0
+    assert 'regulariser' not in cases['MAE']
     assert block['mmae_over_mae_step_ratio'] > 0
-    assert block['regulariser_ms'] > 0
+    assert block['regulariser_ms'] > 0 and 'goals' not in block
+    assert len(block['step_ratio_per_round']) == block['rounds'] == 3
+    low, high = block['step_ratio_interval_95']
+    assert low <= statistics.fmean(block['step_ratio_per_round']) <= high
+    # The regulariser alone at the gathered size (8 rows x ViT-tiny's 192).
+    assert block['regulariser_gathered_shape'] == [8, 192]
+    assert mmae['regulariser_gathered']['gather'] == 'local'
+    assert block['regulariser_gathered_ms'] > 0
     # The folder the images stage wrote: 8 images, one PNG.
     assert bench['image_folder']['root'].endswith('images')
     assert bench['dataloader_alone']['pipeline'][0] == 'LoadImageFromFile'

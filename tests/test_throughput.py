@@ -1,6 +1,5 @@
-"""Throughput components: the batched-flip data preprocessor and the GPU
-benchmark's CPU smoke run."""
-import statistics
+"""Throughput components: the batched-flip data preprocessor (the GPU
+benchmark's CPU smoke run is the bench stage of tests/test_gpu_check.py)."""
 
 import pytest
 import torch
@@ -87,75 +86,3 @@ def test_multi_view_inputs_flip_each_view():
 def test_bad_arguments_fail_at_build(kwargs, error, match):
     with pytest.raises(error, match=match):
         build(**kwargs)
-
-
-def test_gpu_benchmark_cpu_smoke(repo_root, tmp_path):
-    """bench_gpu.py --device cpu runs both models in one process on the
-    GPU code path (synthetic host batch, alternating rounds, dataloader over
-    a PIL-written folder, FlopCounterMode, the regulariser on the global
-    batch with stand-in rows and alone at the gathered size) and writes
-    complete JSON and Markdown. The ViT-B is shrunk (ViT-tiny, 32 x 32
-    images, 1 decoder layer) to keep it short."""
-    import json
-    import subprocess
-    import sys
-    out = tmp_path / 'bench.json'
-    summary = tmp_path / 'bench.md'
-    shrink = [
-        'model.backbone.arch=deit-tiny', 'model.backbone.img_size=32',
-        'model.neck.num_patches=4', 'model.neck.embed_dim=192',
-        'model.neck.decoder_embed_dim=32', 'model.neck.decoder_depth=1',
-        'model.neck.decoder_num_heads=2'
-    ]
-    proc = subprocess.run([
-        sys.executable, f'{repo_root}/dev/benchmarks/bench_gpu.py', '--device',
-        'cpu', '--iters', '2', '--image-size', '32', '--out',
-        str(out), '--markdown',
-        str(summary), '--cfg-options', *shrink
-    ],
-                          cwd=repo_root,
-                          capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result['failed_cases'] == []
-    folder = result['image_folder']
-    assert (folder['images'], folder['jpeg'], folder['png']) == (8, 7, 1)
-    assert result['dataloader_alone']['pipeline'] == [
-        'LoadImageFromFile', 'RandomResizedCrop', 'RandomFlip', 'PackInputs'
-    ]
-    block = result['amp']['float32']
-    cases = block['cases']
-    assert set(cases) == {'MAE', 'M-MAE'}
-    for case in cases.values():
-        assert case['world_size'] == 1 and case['optim_wrapper'] == \
-            'OptimWrapper'
-        assert case['images_per_s'] > 0 and case['step_ms']['median'] > 0
-        assert case['param_groups'] == 2  # merged decay / no-decay groups
-        # FlopCounterMode against the closed form from the model's shapes.
-        assert 0.9 < case['flops']['counted_over_analytic'] < 1.1
-        assert case['flops']['vit_b_recipe'] is False
-        assert case['loader_fed']['steps'] == 2
-        assert case['loader_fed']['images_per_s'] > 0
-        # 3 alternating rounds (the default) of 2 steps each.
-        assert [r['round'] for r in case['rounds']] == [0, 1, 2]
-        assert all(r['steps'] == 2 for r in case['rounds'])
-        assert case['step_ms']['min'] <= case['step_ms']['median'] <= \
-            case['step_ms']['max']
-    mmae = cases['M-MAE']
-    # Global batch 4 x 2 = 8 rows: 2 real, 6 standing in for other ranks.
-    assert (mmae['regularised_rows'], mmae['stand_in_rows']) == (8, 6)
-    assert mmae['regulariser']['skip_code'] == 0
-    assert mmae['regulariser']['rows_per_rank'] == 8
-    assert 'regulariser' not in cases['MAE']
-    assert block['mmae_over_mae_step_ratio'] > 0
-    assert block['regulariser_ms'] > 0 and 'goals' not in block
-    assert len(block['step_ratio_per_round']) == block['rounds'] == 3
-    low, high = block['step_ratio_interval_95']
-    assert low <= statistics.fmean(block['step_ratio_per_round']) <= high
-    # The regulariser alone at the gathered size (8 rows x ViT-tiny's 192).
-    assert block['regulariser_gathered_shape'] == [8, 192]
-    assert mmae['regulariser_gathered']['gather'] == 'local'
-    assert block['regulariser_gathered_ms'] > 0
-    text = summary.read_text()
-    assert '| float32 | M-MAE |' in text and 'Dataloader alone' in text
