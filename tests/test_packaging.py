@@ -158,9 +158,11 @@ def test_wheel_ships_no_development_script(repo_root, wheel):
     ]
 
 
-def test_installed_wheel_trains_a_config_outside_the_repo(
-        repo_root, wheel, tmp_path):
-    venv = tmp_path / 'venv'
+@pytest.fixture(scope='module')
+def installed(wheel, tmp_path_factory):
+    """The wheel in a fresh venv layered on this one: its python, its
+    ``.mim`` folder and the environment to run it in (no PYTHONPATH)."""
+    venv = tmp_path_factory.mktemp('installed') / 'venv'
     run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
     python = str(venv / 'bin' / 'python')
     site = run([
@@ -170,19 +172,24 @@ def test_installed_wheel_trains_a_config_outside_the_repo(
     # Layer this environment (torch, mmpretrain, pip, ...) under the new one.
     with open(osp.join(site, 'project_env.pth'), 'w') as f:
         f.write(sysconfig.get_paths()['purelib'] + '\n')
-    outside = tmp_path / 'elsewhere'
-    outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     run([python, '-m', 'pip', 'install', '-q', '--no-deps',
          str(wheel)],
-        cwd=outside,
+        cwd=str(venv.parent),
         env=env)
-    mim = osp.join(site, 'mmae_plugin', '.mim')
+    return python, osp.join(site, 'mmae_plugin', '.mim'), env
+
+
+def test_installed_wheel_trains_a_config_outside_the_repo(
+        repo_root, installed, tmp_path):
+    python, mim, env = installed
+    outside = tmp_path / 'elsewhere'
+    outside.mkdir()
     located = run(
         [python, '-c', 'import mmae_plugin; print(mmae_plugin.__file__)'],
         cwd=outside,
         env=env).stdout.strip()
-    assert located == osp.join(site, 'mmae_plugin', '__init__.py')
+    assert located == osp.join(osp.dirname(mim), '__init__.py')
     assert not osp.islink(osp.join(mim, 'configs'))
     run([
         python,
@@ -208,30 +215,11 @@ def test_installed_wheel_trains_a_config_outside_the_repo(
     assert (outside / 'zoo' / f'{name}.py').is_file()
 
 
-def install_wheel(wheel, tmp_path):
-    """The wheel in a fresh venv layered on this one; its python and env."""
-    venv = tmp_path / 'venv'
-    run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
-    python = str(venv / 'bin' / 'python')
-    site = run([
-        python, '-c', 'import sysconfig; '
-        'print(sysconfig.get_paths()["purelib"])'
-    ]).stdout.strip()
-    with open(osp.join(site, 'project_env.pth'), 'w') as f:
-        f.write(sysconfig.get_paths()['purelib'] + '\n')
-    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    run([python, '-m', 'pip', 'install', '-q', '--no-deps',
-         str(wheel)],
-        cwd=tmp_path,
-        env=env)
-    return python, osp.join(site, 'mmae_plugin', '.mim'), env
-
-
 def test_installed_wheel_runs_a_comparison_writing_only_its_out_dir(
-        wheel, tmp_path):
+        installed, tmp_path):
     """tools/compare.py from the wheel, configs named as in the repository
     (found in the package's .mim), everything under --out-dir."""
-    python, mim, env = install_wheel(wheel, tmp_path)
+    python, mim, env = installed
     outside = tmp_path / 'elsewhere'
     outside.mkdir()
     proc = run([
