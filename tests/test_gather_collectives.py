@@ -32,6 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _helpers_gloo import START_METHOD  # noqa: E402
 
 import mmae_plugin
 
@@ -215,7 +216,7 @@ def ddp_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
         args=(env, repo_root, str(out_dir / 'work'), str(out_dir)),
         nprocs=WORLD_SIZE,
         join=False,
-        start_method='spawn')
+        start_method=START_METHOD)
     deadline = time.monotonic() + 300
     # join() raises a child's exception with its traceback; the deadline
     # bounds a rank left hanging in a collective.
