@@ -36,9 +36,19 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: ``MMAE_TEST_LONG=1``: also run the tests marked ``long``.
+LONG_MODE = os.environ.get('MMAE_TEST_LONG', '0') == '1'
+
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Skip ``cuda`` tests in the CPU suite and CPU tests in CUDA mode."""
+    """Skip ``cuda`` tests in the CPU suite and CPU tests in CUDA mode;
+    skip ``long`` tests unless ``MMAE_TEST_LONG=1``."""
+    if not LONG_MODE:
+        skip_long = pytest.mark.skip(
+            reason='heavy end-to-end variant: run with MMAE_TEST_LONG=1')
+        for item in items:
+            if 'long' in item.keywords:
+                item.add_marker(skip_long)
     if CUDA_MODE:
         reason = ('CPU test: MMAE_TEST_CUDA=1 runs only the tests marked '
                   'cuda; run the CPU suite without it')

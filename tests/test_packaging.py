@@ -215,10 +215,13 @@ def test_installed_wheel_trains_a_config_outside_the_repo(
     assert (outside / 'zoo' / f'{name}.py').is_file()
 
 
+@pytest.mark.long
 def test_installed_wheel_runs_a_comparison_writing_only_its_out_dir(
         installed, tmp_path):
     """tools/compare.py from the wheel, configs named as in the repository
-    (found in the package's .mim), everything under --out-dir."""
+    (found in the package's .mim), everything under --out-dir. Long: the
+    default suite tests the tool from the repository (test_comparison.py)
+    and a tool running from the installed .mim (the training above)."""
     python, mim, env = installed
     outside = tmp_path / 'elsewhere'
     outside.mkdir()

@@ -262,9 +262,12 @@ def adam_moments(checkpoint):
     "and torch 2.11's FSDP full *model* state dict segfaults on the CPU "
     '(rank 0 in _state_dict_utils.py param_hook, clone of an unsharded '
     'parameter; measured on 2.11.0, 2.12-2.13 not measured)')
+@pytest.mark.long
 def test_fsdp_full_state_dict_resumes_bit_exactly_on_two_cpu_processes(
         repo_root, tmp_path, cpu_dist_env_factory):
-    """``state_dict_cfg='full'``: one checkpoint written by rank 0."""
+    """``state_dict_cfg='full'``: one checkpoint written by rank 0. Long:
+    the default suite resumes the recipe's local state dict end to end and
+    checks the full optimizer state's moments on two processes (above)."""
     straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
     fsdp_train(
         repo_root, straight, cpu_dist_env_factory(), 2, state_dict_cfg='full')
