@@ -128,14 +128,27 @@ def tensor_records(path):
     }
 
 
+@pytest.fixture(scope='module')
+def fsdp_heldout_run(repo_root, tmp_path_factory, cpu_dist_env_factory):
+    """2 FSDP ranks, 2 epochs of the fmnist M-MAE with the held-out pass
+    (:func:`heldout_config`), shared by the resume and held-out tests: its
+    work dir, log and config."""
+    root = tmp_path_factory.mktemp('fsdp_heldout')
+    config = heldout_config(repo_root, root / 'heldout_fsdp.py')
+    straight = root / 'straight'
+    log = fsdp_train(
+        repo_root, straight, cpu_dist_env_factory(), 2, config=config)
+    return straight, log, config
+
+
 @pytest.mark.skipif(
     TorchVersion(torch.__version__) < (2, 5),
     reason="torch 2.4's weights_only unpickler cannot rebuild the __slots__ "
     'classes of ShardedTensor (ShardMetadata); FSDP resume needs torch 2.5')
 def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
-        repo_root, tmp_path, cpu_dist_env_factory):
-    straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-    log = fsdp_train(repo_root, straight, cpu_dist_env_factory(), 2)
+        repo_root, tmp_path, cpu_dist_env_factory, fsdp_heldout_run):
+    straight, log, config = fsdp_heldout_run
+    resumed = tmp_path / 'resumed'
     # 64 images / (2 ranks x 16) = 2 iterations per epoch, logged with loss.
     assert 'Epoch(train) [2][2/2]' in log and 'loss_tcr' in log
     # FSDP's local state dict: one file of ShardedTensors per rank; the
@@ -163,7 +176,13 @@ def test_fsdp_trains_and_resumes_bit_exactly_on_two_cpu_processes(
     # folder; weights_only) and finish epoch 2.
     shutil.copytree(straight / 'epoch_1.pth', resumed / 'epoch_1.pth')
     copy_record_until(straight, resumed, 'epoch_1.pth')
-    log = fsdp_train(repo_root, resumed, cpu_dist_env_factory(), 2, '--resume')
+    log = fsdp_train(
+        repo_root,
+        resumed,
+        cpu_dist_env_factory(),
+        2,
+        '--resume',
+        config=config)
     assert f'Auto-resuming from {resumed}/epoch_1.pth' in log
     assert 'resumed epoch: 1, iter: 2' in log
     expected = tensor_records(straight / 'epoch_2.pth')
@@ -324,23 +343,18 @@ def scalar_rows(work_dir):
 
 
 def test_heldout_pass_under_fsdp_measures_the_whole_network(
-        repo_root, tmp_path, cpu_dist_env_factory):
+        repo_root, tmp_path, cpu_dist_env_factory, fsdp_heldout_run):
     """The held-out pass of 2 FSDP ranks (forward through the FSDP root:
     every unit's full parameters) gives 1 process's numbers on the same
     initial weights; and it leaves the regulariser's gather alone (agreed
     on the held-out batch, 8 rows, the training batch of 16 would not fit:
     every step's term would be skipped)."""
-    config = heldout_config(repo_root, tmp_path / 'heldout_fsdp.py')
+    two_ranks, _, config = fsdp_heldout_run
+    one_rank = tmp_path / 'world1'
+    fsdp_train(
+        repo_root, one_rank, cpu_dist_env_factory(), 1, config=config, nproc=1)
     heldout = {}
-    for nproc in (1, 2):
-        work_dir = tmp_path / f'world{nproc}'
-        fsdp_train(
-            repo_root,
-            work_dir,
-            cpu_dist_env_factory(),
-            1,
-            config=config,
-            nproc=nproc)
+    for nproc, work_dir in ((1, one_rank), (2, two_ranks)):
         rows = scalar_rows(work_dir)
         heldout[nproc] = [
             r for r in rows
@@ -348,7 +362,8 @@ def test_heldout_pass_under_fsdp_measures_the_whole_network(
         ]
         steps = [r for r in rows if 'loss_tcr' in r]
         assert steps and all(r['reg_skipped'] == 0 for r in steps)
-    assert [r['epoch'] for r in heldout[2]] == [0, 1]
+    assert [r['epoch'] for r in heldout[1]] == [0, 1]
+    assert [r['epoch'] for r in heldout[2]] == [0, 1, 2]
     one, two = heldout[1][0], heldout[2][0]  # before training
     keys = [k for k in one if k.startswith('minfo_heldout/')]
     assert len(keys) >= 4 and sorted(keys) == sorted(
