@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the whole test suite (CPU only; ~29 CPU-minutes
-# over all cores: 15-20 minutes on 2 idle cores, plus 3-5 minutes of set-up
-# on a fresh machine).
+# Set up if needed, then run the whole test suite (CPU only; about 16 minutes
+# on 2 cores, measured 15 min 44 s beside a niced background job, plus 2-5
+# minutes of set-up on a fresh machine; MMAE_TEST_LONG=1 adds the tests
+# marked long, about 20 minutes more).
 # The test files are spread over one pytest-xdist worker per core (at most
 # 4; MMAE_TEST_WORKERS overrides, 0 runs in this process), a file's tests on
 # one worker, so a module's trained fixture is trained once.
