@@ -9,7 +9,8 @@
 # configs/fashion_mnist/mmae_fmnist.py, e.g. mae_fmnist.py for the baseline);
 # PRETRAIN_IMAGES, PRETRAIN_EPOCHS, EVAL_IMAGES (training images the probe
 # and kNN use) and TEST_IMAGES (the first test images scored) change the
-# sizes; SEED the random seed (0); EVAL_CONFIG the evaluation (configs/fashion_mnist/knn_fmnist.py for the CLS token alone);
+# sizes; SEED the random seed (0); EVAL_CONFIG the evaluation
+# (configs/fashion_mnist/knn_fmnist.py for the CLS token alone);
 # EVAL_AMP=0 extracts the features in float32 instead of bfloat16 (twice as
 # slow on CPUs, the same accuracy to 0.1 point); FMNIST_ROOT points at other
 # IDX files.
