@@ -34,10 +34,12 @@ def test_random_kills_and_damage_never_break_the_invariants(
     summary = json.loads(out.read_text())
     assert summary['cycles'] == cycles
     assert summary['violations'] == []
-    # The soak exercised what it is for. Whether an armed kill lands before
-    # its short run ends depends on the machine's speed: the count of armed
-    # kills is fixed by the seed, that of landed ones only bounded below.
-    assert summary['kills_armed'] >= cycles // 4
+    # The soak exercised what it is for. The seed does not fix these counts:
+    # whether an armed kill lands before its short run ends depends on the
+    # machine's speed, and what is left to damage on where the kills landed
+    # (16 cycles, seed 3, six runs here: 6-7 armed, 2-4 landed, 3-5
+    # damages, 10-11 resumes). The floors are about half of that.
+    assert summary['kills_armed'] >= cycles // 5
     assert summary['kills'] >= 1
-    assert summary['damages'] >= cycles // 5
+    assert summary['damages'] >= cycles // 8
     assert summary['resumes'] >= cycles // 4
