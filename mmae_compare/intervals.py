@@ -109,6 +109,41 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> PairedInterval:
                           int(x.size), level)
 
 
+def welch_interval(first: Sequence[float],
+                   second: Sequence[float],
+                   level: float = 0.95) -> PairedInterval:
+    """Mean of ``first`` minus mean of ``second``, unpaired, with Welch's
+    two-sided interval (scipy's ``ttest_ind`` with unequal variances): for
+    two comparisons whose seeds do not correspond.
+
+    Args:
+        first: Values of the first comparison (one per seed).
+        second: Values of the second.
+        level: Confidence level in (0, 1).
+
+    Returns:
+        The :class:`PairedInterval` of the difference, ``n`` the smaller
+        sample; without ends if either side has fewer than 2 values or no
+        spread.
+
+    Raises:
+        ValueError: If either side is empty or not finite.
+    """
+    a, b = (np.asarray(v, dtype=np.float64) for v in (first, second))
+    for name, x in (('first', a), ('second', b)):
+        if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
+            raise ValueError(f'{name} must be a non-empty 1-D sequence of '
+                             f'finite values, got {x.tolist()}')
+    mean = float(a.mean() - b.mean())
+    n = int(min(a.size, b.size))
+    if n < 2 or (all_equal(a) and all_equal(b)):
+        return PairedInterval(mean, None, None, n, level)
+    interval = stats.ttest_ind(
+        a, b, equal_var=False).confidence_interval(confidence_level=level)
+    return PairedInterval(mean, float(interval.low), float(interval.high), n,
+                          level)
+
+
 def all_equal(values: np.ndarray) -> bool:
     """Whether ``values`` differ by no more than rounding.
 

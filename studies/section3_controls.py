@@ -18,6 +18,7 @@ method's joint entropy) and the training length (the schedule
 stretched). :func:`write_controls_page` puts them side by side with the
 intervals over seeds and a figure of the two gaps "meet" is about.
 """
+import collections
 import dataclasses
 import datetime
 import math
@@ -26,6 +27,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from mmae_compare.intervals import welch_interval
 from mmae_compare.records import read_curves, read_runs
 from mmae_compare.report import _pyplot, legend_outside, save, write_page
 from . import information_flow as flow
@@ -278,20 +280,34 @@ def gap_values(loaded: LoadedControl,
 
 def gap_rows(loaded: Sequence[LoadedControl]) -> List[str]:
     """Markdown: the end gaps "meet" is about, in nats and as a fraction
-    of ``ln d``, per control."""
+    of ``ln d``, per control, and each control's change of the fraction
+    from the base on the same seeds (Welch: the seeds of two comparisons
+    do not correspond)."""
+    base = loaded[0]
     lines = [
         '| comparison | d | epochs | quantity | SimCLR - Barlow Twins '
-        'at the end, nats (95 % CI) | / ln d |', '|---|---|---|---|---|---|'
+        'at the end, nats (95 % CI) | / ln d | change of / ln d from '
+        'the base on the same seeds (Welch 95 % CI) |',
+        '|---|---|---|---|---|---|---|'
     ]
     for item in loaded:
+        same = matched(base, item)
         for quantity in ('mutual_info', 'joint_entropy'):
             values = gap_values(item, quantity, item.last)
-            iv = flow.interval_of(values)
             share = (f'{np.mean(values) / item.ceiling:+.3f}'
                      if values else '–')
+            change = '–'
+            if item is not base and values:
+                before = gap_values(same, quantity, same.last)
+                iv = welch_interval(
+                    np.divide(values, item.ceiling),
+                    np.divide(before, same.ceiling))
+                change = iv.text(3).replace(
+                    f'(n={iv.n})', f'(n={len(values)} vs {len(before)})')
             lines.append(f'| {item.control.name} | {item.control.feature_dim}'
                          f' | {item.last} | {quantity} | '
-                         f'{flow.format_interval(iv)} | {share} |')
+                         f'{flow.format_interval(flow.interval_of(values))} | '
+                         f'{share} | {change} |')
     return lines
 
 
@@ -315,27 +331,177 @@ def ceiling_rows(loaded: Sequence[LoadedControl]) -> List[str]:
     return lines
 
 
+def seeds_of(item: LoadedControl) -> List[int]:
+    """The seeds every role's arm of ``item`` has curves for."""
+    per_arm = [{s
+                for (n, s) in item.curves if n == arm}
+               for arm in item.arms.values()]
+    return sorted(set.intersection(*per_arm)) if per_arm else []
+
+
+def matched(base: LoadedControl, item: LoadedControl) -> LoadedControl:
+    """``base`` restricted to the seeds and roles ``item`` has, so that a
+    verdict that differs is not one of seed count or of a method the
+    control did not train (``base`` itself if nothing is left out)."""
+    seeds, roles = seeds_of(item), set(item.arms)
+    if seeds == seeds_of(base) and roles == set(base.arms):
+        return base
+    arms = {r: a for r, a in base.arms.items() if r in roles}
+    curves = {
+        k: v
+        for k, v in base.curves.items()
+        if k[1] in seeds and k[0] in arms.values()
+    }
+    left_out = [base.labels[a] for r, a in base.arms.items() if r not in roles]
+    name = (f'{base.control.name} on seeds ' + ', '.join(map(str, seeds)) +
+            (f' without {", ".join(left_out)}' if left_out else ''))
+    counts = {
+        base.labels[arm]: len({s
+                               for (n, s) in curves if n == arm})
+        for arm in arms.values()
+    }
+    return dataclasses.replace(
+        base,
+        control=dataclasses.replace(base.control, name=name),
+        curves=curves,
+        arms=arms,
+        seeds=counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A statement whose verdict differs between two comparisons under
+    one reading, with the findings that moved."""
+    number: str
+    reading: str
+    before: str
+    after: str
+    findings: List[str]
+
+
+def matrix_of(item: LoadedControl) -> Dict[Reading, List[Statement]]:
+    return verdict_matrix(item.curves, item.arms, item.labels, item.mid,
+                          item.last, item.ceiling)
+
+
+def verdict_changes(base: LoadedControl, item: LoadedControl) -> List[Change]:
+    """The (statement, reading) pairs whose verdict differs from ``base``'s
+    where both measured it. Readings pair by position (the late reading
+    starts at each comparison's own mid-training epoch)."""
+    changes = []
+    for (_, before), (reading, after) in zip(
+            matrix_of(base).items(),
+            matrix_of(item).items()):
+        for number in statement_numbers({reading: after}):
+            old, new = verdict_of(before, number), verdict_of(after, number)
+            if old == new or NOT_MEASURED in (old, new):
+                continue
+            old_st = next(s for s in before if s.number == number)
+            new_st = next(s for s in after if s.number == number)
+            changes.append(
+                Change(number, reading.label(item.mid), old, new,
+                       moved_findings(old_st, new_st)))
+    return changes
+
+
+def moved_findings(before: Statement, after: Statement) -> List[str]:
+    """The parts of a statement whose finding differs, each with both
+    intervals (all parts if none differs on its own; only ``after``'s if
+    the two were measured on different methods)."""
+    if len(before.findings) != len(after.findings):
+        return [
+            f'{a.subject}: {flow.format_interval(a.interval, ratio=a.ratio)}'
+            f' {a.verdict}' for a in after.findings
+        ]
+    pairs = list(zip(before.findings, after.findings))
+    moved = [(b, a) for b, a in pairs if b.verdict != a.verdict] or pairs
+    return [
+        f'{a.subject}: {flow.format_interval(b.interval, ratio=b.ratio)} '
+        f'{b.verdict} -> {flow.format_interval(a.interval, ratio=a.ratio)} '
+        f'{a.verdict}' for b, a in moved
+    ]
+
+
+def is_reversal(change: Change) -> bool:
+    return {change.before, change.after} == {flow.HOLDS, flow.FAILS}
+
+
+def count_text(changes: Sequence[Change]) -> str:
+    """``5 verdict(s) differ, 1 of them between holds and fails (by
+    statement: 3: 4, T1: 1)``."""
+    by_number = collections.Counter(c.number for c in changes)
+    return (f'{len(changes)} verdict(s) differ, '
+            f'{sum(map(is_reversal, changes))} of them between holds and '
+            'fails' +
+            (' (by statement: ' + ', '.join(f'{n}: {k}'
+                                            for n, k in by_number.items()) +
+             ')' if changes else ''))
+
+
 def change_rows(base: LoadedControl,
                 controls: Sequence[LoadedControl]) -> List[str]:
-    """Markdown: for each control, the statements and readings whose
-    verdict differs from the base comparison's."""
-    base_matrix = verdict_matrix(base.curves, base.arms, base.labels, base.mid,
-                                 base.last, base.ceiling)
+    """Markdown: for each control, how many verdicts differ from the base
+    comparison's on the same seeds and methods (:func:`matched`) and how
+    many differ from leaving those out of the base alone; the reversals
+    (holds <-> fails) named, and every difference, with the intervals
+    that moved, in a collapsed list."""
     lines = []
     for item in controls:
-        matrix = verdict_matrix(item.curves, item.arms, item.labels, item.mid,
-                                item.last, item.ceiling)
-        changes = []
-        for (b_reading, b_st), (reading, st) in zip(base_matrix.items(),
-                                                    matrix.items()):
-            for number in statement_numbers(matrix):
-                old, new = verdict_of(b_st, number), verdict_of(st, number)
-                if old != new and NOT_MEASURED not in (old, new):
-                    changes.append(f'{number} under '
-                                   f'"{reading.label(item.mid)}": '
-                                   f'{SHORT[old]} -> {SHORT[new]}')
-        lines.append(f'- **{item.control.name}** ({item.control.title}): ' + (
-            '; '.join(changes) if changes else 'no verdict changes.'))
+        same = matched(base, item)
+        changes = verdict_changes(same, item)
+        lines.append(f'- **{item.control.name}** ({item.control.title}; seeds '
+                     f'{", ".join(map(str, seeds_of(item)))}) against '
+                     f'**{same.control.name}**: {count_text(changes)}.')
+        lines += [
+            f'  - reversed: {c.number} under "{c.reading}" '
+            f'({SHORT[c.before]} -> {SHORT[c.after]})' for c in changes
+            if is_reversal(c)
+        ]
+        if same is not base:
+            lines.append(f'  - for comparison, {same.control.name} against '
+                         f'{base.control.name}: '
+                         f'{count_text(verdict_changes(base, same))}.')
+    for item in controls:
+        same = matched(base, item)
+        entries = []
+        for c in verdict_changes(same, item):
+            entries.append(f'- {c.number} under "{c.reading}": '
+                           f'{SHORT[c.before]} -> {SHORT[c.after]}')
+            entries += [f'  - {f}' for f in c.findings]
+        if entries:
+            lines += [
+                '', f'<details><summary>{item.control.name} against '
+                f'{same.control.name}: every verdict that differs, with '
+                'the intervals that moved</summary>', '', *entries, '',
+                '</details>'
+            ]
+    return lines + [''] if lines else []
+
+
+def statement_summary(loaded: Sequence[LoadedControl]) -> List[str]:
+    """Markdown: per statement and comparison, under how many measured
+    readings it holds (the base also on each control's seeds and
+    methods)."""
+    base = loaded[0]
+    columns = [base]
+    for item in loaded[1:]:
+        same = matched(base, item)
+        if all(c.control.name != same.control.name for c in columns):
+            columns.append(same)
+    columns += list(loaded[1:])
+    matrices = [matrix_of(c) for c in columns]
+    lines = [
+        '| statement | ' +
+        ' | '.join(f'{c.control.name} (n={min(c.seeds.values())})'
+                   for c in columns) + ' |', '|---|' + '---|' * len(columns)
+    ]
+    for number in statement_numbers(matrices[0]):
+        cells = []
+        for matrix in matrices:
+            measured = [s for s in matrix.values() if s]
+            held = sum(verdict_of(s, number) == flow.HOLDS for s in measured)
+            cells.append(f'{held} of {len(measured)}')
+        lines.append(f'| {number} | ' + ' | '.join(cells) + ' |')
     return lines
 
 
@@ -391,9 +557,7 @@ def plot_gaps(loaded: Sequence[LoadedControl], path: str) -> str:
 def findings_details(item: LoadedControl) -> List[str]:
     """Collapsible findings tables of every measured reading."""
     lines = []
-    matrix = verdict_matrix(item.curves, item.arms, item.labels, item.mid,
-                            item.last, item.ceiling)
-    for reading, statements in matrix.items():
+    for reading, statements in matrix_of(item).items():
         if statements:
             lines += [
                 f'<details><summary>{item.control.name}: '
@@ -452,8 +616,7 @@ def write_controls_page(controls: Sequence[Control],
         'state. Every interval is a Student-t interval over seeds.', ''
     ]
     for item in loaded:
-        matrix = verdict_matrix(item.curves, item.arms, item.labels, item.mid,
-                                item.last, item.ceiling)
+        matrix = matrix_of(item)
         lines += [
             f'## {item.control.name}: {item.control.title}', '',
             f'd = {item.control.feature_dim} (ln d = '
@@ -463,11 +626,15 @@ def write_controls_page(controls: Sequence[Control],
             *holding_summary(matrix, item.mid), ''
         ]
     lines += [
-        '## What the controls change', '', *change_rows(loaded[0], loaded[1:]),
-        '', *gap_rows(loaded), '', *ceiling_rows(loaded), '',
+        '## What the controls change', '',
+        'Readings under which each statement holds, of those measured '
+        '(each control also against the base on its own seeds and '
+        'methods, so that a difference is not one of seed count):', '',
+        *statement_summary(loaded), '', *gap_rows(loaded), '',
+        *ceiling_rows(loaded), '',
         f'![The SimCLR - Barlow Twins gaps over training]'
         f'({link(plot_gaps(loaded, fig_path))})', '',
-        '## Findings of every reading', ''
+        *change_rows(loaded[0], loaded[1:]), '## Findings of every reading', ''
     ]
     for item in loaded:
         lines += findings_details(item)

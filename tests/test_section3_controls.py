@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from mmae_compare.intervals import welch_interval
 from mmae_compare.records import read_runs
 from mmae_compare.report import correlation_line
 from studies import information_flow as flow
@@ -183,10 +184,8 @@ def test_the_controls_page_is_written_from_runs_json(repo_root, tmp_path):
     # ln 1e12 makes the margin 1.38 nats: the MI gap of 1.18 [1.10, 1.27]
     # meets as equivalence, so statement 2 holds there.
     assert '- **base** ' not in page
-    wide = next(line for line in page.splitlines()
-                if line.startswith('- **wide**'))
-    assert ('2 under "held-out, from epoch 1, equivalence": fails -> holds'
-            in wide), wide
+    assert ('  - reversed: 2 under "held-out, from epoch 1, equivalence" '
+            '(fails -> holds)') in page.splitlines()
     assert (tmp_path / 'siamese_controls' / 'figures' /
             'gaps_over_training.png').stat().st_size > 10_000
     bad = subprocess.run([
@@ -255,3 +254,71 @@ def test_shipped_controls_page_is_rebuilt_from_runs_json(repo_root, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rebuilt = (tmp_path / 'docs' / 'siamese_controls.md').read_text()
     assert rebuilt.splitlines()[3:] == shipped.splitlines()[3:]
+
+
+def test_welch_interval_is_the_welch_satterthwaite_interval():
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        a = rng.normal(0.3, rng.uniform(0.01, 0.5), rng.integers(2, 7))
+        b = rng.normal(0.0, rng.uniform(0.01, 0.5), rng.integers(2, 7))
+        va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+        df = (va + vb)**2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+        half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+        diff = a.mean() - b.mean()
+        iv = welch_interval(a, b)
+        assert (iv.mean, iv.low, iv.high) == pytest.approx(
+            (diff, diff - half, diff + half), rel=1e-10, abs=1e-12)
+        assert iv.n == min(a.size, b.size)
+    assert not welch_interval([1.0], [2.0, 3.0]).has_interval
+    with pytest.raises(ValueError, match='second must be a non-empty'):
+        welch_interval([1.0, 2.0], [float('nan')])
+
+
+def loaded(name, curves, roles, seeds):
+    arms = {r: a for r, a in ROLES.items() if r in roles}
+    kept = {
+        k: v
+        for k, v in curves.items() if k[1] in seeds and k[0] in arms.values()
+    }
+    return s3.LoadedControl(
+        s3.Control(name, f'{name} title', '/nowhere', 128), kept, arms, LABELS,
+        30, 15, {LABELS[a]: len(seeds)
+                 for a in arms.values()})
+
+
+def test_a_control_is_compared_with_the_base_on_its_seeds_and_methods():
+    """Base: SimCLR's joint entropy 0.5 nats above the others (3 fails).
+    Control: no gap, 3 seeds, SimCLR and Barlow Twins only. The control is
+    set against the base on those seeds and methods, and the gap that
+    closed is a reversal of 3 under equivalence, with both intervals."""
+    base = loaded('base',
+                  synthetic(je=lambda a, e: 4 + e / 20 + 0.5 * (a == 0)),
+                  ROLES, range(5))
+    control = loaded('ctl', synthetic(je=lambda a, e: 4 + e / 20),
+                     {'simclr', 'barlowtwins'}, range(3))
+    same = s3.matched(base, control)
+    assert same.control.name == 'base on seeds 0, 1, 2 without BYOL, Spectral'
+    assert set(same.arms) == {'simclr', 'barlowtwins'}
+    assert {k[1] for k in same.curves} == {0, 1, 2}
+    assert s3.matched(base, base) is base
+    changes = s3.verdict_changes(same, control)
+    reversal = next(c for c in changes
+                    if c.reading == 'held-out, from epoch 1, equivalence'
+                    and c.number == '3')
+    assert (reversal.before, reversal.after) == (flow.FAILS, flow.HOLDS)
+    assert s3.is_reversal(reversal)
+    gap_line, = [f for f in reversal.findings if 'margin' in f]
+    assert 'beyond margin -> ' in gap_line and gap_line.endswith(
+        'within margin')
+    rows = s3.change_rows(base, [control])
+    assert ('  - reversed: 3 under "held-out, from epoch 1, equivalence" '
+            '(fails -> holds)') in rows
+    # The gap's change as a fraction of ln d, base on the same seeds.
+    row = next(
+        r for r in s3.gap_rows([base, control])
+        if r.startswith('| ctl ') and 'joint_entropy' in r)
+    after = np.array(s3.gap_values(control, 'joint_entropy', 30))
+    before = np.array(s3.gap_values(same, 'joint_entropy', 30))
+    expected = welch_interval(after / math.log(128), before / math.log(128))
+    assert f'{expected.mean:+.3f} [{expected.low:+.3f}' in row
+    assert expected.high < -0.5 / math.log(128) + 0.01
