@@ -46,24 +46,6 @@ class TrainingDivergedError(FloatingPointError):
     """The total training loss became NaN or infinite."""
 
 
-def logged_values(message_hub, keys) -> Dict[str, float]:
-    """The current iteration's logged values of ``keys``.
-
-    Args:
-        message_hub: ``runner.message_hub``.
-        keys: Names in the model's ``log_vars`` (``loss``, ``loss_rec``...).
-
-    Returns:
-        ``{key: value}`` as ``RuntimeInfoHook`` stored them this iteration
-        (Python floats: reading them syncs nothing).
-    """
-    scalars = message_hub.log_scalars
-    return {
-        key: float(scalars[f'train/{key}'].current())
-        for key in keys if f'train/{key}' in scalars
-    }
-
-
 def total_loss(values: Dict[str, float]) -> Optional[float]:
     """The total loss mmengine optimised, from the logged values.
 
@@ -270,10 +252,10 @@ class DivergenceHook(Hook):
             return
         keys, table = every_rank_table(outputs)
         extras = by_key(keys, table.cpu()) if keys else {}
-        values = logged_values(runner.message_hub, outputs.keys())
+        # check_step reads only the per-rank extras, so the step carries
+        # no copy of the logged values.
         self.check_step(
-            runner,
-            LoggedStep(runner.iter + 1, runner.epoch + 1, values, extras))
+            runner, LoggedStep(runner.iter + 1, runner.epoch + 1, {}, extras))
 
     def check_step(self, runner, step: LoggedStep) -> None:
         """Raise on every rank if some rank's total loss is not finite.
