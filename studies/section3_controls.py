@@ -554,6 +554,67 @@ def plot_gaps(loaded: Sequence[LoadedControl], path: str) -> str:
     return save(fig, path)
 
 
+def plot_curves(loaded: Sequence[LoadedControl], path: str) -> str:
+    """Each method's held-out mutual information and joint entropy over
+    training as a fraction of ``ln d`` (the rises of statements 1 and 3
+    and of the theorems), a column per comparison, the mean over seeds
+    with their range shaded."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        2,
+        len(loaded),
+        squeeze=False,
+        sharey='row',
+        figsize=(3.6 * len(loaded) + 1, 6))
+    colors = dict(
+        zip(flow.ROLES, plt.rcParams['axes.prop_cycle'].by_key()['color']))
+    base = loaded[0]
+    # One legend entry per method: the base's labels, not "SimCLR (512)".
+    names = {role: base.labels[arm] for role, arm in base.arms.items()}
+    for column, item in enumerate(loaded):
+        for row, quantity in enumerate(('mutual_info', 'joint_entropy')):
+            ax = axes[row][column]
+            key = flow.quantity_key('minfo_heldout', quantity)
+            for role, arm in item.arms.items():
+                epochs = sorted({
+                    e
+                    for (n, _), run in item.curves.items() if n == arm
+                    for e in run.get(key, {})
+                })
+                values = [
+                    np.array(
+                        list(
+                            flow.values_at(item.curves, arm, key, e).values()))
+                    / item.ceiling for e in epochs
+                ]
+                ax.plot(
+                    epochs, [v.mean() for v in values],
+                    marker='.' if len(epochs) <= 40 else None,
+                    color=colors[role],
+                    label=names.get(role, role))
+                ax.fill_between(
+                    epochs, [v.min() for v in values],
+                    [v.max() for v in values],
+                    color=colors[role],
+                    alpha=0.2,
+                    lw=0)
+            if quantity == 'joint_entropy':
+                ax.axhline(1, color='0.3', ls='--', lw=0.8, label='ln d')
+                ax.set_xlabel('epoch')
+            else:
+                ax.set_title(f'{item.control.name} (d='
+                             f'{item.control.feature_dim}, {item.last} ep.)')
+            if column == 0:
+                ax.set_ylabel(f'{quantity} / ln d')
+            ax.grid(alpha=0.3)
+    legend_outside(fig, axes)
+    fig.suptitle('Held-out mutual information and joint entropy per method '
+                 '(mean over seeds, range shaded; epoch 0 is the '
+                 'initialisation)')
+    fig.tight_layout()
+    return save(fig, path)
+
+
 def findings_details(item: LoadedControl) -> List[str]:
     """Collapsible findings tables of every measured reading."""
     lines = []
@@ -588,6 +649,7 @@ def write_controls_page(controls: Sequence[Control],
     fig_path = osp.join(
         osp.dirname(report), 'siamese_controls', 'figures',
         'gaps_over_training.png')
+    curves_path = osp.join(osp.dirname(fig_path), 'curves_by_control.png')
     link = lambda path: osp.relpath(path, osp.dirname(report))  # noqa: E731
     margin = flow.MEET_MARGIN_FRACTION
     lines = [
@@ -634,6 +696,8 @@ def write_controls_page(controls: Sequence[Control],
         *ceiling_rows(loaded), '',
         f'![The SimCLR - Barlow Twins gaps over training]'
         f'({link(plot_gaps(loaded, fig_path))})', '',
+        f'![Each method\'s mutual information and joint entropy over '
+        f'training]({link(plot_curves(loaded, curves_path))})', '',
         *change_rows(loaded[0], loaded[1:]), '## Findings of every reading', ''
     ]
     for item in loaded:

@@ -186,8 +186,10 @@ def test_the_controls_page_is_written_from_runs_json(repo_root, tmp_path):
     assert '- **base** ' not in page
     assert ('  - reversed: 2 under "held-out, from epoch 1, equivalence" '
             '(fails -> holds)') in page.splitlines()
-    assert (tmp_path / 'siamese_controls' / 'figures' /
-            'gaps_over_training.png').stat().st_size > 10_000
+    for figure in ('gaps_over_training.png', 'curves_by_control.png'):
+        assert (tmp_path / 'siamese_controls' / 'figures' /
+                figure).stat().st_size > 10_000
+        assert f'(siamese_controls/figures/{figure})' in page
     bad = subprocess.run([
         sys.executable, 'tools/analysis/section3_controls.py', '--control',
         'base=x:wide:t', '--report',
