@@ -342,7 +342,11 @@ def seeds_of(item: LoadedControl) -> List[int]:
 def matched(base: LoadedControl, item: LoadedControl) -> LoadedControl:
     """``base`` restricted to the seeds and roles ``item`` has, so that a
     verdict that differs is not one of seed count or of a method the
-    control did not train (``base`` itself if nothing is left out)."""
+    control did not train (``base`` itself if nothing is left out).
+
+    Raises:
+        ValueError: If ``base`` has none of ``item``'s seeds.
+    """
     seeds, roles = seeds_of(item), set(item.arms)
     if seeds == seeds_of(base) and roles == set(base.arms):
         return base
@@ -352,6 +356,10 @@ def matched(base: LoadedControl, item: LoadedControl) -> LoadedControl:
         for k, v in base.curves.items()
         if k[1] in seeds and k[0] in arms.values()
     }
+    if not curves:
+        raise ValueError(f'{base.control.name} has no run with the seeds '
+                         f'{seeds} of {item.control.name}: a control must '
+                         'repeat some of its seeds')
     left_out = [base.labels[a] for r, a in base.arms.items() if r not in roles]
     name = (f'{base.control.name} on seeds ' + ', '.join(map(str, seeds)) +
             (f' without {", ".join(left_out)}' if left_out else ''))

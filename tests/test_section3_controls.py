@@ -5,6 +5,7 @@ t-tests (two one-sided tests), the theorem statements and the verdict
 matrix on curves whose answer is known by construction, and the controls
 page and the report's correlations on the committed Siamese campaign.
 """
+import dataclasses
 import math
 import shutil
 import subprocess
@@ -303,6 +304,12 @@ def test_a_control_is_compared_with_the_base_on_its_seeds_and_methods():
     assert set(same.arms) == {'simclr', 'barlowtwins'}
     assert {k[1] for k in same.curves} == {0, 1, 2}
     assert s3.matched(base, base) is base
+    elsewhere = dataclasses.replace(
+        control,
+        curves={(n, s + 10): v
+                for (n, s), v in control.curves.items()})
+    with pytest.raises(ValueError, match=r'no run with the seeds \[10, 11'):
+        s3.matched(base, elsewhere)
     changes = s3.verdict_changes(same, control)
     reversal = next(c for c in changes
                     if c.reading == 'held-out, from epoch 1, equivalence'
