@@ -144,10 +144,10 @@ def report(name, ours, reference):
     torch.testing.assert_close(ours, reference, **TOL)
 
 
-def test_encoder_features_equal_through_pretrained_init(
-        fair_checkpoint, converted):
-    vit, *_ = fair_checkpoint
-    backbone = MODELS.build(
+def pretrained_backbone(checkpoint):
+    """mmpretrain's ViT with its ``Pretrained`` init on ``checkpoint``'s
+    ``backbone.`` weights (loaded by ``init_weights``)."""
+    return MODELS.build(
         dict(
             type='VisionTransformer',
             arch=ARCH,
@@ -157,8 +157,14 @@ def test_encoder_features_equal_through_pretrained_init(
             final_norm=True,
             init_cfg=dict(
                 type='Pretrained',
-                checkpoint=str(converted),
+                checkpoint=str(checkpoint),
                 prefix='backbone.')))
+
+
+def test_encoder_features_equal_through_pretrained_init(
+        fair_checkpoint, converted):
+    vit, *_ = fair_checkpoint
+    backbone = pretrained_backbone(converted)
     images = torch.randn(
         4, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
     backbone.eval()  # (mmpretrain's ViT.train returns None)
@@ -356,16 +362,7 @@ def test_converter_converts_runner_checkpoint(runner_checkpoint, tmp_path):
     proc = run_converter(path, dst)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'backbone, head' in proc.stdout
-    backbone = MODELS.build(
-        dict(
-            type='VisionTransformer',
-            arch=ARCH,
-            img_size=IMG,
-            patch_size=PATCH,
-            out_type='raw',
-            final_norm=True,
-            init_cfg=dict(
-                type='Pretrained', checkpoint=str(dst), prefix='backbone.')))
+    backbone = pretrained_backbone(dst)
     backbone.init_weights()
     backbone.eval()
     images = torch.randn(
