@@ -21,9 +21,10 @@ intervals over seeds and a figure of the two gaps "meet" is about.
 import collections
 import dataclasses
 import datetime
+import functools
 import math
 import os.path as osp
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -243,6 +244,13 @@ class LoadedControl:
     def ceiling(self) -> float:
         return math.log(self.control.feature_dim)
 
+    @functools.cached_property
+    def matrix(self) -> Dict[Reading, List[Statement]]:
+        """Every reading's decided statements (:func:`verdict_matrix`),
+        computed once: the page reads them for several tables."""
+        return verdict_matrix(self.curves, self.arms, self.labels, self.mid,
+                              self.last, self.ceiling)
+
 
 def load_control(control: Control) -> LoadedControl:
     """Read a control's ``runs.json`` (spec and curves).
@@ -278,20 +286,22 @@ def gap_values(loaded: LoadedControl,
                  loaded.arms['barlowtwins'], key, epoch).values())
 
 
-def gap_rows(loaded: Sequence[LoadedControl]) -> List[str]:
+#: A control and the base on its seeds and methods (:func:`matched`).
+Pair = Tuple[LoadedControl, LoadedControl]
+
+
+def gap_rows(base: LoadedControl, pairs: Sequence[Pair]) -> List[str]:
     """Markdown: the end gaps "meet" is about, in nats and as a fraction
-    of ``ln d``, per control, and each control's change of the fraction
-    from the base on the same seeds (Welch: the seeds of two comparisons
-    do not correspond)."""
-    base = loaded[0]
+    of ``ln d``, for the base and each control, and each control's change
+    of the fraction from the base on the same seeds (Welch: the seeds of
+    two comparisons do not correspond)."""
     lines = [
         '| comparison | d | epochs | quantity | SimCLR - Barlow Twins '
         'at the end, nats (95 % CI) | / ln d | change of / ln d from '
         'the base on the same seeds (Welch 95 % CI) |',
         '|---|---|---|---|---|---|---|'
     ]
-    for item in loaded:
-        same = matched(base, item)
+    for item, same in [(base, base), *pairs]:
         for quantity in ('mutual_info', 'joint_entropy'):
             values = gap_values(item, quantity, item.last)
             share = (f'{np.mean(values) / item.ceiling:+.3f}'
@@ -299,11 +309,9 @@ def gap_rows(loaded: Sequence[LoadedControl]) -> List[str]:
             change = '–'
             if item is not base and values:
                 before = gap_values(same, quantity, same.last)
-                iv = welch_interval(
+                change = welch_interval(
                     np.divide(values, item.ceiling),
-                    np.divide(before, same.ceiling))
-                change = iv.text(3).replace(
-                    f'(n={iv.n})', f'(n={len(values)} vs {len(before)})')
+                    np.divide(before, same.ceiling)).text(3)
             lines.append(f'| {item.control.name} | {item.control.feature_dim}'
                          f' | {item.last} | {quantity} | '
                          f'{flow.format_interval(flow.interval_of(values))} | '
@@ -387,19 +395,13 @@ class Change:
     findings: List[str]
 
 
-def matrix_of(item: LoadedControl) -> Dict[Reading, List[Statement]]:
-    return verdict_matrix(item.curves, item.arms, item.labels, item.mid,
-                          item.last, item.ceiling)
-
-
 def verdict_changes(base: LoadedControl, item: LoadedControl) -> List[Change]:
     """The (statement, reading) pairs whose verdict differs from ``base``'s
     where both measured it. Readings pair by position (the late reading
     starts at each comparison's own mid-training epoch)."""
     changes = []
-    for (_, before), (reading, after) in zip(
-            matrix_of(base).items(),
-            matrix_of(item).items()):
+    for (_, before), (reading, after) in zip(base.matrix.items(),
+                                             item.matrix.items()):
         for number in statement_numbers({reading: after}):
             old, new = verdict_of(before, number), verdict_of(after, number)
             if old == new or NOT_MEASURED in (old, new):
@@ -446,16 +448,14 @@ def count_text(changes: Sequence[Change]) -> str:
              ')' if changes else ''))
 
 
-def change_rows(base: LoadedControl,
-                controls: Sequence[LoadedControl]) -> List[str]:
+def change_rows(base: LoadedControl, pairs: Sequence[Pair]) -> List[str]:
     """Markdown: for each control, how many verdicts differ from the base
     comparison's on the same seeds and methods (:func:`matched`) and how
     many differ from leaving those out of the base alone; the reversals
     (holds <-> fails) named, and every difference, with the intervals
     that moved, in a collapsed list."""
-    lines = []
-    for item in controls:
-        same = matched(base, item)
+    lines, details = [], []
+    for item, same in pairs:
         changes = verdict_changes(same, item)
         lines.append(f'- **{item.control.name}** ({item.control.title}; seeds '
                      f'{", ".join(map(str, seeds_of(item)))}) against '
@@ -469,35 +469,32 @@ def change_rows(base: LoadedControl,
             lines.append(f'  - for comparison, {same.control.name} against '
                          f'{base.control.name}: '
                          f'{count_text(verdict_changes(base, same))}.')
-    for item in controls:
-        same = matched(base, item)
         entries = []
-        for c in verdict_changes(same, item):
+        for c in changes:
             entries.append(f'- {c.number} under "{c.reading}": '
                            f'{SHORT[c.before]} -> {SHORT[c.after]}')
             entries += [f'  - {f}' for f in c.findings]
         if entries:
-            lines += [
+            details += [
                 '', f'<details><summary>{item.control.name} against '
                 f'{same.control.name}: every verdict that differs, with '
                 'the intervals that moved</summary>', '', *entries, '',
                 '</details>'
             ]
+    lines += details
     return lines + [''] if lines else []
 
 
-def statement_summary(loaded: Sequence[LoadedControl]) -> List[str]:
+def statement_summary(base: LoadedControl, pairs: Sequence[Pair]) -> List[str]:
     """Markdown: per statement and comparison, under how many measured
     readings it holds (the base also on each control's seeds and
     methods)."""
-    base = loaded[0]
     columns = [base]
-    for item in loaded[1:]:
-        same = matched(base, item)
+    for _, same in pairs:
         if all(c.control.name != same.control.name for c in columns):
             columns.append(same)
-    columns += list(loaded[1:])
-    matrices = [matrix_of(c) for c in columns]
+    columns += [item for item, _ in pairs]
+    matrices = [c.matrix for c in columns]
     lines = [
         '| statement | ' +
         ' | '.join(f'{c.control.name} (n={min(c.seeds.values())})'
@@ -626,7 +623,7 @@ def plot_curves(loaded: Sequence[LoadedControl], path: str) -> str:
 def findings_details(item: LoadedControl) -> List[str]:
     """Collapsible findings tables of every measured reading."""
     lines = []
-    for reading, statements in matrix_of(item).items():
+    for reading, statements in item.matrix.items():
         if statements:
             lines += [
                 f'<details><summary>{item.control.name}: '
@@ -653,6 +650,8 @@ def write_controls_page(controls: Sequence[Control],
         The page's path.
     """
     loaded = [load_control(c) for c in controls]
+    base = loaded[0]
+    pairs = [(item, matched(base, item)) for item in loaded[1:]]
     report = osp.abspath(report)
     fig_path = osp.join(
         osp.dirname(report), 'siamese_controls', 'figures',
@@ -686,7 +685,7 @@ def write_controls_page(controls: Sequence[Control],
         'state. Every interval is a Student-t interval over seeds.', ''
     ]
     for item in loaded:
-        matrix = matrix_of(item)
+        matrix = item.matrix
         lines += [
             f'## {item.control.name}: {item.control.title}', '',
             f'd = {item.control.feature_dim} (ln d = '
@@ -700,13 +699,13 @@ def write_controls_page(controls: Sequence[Control],
         'Readings under which each statement holds, of those measured '
         '(each control also against the base on its own seeds and '
         'methods, so that a difference is not one of seed count):', '',
-        *statement_summary(loaded), '', *gap_rows(loaded), '',
+        *statement_summary(base, pairs), '', *gap_rows(base, pairs), '',
         *ceiling_rows(loaded), '',
         f'![The SimCLR - Barlow Twins gaps over training]'
         f'({link(plot_gaps(loaded, fig_path))})', '',
         f'![Each method\'s mutual information and joint entropy over '
         f'training]({link(plot_curves(loaded, curves_path))})', '',
-        *change_rows(loaded[0], loaded[1:]), '## Findings of every reading', ''
+        *change_rows(base, pairs), '## Findings of every reading', ''
     ]
     for item in loaded:
         lines += findings_details(item)

@@ -319,12 +319,12 @@ def test_a_control_is_compared_with_the_base_on_its_seeds_and_methods():
     gap_line, = [f for f in reversal.findings if 'margin' in f]
     assert 'beyond margin -> ' in gap_line and gap_line.endswith(
         'within margin')
-    rows = s3.change_rows(base, [control])
+    rows = s3.change_rows(base, [(control, same)])
     assert ('  - reversed: 3 under "held-out, from epoch 1, equivalence" '
             '(fails -> holds)') in rows
     # The gap's change as a fraction of ln d, base on the same seeds.
     row = next(
-        r for r in s3.gap_rows([base, control])
+        r for r in s3.gap_rows(base, [(control, same)])
         if r.startswith('| ctl ') and 'joint_entropy' in r)
     after = np.array(s3.gap_values(control, 'joint_entropy', 30))
     before = np.array(s3.gap_values(same, 'joint_entropy', 30))
