@@ -33,6 +33,7 @@ from mmae_compare.records import read_curves, read_runs
 from mmae_compare.report import _pyplot, legend_outside, save, write_page
 from . import information_flow as flow
 from .information_flow import RunCurves, Statement
+from .information_flow_report import seed_curves
 
 #: The verdict of a reading whose baseline was never logged.
 NOT_MEASURED = 'not measured'
@@ -581,17 +582,9 @@ def plot_curves(loaded: Sequence[LoadedControl], path: str) -> str:
             ax = axes[row][column]
             key = flow.quantity_key('minfo_heldout', quantity)
             for role, arm in item.arms.items():
-                epochs = sorted({
-                    e
-                    for (n, _), run in item.curves.items() if n == arm
-                    for e in run.get(key, {})
-                })
-                values = [
-                    np.array(
-                        list(
-                            flow.values_at(item.curves, arm, key, e).values()))
-                    / item.ceiling for e in epochs
-                ]
+                points = seed_curves(item.curves, arm, key)
+                epochs = list(points)
+                values = [np.array(v) / item.ceiling for v in points.values()]
                 ax.plot(
                     epochs, [v.mean() for v in values],
                     marker='.' if len(epochs) <= 40 else None,
