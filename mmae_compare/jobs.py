@@ -161,7 +161,14 @@ def evaluate(out_dir: str, spec: Comparison, arm: str, seed: int,
         'checkpoint': osp.relpath(checkpoint, out_dir)
     }
     eval_file = layout.eval_path(out_dir, arm, seed, epoch)
-    if protocol.eval_config is not None:
+    if protocol.evaluation == 'mosaic':
+        from .protocol import evaluate_mosaic_checkpoint
+        record.update(
+            evaluate_mosaic_checkpoint(
+                layout.frozen_config_path(out_dir, 'eval'), checkpoint, seed,
+                protocol.poolings, protocol.shots, protocol.weight_decay,
+                protocol.bank_images, protocol.test_images))
+    elif protocol.eval_config is not None:
         record.update(
             evaluate_checkpoint(
                 layout.frozen_config_path(out_dir, 'eval'),

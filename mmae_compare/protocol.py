@@ -154,6 +154,48 @@ def evaluate_checkpoint(
         ``<pooling>/<metric>`` per pooling (see :func:`feature_metrics`),
         plus ``train_images`` and ``test_images``.
     """
+    model, train_x, train_y, test_x, test_y = checkpoint_features(
+        eval_config, checkpoint, bank_images, test_images)
+    pooling = getattr(model, 'pooling', 'cls')
+    if features_out is not None:
+        save_features(features_out, test_x, test_y, pooling)
+    metrics = {
+        'train_images': int(train_x.shape[0]),
+        'test_images': int(test_x.shape[0])
+    }
+    train = split_poolings(train_x, pooling, poolings)
+    test = split_poolings(test_x, pooling, poolings)
+    for name in poolings:
+        values = feature_metrics(train[name], train_y, test[name], test_y,
+                                 model.num_classes, seed, shots, model.k,
+                                 model.temperature, weight_decay)
+        metrics.update(
+            {f'{name}/{key}': value
+             for key, value in values.items()})
+    return metrics
+
+
+def checkpoint_features(eval_config: str,
+                        checkpoint: str,
+                        bank_images: Optional[int] = None,
+                        test_images: Optional[int] = None,
+                        return_config: bool = False):
+    """The frozen features of a checkpoint's encoder (float32, no autocast:
+    the numbers carry no AMP noise).
+
+    Args:
+        eval_config: A ``KNNClassifier`` config: its ``model.prototype``
+            dataloader gives the training images, its ``test_dataloader``
+            the test images.
+        checkpoint: Checkpoint with ``backbone.*`` weights.
+        bank_images: Use the first N training images (``None``: all).
+        test_images: Use the first M test images (``None``: all).
+        return_config: Also return the merged config.
+
+    Returns:
+        ``(model, train_x, train_y, test_x, test_y)`` (and the config),
+        features in dataset order; the labels are each image's first.
+    """
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmengine.runner import load_checkpoint
@@ -176,22 +218,66 @@ def evaluate_checkpoint(
     model = build_model(cfg)
     verify_before_loading(checkpoint)
     load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
-    # float32 features (no autocast): the numbers carry no AMP noise.
     train_x, train_y = extract_features(model, cfg.model.prototype)
     test_x, test_y = extract_features(model, cfg.test_dataloader)
-    pooling = getattr(model, 'pooling', 'cls')
-    if features_out is not None:
-        save_features(features_out, test_x, test_y, pooling)
+    found = (model, train_x, train_y, test_x, test_y)
+    return found + (cfg, ) if return_config else found
+
+
+def evaluate_mosaic_checkpoint(
+        eval_config: str,
+        checkpoint: str,
+        seed: int,
+        poolings: Sequence[str] = ('cls', 'mean'),
+        shots: Sequence[int] = (10, ),
+        weight_decay: float = 1e-4,
+        bank_images: Optional[int] = None,
+        test_images: Optional[int] = None) -> Dict[str, float]:
+    """Mosaic readings of a checkpoint's encoder on each pooling.
+
+    Args:
+        eval_config: A ``KNNClassifier`` config over
+            ``FashionMNISTMosaic`` data
+            (``configs/fashion_mnist_mosaic/features_mosaic.py``).
+        checkpoint: Checkpoint with ``backbone.*`` weights.
+        seed: The run's seed (fixes the low-shot draws).
+        poolings: The poolings reported (see :func:`split_poolings`).
+        shots: Labels per class of the low-shot probes.
+        weight_decay: L2 coefficient of every probe.
+        bank_images: Use the first N training mosaics (``None``: all).
+        test_images: Use the first M test mosaics (``None``: all).
+
+    Returns:
+        ``<pooling>/<metric>`` per pooling (see
+        :func:`~mmae_plugin.evaluation.mosaic.mosaic_metrics`), plus
+        ``train_images`` and ``test_images``.
+    """
+    from mmpretrain.registry import DATASETS
+
+    from mmae_plugin.evaluation.mosaic import mosaic_metrics
+    model, train_x, _, test_x, _, cfg = checkpoint_features(
+        eval_config, checkpoint, bank_images, test_images, True)
+    train_cells = torch.as_tensor(
+        DATASETS.build(cfg.model.prototype.dataset).get_gt_labels())
+    test_cells = torch.as_tensor(
+        DATASETS.build(cfg.test_dataloader.dataset).get_gt_labels())
     metrics = {
         'train_images': int(train_x.shape[0]),
         'test_images': int(test_x.shape[0])
     }
+    pooling = getattr(model, 'pooling', 'cls')
     train = split_poolings(train_x, pooling, poolings)
     test = split_poolings(test_x, pooling, poolings)
     for name in poolings:
-        values = feature_metrics(train[name], train_y, test[name], test_y,
-                                 model.num_classes, seed, shots, model.k,
-                                 model.temperature, weight_decay)
+        values = mosaic_metrics(
+            train[name],
+            train_cells,
+            test[name],
+            test_cells,
+            seed,
+            num_classes=model.num_classes,
+            shots=shots,
+            weight_decay=weight_decay)
         metrics.update(
             {f'{name}/{key}': value
              for key, value in values.items()})

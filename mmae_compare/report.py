@@ -51,7 +51,20 @@ def metric_label(key: str) -> str:
     shots = re.fullmatch(r'lowshot(\d+)_top1', key)
     if shots:
         return f'{shots.group(1)}-shot/class linear top-1 (%)'
+    if key in MOSAIC_LABELS:
+        return MOSAIC_LABELS[key]
+    shots = re.fullmatch(r'cell_lowshot(\d+)_top1', key)
+    if shots:
+        return f'per-cell {shots.group(1)}-shot/class linear top-1 (%)'
     return key.split('/')[-1] if key.startswith('repr/') else key
+
+
+#: Table names of the mosaic evaluation's headline metrics
+#: (:mod:`mmae_plugin.evaluation.mosaic`).
+MOSAIC_LABELS = {
+    'cell_linear_top1': 'per-cell linear probe top-1 (%)',
+    'presence_balanced_top1': 'presence balanced accuracy (%)',
+}
 
 
 def kernel_label(key: str) -> str:
@@ -85,7 +98,12 @@ def accuracy_keys(rows: List[dict], pooling: str) -> List[str]:
     }
     lowshot = sorted((k for k in keys if re.fullmatch(r'lowshot\d+_top1', k)),
                      key=lambda k: int(re.sub(r'\D', '', k)))
-    return [k for k in ('linear_top1', 'knn_top1') if k in keys] + lowshot
+    cell_lowshot = sorted(
+        (k for k in keys if re.fullmatch(r'cell_lowshot\d+_top1', k)),
+        key=lambda k: int(re.sub(r'\D', '', k)))
+    headline = ('linear_top1', 'knn_top1', 'cell_linear_top1')
+    return ([k for k in headline if k in keys] + lowshot + cell_lowshot +
+            [k for k in ('presence_balanced_top1', ) if k in keys])
 
 
 def rank_keys(rows: List[dict], pooling: str) -> List[str]:

@@ -27,6 +27,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 #: the mean patch token and both concatenated, as ``pool_tokens`` makes
 #: them); kept here as text so the spec imports no framework.
 POOLINGS = ('cls', 'mean', 'cls+mean')
+#: Frozen evaluations: ``'frozen'`` (kNN, linear and low-shot probes of one
+#: label per image, :func:`.protocol.evaluate_checkpoint`) or ``'mosaic'``
+#: (per-cell, principal-subspace and presence probes of mosaics,
+#: :func:`.protocol.evaluate_mosaic_checkpoint`).
+EVALUATIONS = ('frozen', 'mosaic')
 #: The config value of an arm that trains nothing: the evaluation
 #: encoder's own initialisation under the seed (a random-init control).
 RANDOM_INIT = 'random'
@@ -83,6 +88,8 @@ class Protocol:
         weight_decay: L2 coefficient of every linear probe.
         test_configs: ``(name, config)`` pairs run as ``tools/test.py``
             runs on the checkpoint; their metrics are ``<name>/<metric>``.
+        evaluation: What the frozen evaluation computes, one of
+            :data:`EVALUATIONS`.
     """
     eval_config: Optional[str] = None
     poolings: Tuple[str, ...] = ('cls', 'cls+mean')
@@ -91,6 +98,7 @@ class Protocol:
     test_images: Optional[int] = None
     weight_decay: float = 1e-4
     test_configs: Tuple[Tuple[str, str], ...] = ()
+    evaluation: str = 'frozen'
 
     def __post_init__(self):
         object.__setattr__(self, 'poolings', tuple(self.poolings))
@@ -188,6 +196,12 @@ def check_comparison(spec: Comparison) -> None:
 def check_protocol(protocol: Protocol, arms: Sequence[Arm]) -> None:
     """Raise ``ValueError`` for a protocol that evaluates nothing or asks
     for what it cannot give."""
+    if protocol.evaluation not in EVALUATIONS:
+        raise ValueError(f'evaluation must be one of {EVALUATIONS}, got '
+                         f'{protocol.evaluation!r}')
+    if protocol.evaluation == 'mosaic' and protocol.eval_config is None:
+        raise ValueError("evaluation 'mosaic' needs an evaluation config "
+                         '(configs/fashion_mnist_mosaic/features_mosaic.py)')
     if protocol.eval_config is None and not protocol.test_configs:
         raise ValueError('the protocol evaluates nothing: give an '
                          'evaluation config or test configs')

@@ -106,6 +106,13 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         '--test-images', type=positive, help='first M test images classified')
     group.add_argument(
+        '--evaluation',
+        choices=layout.EVALUATIONS,
+        default='frozen',
+        help='frozen: kNN, linear and low-shot probes of one label per '
+        'image; mosaic: per-cell, principal-subspace and presence probes '
+        'of FashionMNISTMosaic features (docs/mosaic.md)')
+    group.add_argument(
         '--weight-decay',
         type=float,
         default=1e-4,
@@ -209,7 +216,8 @@ def spec_of(args: argparse.Namespace) -> Comparison:
     protocol = Protocol(args.eval_config, tuple(args.poolings),
                         tuple(args.shots), args.bank_images, args.test_images,
                         args.weight_decay,
-                        tuple(pairs(args.test_config, '--test-config')))
+                        tuple(pairs(args.test_config,
+                                    '--test-config')), args.evaluation)
     return Comparison(
         tuple(arms), args.reference, tuple(args.seeds), args.epochs,
         tuple(args.eval_epochs or [args.epochs]), protocol, args.images,

@@ -1,3 +1,6 @@
 from .fashion_mnist import DEFAULT_FASHION_MNIST_ROOT, GzipFashionMNIST
+from .fashion_mnist_mosaic import FashionMNISTMosaic
 
-__all__ = ['DEFAULT_FASHION_MNIST_ROOT', 'GzipFashionMNIST']
+__all__ = [
+    'DEFAULT_FASHION_MNIST_ROOT', 'GzipFashionMNIST', 'FashionMNISTMosaic'
+]

@@ -129,11 +129,7 @@ class GzipFashionMNIST(FashionMNIST):
             **kwargs)
 
     def _locate(self, gz_name: str) -> Optional[str]:
-        root = self.data_prefix['root']
-        for name in (gz_name[:-len('.gz')], gz_name):
-            if osp.isfile(osp.join(root, name)):
-                return osp.join(root, name)
-        return None
+        return locate_idx_file(self.data_prefix['root'], gz_name)
 
     def _check_exists(self) -> bool:
         return all(
@@ -183,6 +179,44 @@ class GzipFashionMNIST(FashionMNIST):
                 f'{int(labels[bad][0])} at index {int(bad.argmax())}); '
                 f'allowed 0..{NUM_CLASSES - 1}')
         return images, labels
+
+
+def locate_idx_file(root: str, gz_name: str) -> Optional[str]:
+    """``root/gz_name`` decompressed if that file exists, else gzipped if
+    that exists, else None."""
+    for name in (gz_name[:-len('.gz')], gz_name):
+        if osp.isfile(osp.join(root, name)):
+            return osp.join(root, name)
+    return None
+
+
+def read_split(data_root: str, split: str):
+    """Images (N, 28, 28) uint8 and labels (N,) of one split, checked.
+
+    Args:
+        data_root: Folder with the IDX files (``.gz`` or not).
+        split: ``'train'`` or ``'test'``.
+
+    Returns:
+        ``(images, labels)``, read-only uint8 arrays.
+
+    Raises:
+        FileNotFoundError: Naming the folder and how to get the files.
+        CorruptDataError: For a damaged file (see :func:`read_idx_ubyte`).
+    """
+    check_choice(split, 'split', SPLITS)
+    files = (
+        FashionMNIST.train_list
+        if split == 'train' else FashionMNIST.test_list)
+    paths = [locate_idx_file(data_root, name) for name, _ in files]
+    if None in paths:
+        raise FileNotFoundError(
+            f'Fashion-MNIST {split} split not found in data_root='
+            f'{data_root!r}: it needs {files[0][0]} and {files[1][0]} '
+            '(or their decompressed forms). On Debian/Ubuntu: apt-get '
+            f'install -y dataset-fashion-mnist (installs '
+            f'{DEFAULT_FASHION_MNIST_ROOT}).')
+    return GzipFashionMNIST._read_checked(*paths)
 
 
 def check_indices(indices) -> None:
