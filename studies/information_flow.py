@@ -110,6 +110,57 @@ def interval_of(values: Sequence[float]) -> Optional[PairedInterval]:
     return t_interval(values) if values else None
 
 
+def critical_margin(interval: Optional[PairedInterval]) -> Optional[float]:
+    """The smallest margin within which a gap is equivalent to 0.
+
+    Equivalence within ``margin`` (:func:`equivalence_verdict`) holds
+    when the 90 % interval lies inside ``(-margin, margin)``, that is
+    exactly when ``margin`` exceeds ``max(|low|, |high|)``: the critical
+    margin. How far a "meet" read as equivalence is from flipping.
+
+    Args:
+        interval: The gap's :data:`EQUIVALENCE_LEVEL` interval.
+
+    Returns:
+        ``max(|low|, |high|)``; ``None`` without an interval.
+    """
+    if interval is None or not interval.has_interval:
+        return None
+    return max(abs(interval.low), abs(interval.high))
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalMargin:
+    """The critical margin (:func:`critical_margin`) of a "meet".
+
+    Attributes:
+        nats: The margin, in nats.
+        ceiling: ``ln d``, which the margin is stated as a share of.
+    """
+    nats: float
+    ceiling: float
+
+    @property
+    def share(self) -> float:
+        """The margin as a share of ``ln d``."""
+        return self.nats / self.ceiling
+
+    def text(self) -> str:
+        """``critical margin 0.134 nats = 0.028 ln d``."""
+        return (f'critical margin {self.nats:.3f} nats = {self.share:.3f} '
+                'ln d')
+
+
+def gap_critical(values: Sequence[float],
+                 ceiling: Optional[float]) -> Optional[CriticalMargin]:
+    """The critical margin of a gap over seeds (``None`` without
+    ``ceiling`` or without an interval)."""
+    if ceiling is None or not values:
+        return None
+    nats = critical_margin(t_interval(values, EQUIVALENCE_LEVEL))
+    return None if nats is None else CriticalMargin(nats, ceiling)
+
+
 def sign_verdict(interval: Optional[PairedInterval],
                  positive_is_true: bool = True) -> str:
     """Holds if the interval is above 0 (below, for ``False``), fails if
@@ -141,11 +192,21 @@ class Finding:
         verdict: :data:`HOLDS`, :data:`FAILS`, :data:`UNDECIDED`, or
             what the part shows (``'apart'``, ``'shrinks'``...).
         ratio: The interval is of a ratio (printed unsigned).
+        critical: For the end gap of a "meet": the smallest margin
+            within which it would be equivalent to 0 (it does not decide
+            the verdict).
     """
     subject: str
     interval: Optional[PairedInterval]
     verdict: str
     ratio: bool = False
+    critical: Optional[CriticalMargin] = None
+
+    def verdict_text(self) -> str:
+        """The verdict, with the critical margin where there is one."""
+        if self.critical is None:
+            return self.verdict
+        return f'{self.verdict}; {self.critical.text()}'
 
 
 @dataclasses.dataclass
@@ -155,6 +216,12 @@ class Statement:
     text: str
     findings: List[Finding]
     verdict: str
+
+    @property
+    def critical(self) -> Optional[CriticalMargin]:
+        """The critical margin of the statement's "meet", if it has one."""
+        return next((f.critical
+                     for f in self.findings if f.critical is not None), None)
 
 
 def rise(curves: RunCurves, arm: str, key: str, first: int,
@@ -181,16 +248,23 @@ def gap(curves: RunCurves, arm_a: str, arm_b: str, key: str,
     return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
 
 
-def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
-                     labels: Tuple[str, str], key: str, mid: int,
-                     last: int) -> Tuple[List[Finding], str]:
+def meeting_findings(
+        curves: RunCurves,
+        arm_a: str,
+        arm_b: str,
+        labels: Tuple[str, str],
+        key: str,
+        mid: int,
+        last: int,
+        ceiling: Optional[float] = None) -> Tuple[List[Finding], str]:
     """Whether two methods' values meet at the end.
 
     They meet when their gap at ``last`` is indistinguishable from 0 while
     at ``mid`` it was not, or when the gap's size shrank (paired by
     seed) and is indistinguishable from 0 at the end. A gap that excludes
     0 at the end fails; one that never excluded 0 cannot tell (the two
-    were never apart).
+    were never apart). With ``ceiling`` (``ln d``), the end gap's finding
+    also reports its critical margin (:func:`gap_critical`).
     """
     at_mid, at_last = (gap(curves, arm_a, arm_b, key, e) for e in (mid, last))
     name = f'{labels[0]} - {labels[1]}'
@@ -211,8 +285,11 @@ def meeting_findings(curves: RunCurves, arm_a: str, arm_b: str,
     findings = [
         Finding(f'{name} at epoch {mid}', mid_iv,
                 'apart' if apart_mid else 'not apart'),
-        Finding(f'{name} at epoch {last}', last_iv,
-                'apart' if apart_at_end else 'not apart'),
+        Finding(
+            f'{name} at epoch {last}',
+            last_iv,
+            'apart' if apart_at_end else 'not apart',
+            critical=gap_critical(list(at_last.values()), ceiling)),
         Finding(
             f'abs(gap) at epoch {mid} - abs(gap) at epoch {last}', shrink_iv,
             'shrinks' if sign_verdict(shrink_iv) == HOLDS else 'grows'
@@ -246,19 +323,31 @@ def equivalence_verdict(values: Sequence[float],
     return iv, UNDECIDED
 
 
-def equivalence_meeting(curves: RunCurves, arm_a: str, arm_b: str,
-                        labels: Tuple[str, str], key: str, last: int,
-                        margin: float) -> Tuple[List[Finding], str]:
+def equivalence_meeting(
+        curves: RunCurves,
+        arm_a: str,
+        arm_b: str,
+        labels: Tuple[str, str],
+        key: str,
+        last: int,
+        margin: float,
+        ceiling: Optional[float] = None) -> Tuple[List[Finding], str]:
     """Whether two methods' values meet at the end, read as equivalence:
     their gap at ``last`` is within ``margin`` (:func:`equivalence_verdict`).
+    With ``ceiling`` (``ln d``), the finding also reports the critical
+    margin (:func:`gap_critical`): the verdict holds exactly when
+    ``margin`` exceeds it.
     """
-    at_last = gap(curves, arm_a, arm_b, key, last)
-    iv, verdict = equivalence_verdict(list(at_last.values()), margin)
+    values = list(gap(curves, arm_a, arm_b, key, last).values())
+    iv, verdict = equivalence_verdict(values, margin)
     return [
         Finding(
             f'{labels[0]} - {labels[1]} at epoch {last} (90 % CI; '
-            f'margin +-{margin:.3f})', iv, 'within margin' if verdict == HOLDS
-            else 'beyond margin' if verdict == FAILS else 'cannot tell')
+            f'margin +-{margin:.3f})',
+            iv,
+            'within margin' if verdict == HOLDS else
+            'beyond margin' if verdict == FAILS else 'cannot tell',
+            critical=gap_critical(values, ceiling))
     ], verdict
 
 
@@ -291,16 +380,16 @@ def below_verdict(interval: Optional[PairedInterval], threshold: float) -> str:
     return UNDECIDED
 
 
-def evaluate_statements(
-        curves: RunCurves,
-        arms: Mapping[str, str],
-        labels: Mapping[str, str],
-        first: int,
-        mid: int,
-        last: int,
-        prefix: str = 'minfo_heldout',
-        kernel: str = 'cov',
-        meet_margin: Optional[float] = None) -> List[Statement]:
+def evaluate_statements(curves: RunCurves,
+                        arms: Mapping[str, str],
+                        labels: Mapping[str, str],
+                        first: int,
+                        mid: int,
+                        last: int,
+                        prefix: str = 'minfo_heldout',
+                        kernel: str = 'cov',
+                        meet_margin: Optional[float] = None,
+                        ceiling: Optional[float] = None) -> List[Statement]:
     """Statements 1-5 and the joint-entropy hypothesis J, decided.
 
     Args:
@@ -318,6 +407,9 @@ def evaluate_statements(
         meet_margin: ``None``: "meet at the end" is a gap that cannot be
             told from 0 (:func:`meeting_findings`); a margin in nats: a
             gap equivalent to 0 within it (:func:`equivalence_meeting`).
+        ceiling: ``ln d``; when given, each "meet" also reports its
+            critical margin (:func:`critical_margin`), in nats and as a
+            share of ``ln d``.
 
     Returns:
         The statements in order, each with its findings and verdict.
@@ -334,9 +426,9 @@ def evaluate_statements(
     def meeting(quantity: str) -> Tuple[List[Finding], str]:
         if meet_margin is None:
             return meeting_findings(curves, simclr, barlow, pair,
-                                    key[quantity], mid, last)
+                                    key[quantity], mid, last, ceiling)
         return equivalence_meeting(curves, simclr, barlow, pair, key[quantity],
-                                   last, meet_margin)
+                                   last, meet_margin, ceiling)
 
     def rises(quantity: str) -> List[Finding]:
         return [
@@ -500,6 +592,6 @@ def verdict_table(statements: Sequence[Statement]) -> List[str]:
             lines.append(f'| {st.number if i == 0 else ""} | '
                          f'{st.text if i == 0 else ""} | {f.subject} | '
                          f'{format_interval(f.interval, ratio=f.ratio)} | '
-                         f'{f.verdict} | '
+                         f'{f.verdict_text()} | '
                          f'{"**" + st.verdict + "**" if i == 0 else ""} |')
     return lines

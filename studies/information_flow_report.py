@@ -166,7 +166,8 @@ def write_information_flow_page(out_dir: str,
         prefixes: Hook key prefixes decided and drawn.
         kernel: The logged kernel.
         notes: A markdown file appended to the page as it is.
-        feature_dim: The embedding width d (the figures' ceiling ln d).
+        feature_dim: The embedding width d (the figures' ceiling ln d, of
+            which the critical margins of "meet" are a share).
 
     Returns:
         The page's path.
@@ -206,11 +207,24 @@ def write_information_flow_page(out_dir: str,
         'a two-sided 95 % Student-t interval over seeds. "Small" (4) '
         f'means below {flow.SMALL_JS_FRACTION:g} of the branch '
         f'entropy, "much smaller" (5) below {flow.MUCH_SMALLER_RATIO:g}'
-        ' times the matrix JS divergence.', ''
+        ' times the matrix JS divergence. Beside the end gap of each '
+        '"meet" (2, 3) is its critical margin, in nats and as a share of '
+        'ln d: the smallest margin within which the gap would be '
+        'equivalent to 0 (two one-sided 5 % tests: max(|low|, |high|) of '
+        'its 90 % interval), the reading of "meet" as equivalence on '
+        'docs/siamese_controls.md.', ''
     ]
     for prefix in prefixes:
-        statements = flow.evaluate_statements(curves, arms, labels, first, mid,
-                                              last, prefix, kernel)
+        statements = flow.evaluate_statements(
+            curves,
+            arms,
+            labels,
+            first,
+            mid,
+            last,
+            prefix,
+            kernel,
+            ceiling=math.log(feature_dim))
         where = ('the fixed held-out batches' if prefix.endswith('_heldout')
                  else 'the training batches (mean over each epoch)')
         lines += [

@@ -16,7 +16,11 @@ decided on comparisons that change one thing against the 128-wide,
 30-epoch campaign: the projector width (the ceiling ``ln d`` of every
 method's joint entropy) and the training length (the schedule
 stretched). :func:`write_controls_page` puts them side by side with the
-intervals over seeds and a figure of the two gaps "meet" is about.
+intervals over seeds and a figure of the two gaps "meet" is about. Beside
+each "meet" it prints the critical margin
+(:func:`.information_flow.critical_margin`): the smallest margin at which
+the end gap would be equivalent to 0, so that a reader sees how far the
+margin stated in advance is from flipping the verdict.
 """
 import collections
 import dataclasses
@@ -148,7 +152,8 @@ def decide(curves: RunCurves,
         last,
         reading.prefix,
         kernel,
-        meet_margin=margin) +
+        meet_margin=margin,
+        ceiling=ceiling) +
             flow.theorem_statements(curves, arms, labels, reading.first, last,
                                     reading.prefix, kernel, ceiling))
 
@@ -180,16 +185,31 @@ def verdict_of(statements: Sequence[Statement], number: str) -> str:
     return NOT_MEASURED
 
 
+def matrix_cell(statements: Sequence[Statement], number: str,
+                reading: Reading) -> str:
+    """A statement's short verdict; under an equivalence reading, with
+    the critical margin of its "meet" as a share of ``ln d``
+    (``holds (0.028)``)."""
+    cell = SHORT[verdict_of(statements, number)]
+    critical = next((s.critical for s in statements if s.number == number),
+                    None)
+    if reading.equivalence and critical is not None:
+        cell += f' ({critical.share:.3f})'
+    return cell
+
+
 def matrix_table(matrix: Mapping[Reading, List[Statement]],
                  mid: int) -> List[str]:
-    """Markdown: a row per reading, a column per statement."""
+    """Markdown: a row per reading, a column per statement; under the
+    equivalence readings each "meet" with its critical margin
+    (:func:`matrix_cell`)."""
     numbers = statement_numbers(matrix)
     lines = [
         '| reading | ' + ' | '.join(numbers) + ' |',
         '|---|' + '---|' * len(numbers)
     ]
     for reading, statements in matrix.items():
-        cells = [SHORT[verdict_of(statements, n)] for n in numbers]
+        cells = [matrix_cell(statements, n, reading) for n in numbers]
         lines.append(f'| {reading.label(mid)} | ' + ' | '.join(cells) + ' |')
     return lines
 
@@ -293,20 +313,25 @@ Pair = Tuple[LoadedControl, LoadedControl]
 
 def gap_rows(base: LoadedControl, pairs: Sequence[Pair]) -> List[str]:
     """Markdown: the end gaps "meet" is about, in nats and as a fraction
-    of ``ln d``, for the base and each control, and each control's change
-    of the fraction from the base on the same seeds (Welch: the seeds of
-    two comparisons do not correspond)."""
+    of ``ln d``, with their critical margin
+    (:func:`.information_flow.gap_critical`), for the base and each
+    control, and each control's change of the fraction from the base on
+    the same seeds (Welch: the seeds of two comparisons do not
+    correspond)."""
     lines = [
         '| comparison | d | epochs | quantity | SimCLR - Barlow Twins '
-        'at the end, nats (95 % CI) | / ln d | change of / ln d from '
-        'the base on the same seeds (Welch 95 % CI) |',
-        '|---|---|---|---|---|---|---|'
+        'at the end, nats (95 % CI) | / ln d | critical margin, nats '
+        '(/ ln d) | change of / ln d from the base on the same seeds '
+        '(Welch 95 % CI) |', '|---|---|---|---|---|---|---|---|'
     ]
     for item, same in [(base, base), *pairs]:
         for quantity in ('mutual_info', 'joint_entropy'):
             values = gap_values(item, quantity, item.last)
             share = (f'{np.mean(values) / item.ceiling:+.3f}'
                      if values else '–')
+            critical = flow.gap_critical(values, item.ceiling)
+            critical = ('–' if critical is None else
+                        f'{critical.nats:.3f} ({critical.share:.3f})')
             change = '–'
             if item is not base and values:
                 before = gap_values(same, quantity, same.last)
@@ -316,7 +341,46 @@ def gap_rows(base: LoadedControl, pairs: Sequence[Pair]) -> List[str]:
             lines.append(f'| {item.control.name} | {item.control.feature_dim}'
                          f' | {item.last} | {quantity} | '
                          f'{flow.format_interval(flow.interval_of(values))} | '
-                         f'{share} | {change} |')
+                         f'{share} | {critical} | {change} |')
+    return lines
+
+
+def rise_values(item: LoadedControl,
+                role: str,
+                quantity: str,
+                first: int = 0,
+                prefix: str = 'minfo_heldout') -> List[float]:
+    """The rise of ``quantity`` of a role's arm from ``first`` to the last
+    epoch, per seed, in nats."""
+    key, arm = flow.quantity_key(prefix, quantity), item.arms[role]
+    return flow.paired(
+        flow.values_at(item.curves, arm, key, item.last),
+        flow.values_at(item.curves, arm, key, first), lambda a, b: a - b)
+
+
+def rise_rows(pairs: Sequence[Pair]) -> List[str]:
+    """Markdown: each control's held-out rises from the initialisation
+    (statements 1 and 3, T1, T2), per method, beside the base's on the
+    same seeds, and the change in nats (Welch: the seeds of two
+    comparisons do not correspond)."""
+    lines = [
+        '| comparison | method | quantity | rise from the initialisation, '
+        'nats (95 % CI) | the base on the same seeds | change, nats (Welch '
+        '95 % CI) |', '|---|---|---|---|---|---|'
+    ]
+    for item, same in pairs:
+        for role, arm in item.arms.items():
+            for quantity in ('mutual_info', 'joint_entropy'):
+                after = rise_values(item, role, quantity)
+                before = rise_values(same, role, quantity)
+                if not (after and before):
+                    continue
+                lines.append(
+                    f'| {item.control.name} | {item.labels[arm]} | '
+                    f'{quantity} | '
+                    f'{flow.format_interval(flow.interval_of(after))} | '
+                    f'{flow.format_interval(flow.interval_of(before))} | '
+                    f'{welch_interval(after, before).text(3)} |')
     return lines
 
 
@@ -422,14 +486,15 @@ def moved_findings(before: Statement, after: Statement) -> List[str]:
     if len(before.findings) != len(after.findings):
         return [
             f'{a.subject}: {flow.format_interval(a.interval, ratio=a.ratio)}'
-            f' {a.verdict}' for a in after.findings
+            f' {a.verdict_text()}' for a in after.findings
         ]
     pairs = list(zip(before.findings, after.findings))
     moved = [(b, a) for b, a in pairs if b.verdict != a.verdict] or pairs
     return [
         f'{a.subject}: {flow.format_interval(b.interval, ratio=b.ratio)} '
-        f'{b.verdict} -> {flow.format_interval(a.interval, ratio=a.ratio)} '
-        f'{a.verdict}' for b, a in moved
+        f'{b.verdict_text()} -> '
+        f'{flow.format_interval(a.interval, ratio=a.ratio)} '
+        f'{a.verdict_text()}' for b, a in moved
     ]
 
 
@@ -670,7 +735,15 @@ def write_controls_page(controls: Sequence[Control],
         'of docs/siamese_information_flow.md) or as a gap equivalent '
         f'to 0 within +-{margin:g} ln d (two one-sided 5 % tests: the '
         '90 % interval inside the margin; "equivalence"). The margin '
-        'was fixed before the width and length controls ran. T1 and '
+        'was fixed before the width and length controls ran. Beside '
+        'each "meet" finding is its critical margin, in nats and as a '
+        'share of ln d: the smallest margin within which the end gap '
+        'would be equivalent to 0, max(|low|, |high|) of its 90 % '
+        'interval; "meet" read as equivalence holds exactly when the '
+        'margin exceeds it. In the equivalence rows of the matrices, '
+        'the number beside 2 and 3 is that critical margin as a share '
+        f'of ln d (the margin is {margin:g}); 3 also needs its rises. '
+        'T1 and '
         "T2 are the paper's Theorems 1 and 2 as stated (Barlow Twins "
         'and spectral contrastive learning seek maximal mutual '
         'information and joint entropy: tested as their rise); J is '
@@ -693,7 +766,10 @@ def write_controls_page(controls: Sequence[Control],
         '(each control also against the base on its own seeds and '
         'methods, so that a difference is not one of seed count):', '',
         *statement_summary(base, pairs), '', *gap_rows(base, pairs), '',
-        *ceiling_rows(loaded), '',
+        'Held-out rises from the initialisation (statements 1 and 3, T1, '
+        'T2), each control against the base on its seeds and methods, in '
+        'nats (Welch: the seeds of two comparisons do not correspond):', '',
+        *rise_rows(pairs), '', *ceiling_rows(loaded), '',
         f'![The SimCLR - Barlow Twins gaps over training]'
         f'({link(plot_gaps(loaded, fig_path))})', '',
         f'![Each method\'s mutual information and joint entropy over '

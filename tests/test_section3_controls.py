@@ -94,6 +94,74 @@ def test_equivalence_is_two_one_sided_tests():
     assert flow.equivalence_verdict([], 0.2) == (None, flow.UNDECIDED)
 
 
+def test_the_critical_margin_is_where_equivalence_starts_to_hold():
+    """The critical margin is max(|low|, |high|) of scipy's 90 % t
+    interval, and equivalence holds exactly for the margins above it."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        values = list(
+            rng.normal(
+                rng.uniform(-0.5, 0.5), rng.uniform(0.01, 0.3),
+                rng.integers(2, 7)))
+        low, high = stats.t.interval(0.90,
+                                     len(values) - 1, np.mean(values),
+                                     stats.sem(values))
+        critical = flow.gap_critical(values, math.log(128))
+        assert critical.nats == pytest.approx(
+            max(abs(low), abs(high)), rel=1e-12)
+        assert critical.share == pytest.approx(
+            critical.nats / math.log(128), rel=1e-12)
+        for margin in (critical.nats * (1 - 1e-9), critical.nats * (1 + 1e-9),
+                       rng.uniform(0, 1)):
+            holds = flow.equivalence_verdict(values, margin)[1] == flow.HOLDS
+            assert holds == (margin > critical.nats) == tost(values, margin)
+    assert flow.critical_margin(None) is None
+    assert flow.gap_critical([0.1], math.log(128)) is None
+    assert flow.gap_critical([0.1, 0.2], None) is None
+
+
+def test_every_meet_prints_its_critical_margin():
+    """SimCLR's joint entropy 0.1 nats above Barlow Twins': the end gap's
+    finding carries its critical margin under both readings of "meet",
+    and the matrix prints its share of ln d under equivalence only."""
+    curves = synthetic(je=lambda a, e: 4 + e / 20 + 0.1 * (a == 0))
+    ceiling = math.log(128)
+    gap = list(
+        flow.gap(curves, 'simclr', 'bt', 'minfo_heldout/joint_entropy_cov',
+                 30).values())
+    expected = flow.gap_critical(gap, ceiling)
+    assert 0.09 / ceiling < expected.share < 0.12 / ceiling
+    for margin in (None, flow.MEET_MARGIN_FRACTION * ceiling):
+        statements = flow.evaluate_statements(
+            curves,
+            ROLES,
+            LABELS,
+            1,
+            15,
+            30,
+            meet_margin=margin,
+            ceiling=ceiling)
+        meet, = [f for f in statements[2].findings if f.critical]
+        assert statements[2].critical == meet.critical == expected
+        assert meet.verdict_text().endswith(
+            f'; critical margin {expected.nats:.3f} nats = '
+            f'{expected.share:.3f} ln d')
+        assert [s.number for s in statements if s.critical] == ['2', '3']
+    assert not any(
+        s.critical
+        for s in flow.evaluate_statements(curves, ROLES, LABELS, 1, 15, 30))
+    matrix = s3.verdict_matrix(curves, ROLES, LABELS, 15, 30, ceiling)
+    table = s3.matrix_table(matrix, 15)
+    row = next(
+        r for r in table if r.startswith('| held-out, from epoch 1, '
+                                         'equivalence |'))
+    assert f'| holds ({expected.share:.3f}) |' in row
+    row = next(
+        r for r in table if r.startswith('| held-out, from epoch 1, '
+                                         'difference |'))
+    assert '(' not in row.split('|', 2)[2]
+
+
 def test_a_small_end_gap_meets_as_equivalence_but_not_as_difference():
     # SimCLR 0.1 nats above the others all along: apart (difference), yet
     # within 5 % of ln 128 (equivalence).
@@ -317,8 +385,9 @@ def test_a_control_is_compared_with_the_base_on_its_seeds_and_methods():
     assert (reversal.before, reversal.after) == (flow.FAILS, flow.HOLDS)
     assert s3.is_reversal(reversal)
     gap_line, = [f for f in reversal.findings if 'margin' in f]
-    assert 'beyond margin -> ' in gap_line and gap_line.endswith(
-        'within margin')
+    before_text, after_text = gap_line.split(' -> ')
+    assert 'beyond margin; critical margin ' in before_text
+    assert 'within margin; critical margin ' in after_text
     rows = s3.change_rows(base, [(control, same)])
     assert ('  - reversed: 3 under "held-out, from epoch 1, equivalence" '
             '(fails -> holds)') in rows
@@ -331,3 +400,13 @@ def test_a_control_is_compared_with_the_base_on_its_seeds_and_methods():
     expected = welch_interval(after / math.log(128), before / math.log(128))
     assert f'{expected.mean:+.3f} [{expected.low:+.3f}' in row
     assert expected.high < -0.5 / math.log(128) + 0.01
+    critical = flow.gap_critical(list(after), math.log(128))
+    assert f'| {critical.nats:.3f} ({critical.share:.3f}) |' in row
+    # Each rise from the initialisation against the base's (Welch).
+    row = next(
+        r for r in s3.rise_rows([(control, same)])
+        if r.startswith('| ctl | Barlow Twins | mutual_info |'))
+    after = s3.rise_values(control, 'barlowtwins', 'mutual_info')
+    before = s3.rise_values(same, 'barlowtwins', 'mutual_info')
+    assert len(after) == len(before) == 3
+    assert row.endswith(f'| {welch_interval(after, before).text(3)} |')
