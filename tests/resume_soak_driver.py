@@ -15,10 +15,10 @@ bytes in ``last_checkpoint`` or the run record, or its last line cut; a
 foreign ``epoch_99.pth``. The toy run has one iteration per epoch, no
 shuffling and no schedule, and the same batch every iteration, so the
 weights after k iterations are those of an unbroken run of k iterations.
-(mmengine's epoch loop resumes an iteration checkpoint written at the end
-of an epoch by running that epoch again, since its ``meta`` names the epoch
-in progress: an episode may take more iterations than epochs; it is
-compared with the unbroken run at its own iteration count.)
+(mmengine's own epoch loop would resume an iteration checkpoint written at
+the end of an epoch by running that epoch again; the plugin's runner
+continues after it (``exact_resume``). An episode is compared with the
+unbroken run at its own iteration count.)
 
 Invariants checked after every cycle:
 

@@ -167,8 +167,10 @@ class ReseedHook(Hook):
       (iteration-based resume replays the loader, which stays exact).
     * The key uses ``sample_idx`` from mmengine's ``BaseDataset``; a dataset
       without it is refused when training starts.
-    * A run resumed from a checkpoint written mid-epoch restarts that epoch
-      (as mmengine's epoch loop does).
+    * A run resumed from a checkpoint written mid-epoch continues with the
+      epoch's next batch under the plugin's runners
+      (:mod:`~mmae_plugin.engine.runners.exact_resume`); mmengine's own
+      epoch loop restarts that epoch.
     * Cost: about 30 microseconds per sample in a worker (seed mixing and
       three generator seeds), ~370 with ``num_workers=0``, where the main
       process's generator states are saved and restored around each sample.

@@ -1,4 +1,4 @@
-"""The plugin's runners: mmengine's, with verified checkpoint resume.
+"""The plugin's runners: mmengine's, with verified, exact checkpoint resume.
 
 Selected in a config with ``runner_type = 'MMAERunner'`` (or
 ``'MMAEFlexibleRunner'`` for FSDP / DeepSpeed strategies); mmpretrain's
@@ -13,21 +13,27 @@ from .checkpoint_resume import VerifiedCheckpointMixin
 from .collate_scope import CollateScopeMixin
 from .cpu_distributed import (CpuDistributedFlexibleRunnerMixin,
                               CpuDistributedRunnerMixin)
+from .exact_resume import ExactResumeMixin
 from .launch_record import LaunchRecordMixin
+from .work_dir_lock import WorkDirLockMixin
 
 
 @RUNNERS.register_module()
-class MMAERunner(VerifiedCheckpointMixin, LaunchRecordMixin,
-                 CpuDistributedRunnerMixin, CollateScopeMixin, Runner):
-    """mmengine's ``Runner`` with verified, own-checkpoint resume that
-    refuses a changed launch, DDP on hosts without an accelerator and
+class MMAERunner(WorkDirLockMixin, ExactResumeMixin, VerifiedCheckpointMixin,
+                 LaunchRecordMixin, CpuDistributedRunnerMixin,
+                 CollateScopeMixin, Runner):
+    """mmengine's ``Runner`` training alone in its work folder, with
+    verified, own-checkpoint resume that refuses a changed launch and
+    continues inside an epoch, DDP on hosts without an accelerator and
     ``collate_fn`` without ``_scope_``."""
 
 
 @RUNNERS.register_module()
-class MMAEFlexibleRunner(VerifiedCheckpointMixin, LaunchRecordMixin,
+class MMAEFlexibleRunner(WorkDirLockMixin, ExactResumeMixin,
+                         VerifiedCheckpointMixin, LaunchRecordMixin,
                          CpuDistributedFlexibleRunnerMixin, CollateScopeMixin,
                          FlexibleRunner):
-    """mmengine's ``FlexibleRunner`` with verified, own-checkpoint resume
-    that refuses a changed launch, DDP / FSDP on hosts without an
-    accelerator and ``collate_fn`` without ``_scope_``."""
+    """mmengine's ``FlexibleRunner`` training alone in its work folder,
+    with verified, own-checkpoint resume that refuses a changed launch and
+    continues inside an epoch, DDP / FSDP on hosts without an accelerator
+    and ``collate_fn`` without ``_scope_``."""
