@@ -309,13 +309,14 @@ def test_config_metrics(test_config: str, checkpoint: str,
         The test loop's metrics (numbers only).
     """
     from mmengine.config import Config
-    from mmengine.runner import Runner
+
+    from mmae_plugin.engine.runners.build import build_runner
 
     cfg = Config.fromfile(test_config)
     cfg.work_dir = work_dir
     cfg.load_from = checkpoint
     cfg.resume = False
-    metrics = Runner.from_cfg(cfg).test()
+    metrics = build_runner(cfg).test()
     return {
         key: float(value)
         for key, value in metrics.items() if isinstance(value, (int, float))

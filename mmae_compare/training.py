@@ -142,7 +142,8 @@ def train_segment(config: str,
             of a Slurm job).
     """
     from mmengine.config import Config
-    from mmengine.runner import Runner
+
+    from mmae_plugin.engine.runners.build import build_runner
 
     if not 1 <= stop_epoch <= spec.epochs:
         raise ValueError(f'stop_epoch must be in [1, {spec.epochs}], got '
@@ -159,7 +160,7 @@ def train_segment(config: str,
     # One name per segment: mmengine's logger, message hub and visualizer
     # are per-name instances, and segments run in one process.
     cfg.experiment_name = f'{arm.name}_seed{seed}_to_epoch{stop_epoch}'
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     runner.register_hook(
         StopAtEpochHook(stop_epoch, spec.eval_epochs), priority='LOWEST')
     runner.train()

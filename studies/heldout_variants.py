@@ -102,7 +102,8 @@ def measure_checkpoint(config: str, checkpoint: str, variant: Mapping,
         The hook's held-out values, ``<prefix>_heldout/<name>``.
     """
     from mmengine.config import Config
-    from mmengine.runner import Runner
+
+    from mmae_plugin.engine.runners.build import build_runner
 
     cfg = Config.fromfile(config)
     hooks = [dict(h) for h in cfg.get('custom_hooks', [])]
@@ -115,7 +116,7 @@ def measure_checkpoint(config: str, checkpoint: str, variant: Mapping,
     cfg.work_dir = work_dir
     cfg.load_from, cfg.resume = checkpoint, False
     cfg.experiment_name = osp.basename(osp.normpath(work_dir))
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     runner.register_hook(StopBeforeTrainingHook(), priority='LOWEST')
     runner.train()
     measured = [

@@ -272,10 +272,10 @@ def timed_run(config: str, iters: int, interval: int,
               with_hook: bool) -> Tuple[float, float, int]:
     """Train ``iters`` iterations; return (train s, hook s, hook samples)."""
     from mmengine.config import Config
-    from mmengine.runner import Runner
 
     import mmae_plugin.registration  # noqa: F401
     from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
+    from mmae_plugin.engine.runners.build import build_runner
 
     cfg = Config.fromfile(config)
     cfg.work_dir = tempfile.mkdtemp(prefix='bench_minfo_')
@@ -289,7 +289,7 @@ def timed_run(config: str, iters: int, interval: int,
     ]
     cfg.custom_hooks = others + (
         [dict(type='MatrixInfoHook', interval=interval)] if with_hook else [])
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     spent = [0.0, 0]
     for hook in runner.hooks:
         if isinstance(hook, MatrixInfoHook):

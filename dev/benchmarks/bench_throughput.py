@@ -4,7 +4,7 @@ For each Fashion-MNIST config (MAE, U-MAE, M-MAE) the same model, data and
 batch are trained two ways, each round in a fresh process, alternating
 runner / plain so drift of a shared machine affects both alike:
 
-* **runner**: ``Runner.from_cfg(config)`` and ``runner.train()``, i.e. what
+* **runner**: ``build_runner(config)`` and ``runner.train()``, i.e. what
   ``tools/train.py`` does, with the config's dataloader, data preprocessor,
   optimizer-wrapper constructor, param schedulers and hooks (only the
   checkpoint hook is off and the training set is cut to the iterations run);
@@ -309,9 +309,9 @@ def run_runner(config: str,
                profile: bool,
                cfg_options: Optional[List[str]] = None) -> dict:
     from mmengine.hooks import Hook
-    from mmengine.runner import Runner
 
     import mmae_plugin.registration  # noqa: F401
+    from mmae_plugin.engine.runners.build import build_runner
     cfg = load_config(config, cfg_options, BASELINE, GLIBC_DEFAULTS)
     total = warmup + iters + 1
     cfg.work_dir = tempfile.mkdtemp(prefix='bench_throughput_')
@@ -320,7 +320,7 @@ def run_runner(config: str,
     cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=1)
     cfg.default_hooks.checkpoint = None
     cfg.log_level = 'WARNING'
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     stamps: List[float] = []
     state = dict(prof=None, cpu0=0.0, cpu1=0.0, memory={})
     faults = FaultCounter()
