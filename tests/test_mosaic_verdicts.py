@@ -144,3 +144,31 @@ def test_an_undefined_normalisation_is_undecided():
 def test_k_star_is_the_first_probed_k_at_or_above_mae_s_rank(erank, expected):
     values = values_of({'mae': {'repr/erank_cov': erank}})
     assert mv.rank_threshold(values, 'cls') == expected
+
+
+def test_the_page_keeps_its_criteria_and_rewrites_only_the_results(tmp_path):
+    from studies import mosaic_report
+    arms = tcr_arms()
+    for arm, metrics in local_global_arms().items():
+        arms.setdefault(arm, {}).update(metrics)
+    arms['mae'].update(cell_linear_top1=70.0)  # as tcr_arms has it
+    runs = [
+        record(
+            arm, seed, **{
+                k: v[seed] if isinstance(v, tuple) else v
+                for k, v in metrics.items()
+            }) for arm, metrics in arms.items() for seed in SEEDS
+    ]
+    spec = dict(arms=[dict(name=arm, label=arm.upper()) for arm in arms])
+    page = tmp_path / 'mosaic.md'
+    criteria = '# Mosaics\n\n## Criteria (fixed before the runs)\n\ntext\n'
+    page.write_text(criteria)
+    for _ in range(2):  # rewriting replaces, never duplicates
+        mosaic_report.write_page(str(page), dict(comparison=spec, runs=runs))
+    text = page.read_text()
+    assert text.startswith(criteria)
+    assert text.count(mosaic_report.MARKER) == 1
+    assert text.count('## Results') == 1
+    assert '**Seed 001 (TCR helps where many directions are needed): ' \
+        'support.**' in text
+    assert '| MMAE_LAM0.01 | 3 |' in text
