@@ -1,8 +1,9 @@
 """``import mmae_plugin.registration`` leaves mmengine and torch as they are.
 
 Each test runs a fresh interpreter, records upstream objects, imports the
-plugin and compares: only the documented process-wide security changes
-(``docs/upstream_workarounds.md``) may differ, and with their opt-out
+plugin and compares: only the documented process-wide changes (the
+security fixes and mmcv's hue shift, ``docs/upstream_workarounds.md``) may
+differ, and with their opt-out
 variables set nothing does. Also: the framework-free subpackages import no
 mmengine, and the plugin's import causes no ``pkg_resources`` warning.
 """
@@ -22,6 +23,7 @@ OPT_OUTS = {
     'weights_only_load': 'MMAE_UNSAFE_PICKLE_LOAD',
     'safe_resume_config': 'MMAE_UNSAFE_RESUME_CONFIG',
     'inferencer_checkpoint_config': 'MMAE_UNSAFE_INFERENCER_CONFIG',
+    'adjust_hue_overflow': 'MMAE_NO_ADJUST_HUE_FIX',
 }
 
 #: Records every upstream object the plugin once replaced (and those the
@@ -29,6 +31,9 @@ OPT_OUTS = {
 RECORD = '''
 import builtins, json, sys
 import torch
+import mmcv
+import mmcv.image
+import mmcv.image.photometric as photometric
 import mmengine.dist
 import mmengine.dist.utils as dist_utils
 import mmengine.hooks.checkpoint_hook as checkpoint_hook_module
@@ -90,6 +95,11 @@ def record():
             vars(HistoryBuffer)['register_statistics'].__func__,
         '_get_user_allowed_globals [checkpoint_allowlist]':
             unpickler._get_user_allowed_globals,
+        'mmcv.adjust_hue [adjust_hue_overflow]': mmcv.adjust_hue,
+        'mmcv.image.adjust_hue [adjust_hue_overflow]':
+            mmcv.image.adjust_hue,
+        'photometric.adjust_hue [adjust_hue_overflow]':
+            photometric.adjust_hue,
     }
     for owner in (checkpoint_module, mmengine.runner, runner_module,
                   flexible_runner_module):
@@ -124,7 +134,7 @@ print(json.dumps(dict(
         torch.serialization.get_safe_globals()) - safe_globals))))
 '''
 
-#: What may change, each a documented process-wide security workaround.
+#: What may change, each a documented process-wide workaround.
 DOCUMENTED = {
     'checkpoint.torch [weights_only_load]',
     'hub.load_url [weights_only_load]',
@@ -134,6 +144,9 @@ DOCUMENTED = {
     'BaseInferencer._init_model [inferencer_checkpoint_config]',
     'HistoryBuffer.register_statistics [checkpoint_allowlist]',
     '_get_user_allowed_globals [checkpoint_allowlist]',
+    'mmcv.adjust_hue [adjust_hue_overflow]',
+    'mmcv.image.adjust_hue [adjust_hue_overflow]',
+    'photometric.adjust_hue [adjust_hue_overflow]',
 }
 
 
@@ -159,7 +172,7 @@ def recorded(**env):
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def test_only_documented_security_changes_are_process_wide():
+def test_only_documented_changes_are_process_wide():
     result, _ = recorded()
     assert result['count'] > 60  # the hook's and FSDP's methods included
     assert set(result['changed']) == DOCUMENTED, result['changed']
