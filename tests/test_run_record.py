@@ -113,27 +113,29 @@ def test_1_switching_to_epoch_checkpoints_keeps_what_the_policy_keeps(
     _, work_dir = iter_then_epoch
     kept = entries(work_dir)
     # The two newest by global iteration; the resumed run dropped iter_4
-    # (the branch after iter_3 it abandoned) and retired iter_3.
-    assert kept == {'epoch_2.pth': (2, 5), 'epoch_3.pth': (3, 7)}
+    # (the branch after iter_3 it abandoned) and retired iter_3. Resumed
+    # inside epoch 2, it finished that epoch at the unbroken run's
+    # iteration 4 (exact_resume).
+    assert kept == {'epoch_2.pth': (2, 4), 'epoch_3.pth': (3, 6)}
     for name in kept:
         assert (work_dir / name).is_file(), name
     assert (work_dir / 'last_checkpoint').read_text() == \
         str(work_dir / 'epoch_3.pth')
     assert not (work_dir / 'iter_3.pth').exists()
     start = run(work_dir, 4, max_keep_ckpts=2, resume=True)
-    assert (start.epoch, start.iter) == (3, 7)
+    assert (start.epoch, start.iter) == (3, 6)
     assert sorted(entries(work_dir)) == ['epoch_3.pth', 'epoch_4.pth']
 
 
 def test_2_newest_is_by_global_iteration_not_by_the_name(iter_then_epoch):
     early, _ = iter_then_epoch
-    assert entries(early) == {'iter_3.pth': (1, 3), 'epoch_2.pth': (2, 5)}
+    assert entries(early) == {'iter_3.pth': (1, 3), 'epoch_2.pth': (2, 4)}
     choice = choose_resume_checkpoint(str(early))
     assert choice.path == str(early / 'epoch_2.pth') and not choice.skipped
     work_dir = early.parent / 'item2'  # a folder of its own (mktemp)
     shutil.copytree(early, work_dir)
     start = run(work_dir, 3, max_keep_ckpts=2, resume=True)
-    assert (start.epoch, start.iter) == (2, 5)
+    assert (start.epoch, start.iter) == (2, 4)
 
 
 @pytest.fixture
