@@ -6,7 +6,9 @@ function needs them); the plugin's MMEngine components use them:
 writes through them and keeps the run record, ``MMAERunner`` /
 ``MMAEFlexibleRunner`` (:mod:`mmae_plugin.engine.runners`) resume from the
 record, and the model zoo verifies its files. Nothing here changes
-mmengine.
+mmengine; :mod:`.digest_write` registers one more file backend in
+mmengine's registry (a local backend that hashes what it writes), which
+the hook names for its saves.
 """
 from .bounded_read import (SUSPICIOUS_FILE_LIMIT, UnsafeFileError,
                            read_small_text)

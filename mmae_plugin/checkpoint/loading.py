@@ -6,9 +6,17 @@ before handing a path to mmengine or torch; remote paths (``scheme://``)
 are left to mmengine. A checkpoint recorded in the run record of its folder
 is checked against its recorded size and SHA-256; any other against its
 checksum sidecar (a downloaded zoo file) or its zip CRC-32s.
+
+Hashing a multi-GB checkpoint costs as much CPU as loading it, or more.
+:func:`start_verification` runs the same checks in a thread, so a caller
+can load the file meanwhile and wait for the verdict before it uses
+anything loaded; :func:`load_verified` does both for one file. The file is
+read from disk once: whichever of the two reads a part first brings it
+into the page cache for the other.
 """
 import os
 import os.path as osp
+import threading
 from typing import Any, Dict, Optional, Tuple
 
 from .integrity import CorruptCheckpointError, verify_checkpoint
@@ -53,6 +61,87 @@ def verify_before_loading(filename: Any) -> None:
             f'{newest_intact_sentence(path)} If you replaced it on purpose, '
             'load it from another name or folder (a file outside the run '
             'record is checked by its zip structure only).')
+
+
+class BackgroundVerification:
+    """:func:`verify_before_loading` of one checkpoint, run in a thread.
+
+    Args:
+        filename: What ``resume`` / ``load_checkpoint`` was given.
+    """
+
+    def __init__(self, filename: Any) -> None:
+        self.filename = filename
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(
+            target=self._run, name='checkpoint-verification', daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            verify_before_loading(self.filename)
+        except BaseException as err:  # re-raised by wait(), in the caller
+            self._error = err
+
+    def wait(self) -> None:
+        """Block until verified; raise what verification raised.
+
+        Raises:
+            CorruptCheckpointError: The checkpoint is damaged.
+            OSError: It could not be read.
+        """
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def start_verification(filename: Any) -> BackgroundVerification:
+    """Start verifying a checkpoint; load it meanwhile, then ``wait()``.
+
+    Nothing loaded may be used before :meth:`BackgroundVerification.wait`
+    returned. The cheap refusals (an empty path) are raised at once.
+
+    Args:
+        filename: What ``resume`` / ``load_checkpoint`` was given.
+
+    Returns:
+        The running verification.
+
+    Raises:
+        FileNotFoundError: The path is empty.
+    """
+    if is_local_checkpoint(filename) and not os.fspath(filename).strip():
+        verify_before_loading(filename)  # raises, naming the empty path
+    return BackgroundVerification(filename)
+
+
+def load_verified(filename: str, map_location: Any = 'cpu') -> Any:
+    """``torch.load`` with ``weights_only``, verified in parallel.
+
+    A damaged file raises :class:`CorruptCheckpointError` naming it, also
+    when ``torch.load`` failed on it first (a truncated zip).
+
+    Args:
+        filename: A local checkpoint file.
+        map_location: As for ``torch.load``.
+
+    Returns:
+        The loaded checkpoint, once verified.
+
+    Raises:
+        CorruptCheckpointError: The checkpoint is damaged.
+    """
+    import torch
+    verification = start_verification(filename)
+    try:
+        checkpoint = torch.load(
+            filename, map_location=map_location, weights_only=True)
+    except Exception:
+        verification.wait()  # a damaged file: say so, not how it failed
+        raise
+    verification.wait()
+    return checkpoint
 
 
 def read_meta(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:

@@ -8,7 +8,8 @@ fsync'ed before anything depends on it:
 * ``start``: a training run starts (``run_id``, ``config_digest``,
   ``launch``; ``resumed_iter``, the iteration it continues from, or None);
 * ``saved``: a checkpoint was finalized (``path``, ``epoch``, ``iter``,
-  ``size``, ``sha256``, ``layout``, ``best``, ``run_id``,
+  ``size``, ``sha256`` (of the bytes as they were written:
+  :mod:`.digest_write`), ``layout``, ``best``, ``run_id``,
   ``config_digest``, ``launch``);
 * ``removed``: retention retires a checkpoint (written before the file
   goes).
@@ -27,7 +28,7 @@ import os
 import os.path as osp
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .atomic_write import fsync_folder
 from .bounded_read import read_small_text
@@ -68,7 +69,36 @@ def rank_files(folder: str) -> List[str]:
     return sorted(names, key=lambda n: int(_RANK_FILE.match(n).group(1)))
 
 
-def fingerprint(checkpoint: str) -> Tuple[int, str, Optional[int]]:
+@dataclass(frozen=True)
+class FileDigest:
+    """Size and SHA-256 of a file's bytes, taken as they were written.
+
+    Args:
+        size: Bytes written.
+        sha256: Hex digest of those bytes.
+    """
+    size: int
+    sha256: str
+
+
+#: Digests taken while files were written, by absolute path.
+WrittenDigests = Mapping[str, FileDigest]
+
+
+def _file_fingerprint(path: str, written: WrittenDigests) -> FileDigest:
+    # A digest taken while the file was written stands for it only while
+    # the file has the size written; anything else is hashed from disk.
+    size = os.path.getsize(path)
+    known = written.get(osp.abspath(path))
+    if known is not None and known.size == size:
+        return known
+    return FileDigest(size, file_sha256(path))
+
+
+def fingerprint(
+    checkpoint: str,
+    written: Optional[WrittenDigests] = None
+) -> Tuple[int, str, Optional[int]]:
     """Size, SHA-256 and rank count of a checkpoint file or FSDP folder.
 
     A folder's size is the sum of its rank files' and its digest the
@@ -76,16 +106,23 @@ def fingerprint(checkpoint: str) -> Tuple[int, str, Optional[int]]:
 
     Args:
         checkpoint: Local path.
+        written: Digests taken while files were written, by absolute path
+            (:class:`~.digest_write.DigestingLocalBackend`); a file not in it,
+            or whose size differs, is read and hashed.
 
     Returns:
         ``(size, sha256, ranks)``; ``ranks`` None for a file.
     """
+    written = written or {}
     if not osp.isdir(checkpoint):
-        return os.path.getsize(checkpoint), file_sha256(checkpoint), None
+        digest = _file_fingerprint(checkpoint, written)
+        return digest.size, digest.sha256, None
     ranks = rank_files(checkpoint)
-    lines = ''.join(f'{file_sha256(osp.join(checkpoint, r))}  {r}\n'
-                    for r in ranks)
-    size = sum(os.path.getsize(osp.join(checkpoint, r)) for r in ranks)
+    digests = [
+        _file_fingerprint(osp.join(checkpoint, r), written) for r in ranks
+    ]
+    lines = ''.join(f'{d.sha256}  {r}\n' for d, r in zip(digests, ranks))
+    size = sum(d.size for d in digests)
     return size, hashlib.sha256(lines.encode()).hexdigest(), len(ranks)
 
 

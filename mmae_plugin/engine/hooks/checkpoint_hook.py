@@ -23,6 +23,9 @@ how each save is done:
    iteration, size, SHA-256, layout, run id and launch are appended to the
    run record (:mod:`mmae_plugin.checkpoint.run_record`), and only then is
    ``last_checkpoint`` (for mmengine's tools; it decides nothing) replaced.
+   The SHA-256 is taken from the bytes as ``torch.save`` writes them
+   (:mod:`mmae_plugin.checkpoint.digest_write`), streamed into the file,
+   not from reading the file back; each rank hashes its own rank file.
    The run id is created when the run first starts and written, with the
    config's digest, into every checkpoint's ``meta``.
 3. **Retention from the record.** ``max_keep_ckpts`` keeps the run's
@@ -53,11 +56,13 @@ from mmengine.registry import HOOKS as MMENGINE_HOOKS
 
 from mmae_plugin.checkpoint.atomic_write import (remove_orphan_temporaries,
                                                  write_atomically)
+from mmae_plugin.checkpoint.digest_write import BACKEND_NAME, take_digests
 from mmae_plugin.checkpoint.publish import (PARTIAL_SUFFIX, publish_checkpoint,
                                             remove_partial_checkpoints,
                                             remove_path, remove_path_quietly)
-from mmae_plugin.checkpoint.run_record import (append_event, fingerprint,
-                                               read_record, recorded_path)
+from mmae_plugin.checkpoint.run_record import (FileDigest, append_event,
+                                               fingerprint, read_record,
+                                               recorded_path)
 from mmae_plugin.engine.run_identity import run_identity
 from mmae_plugin.engine.runners.launch_record import launch_record
 from .deferred_runtime_info_hook import settle_logged_values
@@ -99,7 +104,13 @@ class SafeCheckpointHook(CheckpointHook):
         _check_setting('interval', interval)
         _check_setting('max_keep_ckpts', kwargs.get('max_keep_ckpts', -1))
         super().__init__(interval, *args, **kwargs)
+        if self.backend_args is None and self.file_client_args is None:
+            # mmengine's local backend, whose put also hashes the bytes it
+            # writes (the digest of the record, without reading them back).
+            self.backend_args = dict(backend=BACKEND_NAME)
         self._finite_checkpoint: Optional[str] = None
+        # Digests of the files of the last local save, by absolute path.
+        self._written: Dict[str, FileDigest] = {}
 
     # ----------------------------------------------------------- lifecycle
     def before_train(self, runner) -> None:
@@ -260,7 +271,7 @@ class SafeCheckpointHook(CheckpointHook):
             meta: Its ``epoch`` and ``iter``.
             best: A best-metric checkpoint (never resumed automatically).
         """
-        size, digest, ranks = fingerprint(path)
+        size, digest, ranks = fingerprint(path, self._written)
         launch = launch_record(runner)
         append_event(
             runner.work_dir,
@@ -364,14 +375,20 @@ class SafeCheckpointHook(CheckpointHook):
             return
         final = osp.join(str(out_dir), filename)
         partial = osp.join(str(out_dir), f'.{filename}{PARTIAL_SUFFIX}')
+        self._written = {}
         if is_main_process():
             remove_path(partial)
         _barrier_if_distributed()
         try:
             save(runner, out_dir, osp.basename(partial), *args, **kwargs)
-            _barrier_if_distributed()  # every rank's part is written
+            # Every rank's part is written once all have sent its digest.
+            written = _gathered_digests(take_digests(partial))
             if is_main_process():
                 publish_checkpoint(partial, final)
+                self._written = {
+                    osp.abspath(osp.join(final, name)): digest
+                    for name, digest in written.items()
+                }
         except OSError as err:
             # A full disk says only "[Errno 28] No space left on device".
             if is_main_process():
@@ -392,6 +409,23 @@ class SafeCheckpointHook(CheckpointHook):
 def _barrier_if_distributed() -> None:
     if get_world_size() > 1:
         barrier()
+
+
+def _gathered_digests(own: Dict[str, FileDigest]) -> Dict[str, FileDigest]:
+    """Every rank's digests of the files it wrote, on every rank.
+
+    Args:
+        own: This rank's, by path relative to the checkpoint.
+
+    Returns:
+        All ranks' (an FSDP folder's rank files), merged.
+    """
+    if get_world_size() == 1:
+        return own
+    merged: Dict[str, FileDigest] = {}
+    for part in all_gather_object(own):
+        merged.update(part)
+    return merged
 
 
 @contextmanager

@@ -18,13 +18,15 @@ runs whose config sets ``runner_type`` to one of the plugin's runners:
   ``CorruptCheckpointError`` naming it and the newest intact checkpoint
   recorded beside it.
 """
+from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List
 
 import torch
 
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
-from mmae_plugin.checkpoint.loading import verify_before_loading
+from mmae_plugin.checkpoint.loading import (start_verification,
+                                            verify_before_loading)
 from mmae_plugin.checkpoint.run_record import read_record
 from mmae_plugin.engine.run_identity import runner_config_digest
 
@@ -89,6 +91,7 @@ class VerifiedCheckpointMixin:
 
     _resume_chosen = False  # the checkpoint came from auto-resume
     _resuming = None  # the path mmengine's resume is loading
+    _verification = None  # of the checkpoint being loaded, still running
 
     def load_or_resume(self) -> None:
         """Choose the auto-resume checkpoint, then load or resume as mmengine.
@@ -131,9 +134,10 @@ class VerifiedCheckpointMixin:
         Returns:
             What mmengine returns.
         """
-        if self._resuming != str(filename):  # resume() verified it
-            self._logged(verify_before_loading, filename)
-        return super().load_checkpoint(filename, *args, **kwargs)
+        if self._resuming == str(filename):  # resume() is verifying it
+            return super().load_checkpoint(filename, *args, **kwargs)
+        with self._verified_while_loading(filename):
+            return super().load_checkpoint(filename, *args, **kwargs)
 
     def resume(self, filename: str, *args, **kwargs) -> Any:
         """Verify a local checkpoint and whose it is, then resume as
@@ -147,15 +151,42 @@ class VerifiedCheckpointMixin:
         Returns:
             What mmengine returns.
         """
-        self._logged(verify_before_loading, filename)
-        self._resuming = str(filename)
+        with self._verified_while_loading(filename):
+            self._resuming = str(filename)
+            try:
+                return super().resume(filename, *args, **kwargs)
+            finally:
+                self._resuming = None
+
+    @contextmanager
+    def _verified_while_loading(self, filename: str) -> Iterator[None]:
+        """Verify ``filename`` in a thread while mmengine loads it.
+
+        Hashing a multi-GB checkpoint costs about what loading it does; the
+        two overlap, and nothing loaded is used before the verdict
+        (``after_load_checkpoint``, which mmengine calls before it applies
+        anything, waits for it).
+        """
+        self._verification = start_verification(filename)
         try:
-            return super().resume(filename, *args, **kwargs)
+            yield
+        except BaseException:
+            # A damaged file fails torch.load too: say it is damaged.
+            self._wait_for_verification()
+            raise
         finally:
-            self._resuming = None
+            self._wait_for_verification()
+
+    def _wait_for_verification(self) -> None:
+        verification, self._verification = self._verification, None
+        if verification is not None:
+            self._logged(verification.wait)
 
     def call_hook(self, fn_name: str, **kwargs) -> None:
-        """Check a resumed checkpoint's ``meta`` before mmengine reads it."""
+        """Wait for the loaded checkpoint's verification and check a resumed
+        one's ``meta`` before mmengine reads it."""
+        if fn_name == 'after_load_checkpoint':
+            self._wait_for_verification()
         if fn_name == 'after_load_checkpoint' and self._resuming:
             self._logged(self._check_resumable, self._resuming,
                          kwargs['checkpoint'])
