@@ -6,6 +6,7 @@ run's (3), damaged files (4), ``last_checkpoint`` and the record itself
 damaged (5), explicit ``--resume`` of files outside the record and launch
 records (6). Messages (7) are in ``test_divergence.py`` and here.
 """
+import errno
 import json
 import os
 import os.path as osp
@@ -17,9 +18,11 @@ from checkpoint_fault_tools import ToyModel, make_toy_runner
 from mmengine.hooks import Hook
 
 import mmae_plugin.registration  # noqa: F401
+from mmae_plugin.checkpoint.bounded_read import UnsafeFileError
 from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
 from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
-from mmae_plugin.checkpoint.run_record import RECORD_NAME, read_record
+from mmae_plugin.checkpoint.run_record import (RECORD_NAME, append_event,
+                                               read_record)
 from mmae_plugin.engine.runners import (ForeignCheckpointError,
                                         LaunchChangedError, MMAERunner)
 
@@ -404,3 +407,32 @@ def test_two_processes_fall_back_alike_and_rank0_alone_records(
         assert torch.load(
             entry.location,
             weights_only=True)['meta']['run_id'] == events[0]['run_id']
+
+
+@pytest.mark.parametrize('kind', ['fifo', 'character device', 'directory'])
+def test_a_record_that_is_not_a_file_is_refused_by_name(tmp_path, kind):
+    path = tmp_path / RECORD_NAME
+    if kind == 'fifo':
+        os.mkfifo(path)
+    elif kind == 'character device':
+        os.symlink('/dev/zero', path)
+    else:
+        path.mkdir()
+    with pytest.raises(UnsafeFileError) as refused:
+        append_event(str(tmp_path), dict(event='start', run_id='r'))
+    assert str(path) in str(refused.value)
+    assert 'not a regular file' in str(refused.value)
+
+
+def test_a_full_disk_while_appending_names_the_record(small_disk):
+    filler = small_disk / 'filler'
+    with pytest.raises(OSError):
+        with open(filler, 'wb') as f:  # fill the 1 MiB disk to the byte
+            f.write(b'\0' * (2 << 20))
+    with pytest.raises(OSError) as full:
+        for _ in range(1000):  # the first line may still fit in a page
+            append_event(str(small_disk), dict(event='start', run_id='r'))
+    assert full.value.errno == errno.ENOSPC
+    assert str(small_disk / RECORD_NAME) in str(full.value)
+    # What was written before is still read, entry by entry.
+    assert read_record(str(small_disk)).run_id in (None, 'r')

@@ -20,7 +20,8 @@ class UnsafeFileError(OSError):
     """A metadata file that is not a small regular file."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages (``'a FIFO'``)."""
     for test, name in ((stat.S_ISFIFO, 'a FIFO'), (stat.S_ISCHR,
                                                    'a character device'),
                        (stat.S_ISBLK, 'a block device'),
@@ -58,7 +59,7 @@ def read_small_text(path: str,
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UnsafeFileError(
-                f'{what} {path} is {_kind(info.st_mode)}, not a regular '
+                f'{what} {path} is {file_kind(info.st_mode)}, not a regular '
                 'file; refusing to read it')
         if info.st_size > limit:
             raise UnsafeFileError(

@@ -27,11 +27,12 @@ import json
 import os
 import os.path as osp
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .atomic_write import fsync_folder
-from .bounded_read import read_small_text
+from .bounded_read import UnsafeFileError, file_kind, read_small_text
 
 RECORD_NAME = 'checkpoint_record.jsonl'
 #: Largest record read (a line is ~400 bytes: ~150,000 saves).
@@ -135,12 +136,45 @@ def append_event(work_dir: str, event: Dict[str, Any]) -> None:
     Args:
         work_dir: The run's work folder.
         event: JSON-serialisable fields (``event`` names the kind).
+
+    Raises:
+        UnsafeFileError: The record's path holds something other than a
+            regular file (a FIFO, a device, a folder), named.
+        OSError: A failed write (a full disk), naming the record; the
+            errno is the system's.
     """
     path = record_path(work_dir)
     line = json.dumps(event, sort_keys=True, separators=(',', ':')) + '\n'
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    if osp.isdir(path):
+        raise UnsafeFileError(
+            f'run record {path} is a directory, not a regular file; '
+            'refusing to append to it. Move it out of the work folder: the '
+            'record is a file the plugin writes itself.')
     try:
-        size = os.fstat(fd).st_size
+        size = _append_line(path, line)
+    except UnsafeFileError:
+        raise
+    except OSError as err:
+        raise OSError(
+            err.errno, f'{err.strerror or err} (appending to the run '
+            f'record {path}; it keeps its intact entries: a partly written '
+            'last line costs only that entry)', path) from err
+    if size == 0:
+        fsync_folder(str(work_dir))
+
+
+def _append_line(path: str, line: str) -> int:
+    """Append ``line`` to the regular file ``path``; its size before."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK,
+                 0o644)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeFileError(
+                f'run record {path} is {file_kind(info.st_mode)}, not a '
+                'regular file; refusing to append to it. Move it out of the '
+                'work folder: the record is a file the plugin writes itself.')
+        size = info.st_size
         if size and os.pread(fd, 1, size - 1) != b'\n':
             line = '\n' + line
         data = line.encode('utf-8')
@@ -149,8 +183,7 @@ def append_event(work_dir: str, event: Dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    if size == 0:
-        fsync_folder(str(work_dir))
+    return size
 
 
 @dataclass
