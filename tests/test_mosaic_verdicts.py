@@ -20,15 +20,20 @@ def record(arm, seed, **metrics):
         arm=arm, seed=seed, epoch=0 if arm == 'random_init' else 10, **fields)
 
 
-def values_of(arms):
-    runs = [
+def records_of(arms):
+    """Every arm's record per seed; a tuple value gives each seed its
+    own."""
+    return [
         record(
             arm, seed, **{
                 k: v[seed] if isinstance(v, tuple) else v
                 for k, v in metrics.items()
             }) for arm, metrics in arms.items() for seed in SEEDS
     ]
-    return mv.final_values(dict(runs=runs))
+
+
+def values_of(arms):
+    return mv.final_values(dict(runs=records_of(arms)))
 
 
 def pca_curve(top, start=32, rise=10.0):
@@ -152,13 +157,7 @@ def test_the_page_keeps_its_criteria_and_rewrites_only_the_results(tmp_path):
     for arm, metrics in local_global_arms().items():
         arms.setdefault(arm, {}).update(metrics)
     arms['mae'].update(cell_linear_top1=70.0)  # as tcr_arms has it
-    runs = [
-        record(
-            arm, seed, **{
-                k: v[seed] if isinstance(v, tuple) else v
-                for k, v in metrics.items()
-            }) for arm, metrics in arms.items() for seed in SEEDS
-    ]
+    runs = records_of(arms)
     spec = dict(arms=[dict(name=arm, label=arm.upper()) for arm in arms])
     page = tmp_path / 'mosaic.md'
     criteria = '# Mosaics\n\n## Criteria (fixed before the runs)\n\ntext\n'
