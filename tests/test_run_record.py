@@ -436,3 +436,27 @@ def test_a_full_disk_while_appending_names_the_record(small_disk):
     assert str(small_disk / RECORD_NAME) in str(full.value)
     # What was written before is still read, entry by entry.
     assert read_record(str(small_disk)).run_id in (None, 'r')
+
+
+def test_a_record_garbled_before_the_first_checkpoint_starts_afresh(tmp_path):
+    """Damage costs entries, not runs: a killed first launch left only a
+    garbled line and no checkpoint, so the next launch trains from the
+    start (it used to be refused at every launch)."""
+    (tmp_path / RECORD_NAME).write_bytes(b'{"event": "sta\0\0\0')
+    start = run(tmp_path, 1, resume=True)
+    assert (start.epoch, start.iter) == (0, 0)
+    assert 'starting afresh' in logs(tmp_path)
+    record = read_record(str(tmp_path))
+    assert record.damaged == [1] and sorted(record.entries) == ['epoch_1.pth']
+
+
+def test_files_no_intact_entry_names_are_named_and_not_saved_over(two_epochs):
+    record = two_epochs / RECORD_NAME
+    record.write_bytes(b'\0' * record.stat().st_size)
+    before = (two_epochs / 'epoch_1.pth').read_bytes()
+    with pytest.raises(CorruptCheckpointError) as refused:
+        run(two_epochs, 3, resume=True)
+    for name in ('epoch_1.pth', 'epoch_2.pth'):
+        assert str(two_epochs / name) in str(refused.value)
+    assert '--resume PATH' in str(refused.value)
+    assert (two_epochs / 'epoch_1.pth').read_bytes() == before

@@ -81,14 +81,25 @@ def choose_resume_checkpoint(work_dir: str) -> ResumeChoice:
                 (newest.iter - entry.iter, newest.epoch - entry.epoch), notes,
                 entry)
         skipped.append((entry.location, problem))
-    if not skipped and not record.unreadable and not record.damaged:
+    files = _checkpoint_files(work_dir)
+    if not skipped and not files:
+        # Damage costs entries, not runs: with no checkpoint to lose, the
+        # run starts afresh (the damaged lines stay skipped).
+        if record.unreadable or record.damaged:
+            notes.append('No intact entry of this run is recorded and no '
+                         'checkpoint file is in the folder: starting '
+                         'afresh.')
         return ResumeChoice(None, notes=notes)
     reasons = '; '.join(f'{path}: {why}' for path, why in skipped)
+    in_folder = ', '.join(files) or 'none'
     raise CorruptCheckpointError(
         'cannot resume automatically: no intact checkpoint recorded in '
         f'{record_path(work_dir)} is left ({reasons or "none readable"}). '
-        f'{" ".join(notes)} Start afresh with resume=False, or pass '
-        '--resume PATH.'.replace('  ', ' '))
+        f'{" ".join(notes)} Checkpoint files in the folder, which no intact '
+        f'entry of this run names: {in_folder}. Continue from one with '
+        '--resume PATH (resume_other_run = True if another run wrote it), '
+        'or train into a new work folder; a fresh start here could save '
+        'over them.'.replace('  ', ' '))
 
 
 def _migration_choice(work_dir: str, notes: List[str]) -> ResumeChoice:
