@@ -12,6 +12,7 @@ an evaluation epoch nor the newest are deleted, so a kill loses at most one
 epoch.
 """
 import copy
+import logging
 from typing import Any, Dict, Iterable, List
 
 from mmengine.hooks import Hook
@@ -38,7 +39,10 @@ class StopAtEpochHook(Hook):
 
     def after_train_epoch(self, runner) -> None:
         finished = runner.epoch + 1  # runner.epoch is 0-based here
-        prune_checkpoints(runner.work_dir, self.keep_epochs | {finished})
+        from mmae_plugin.engine.runners.checkpoint_resume import \
+            runner_checkpoint_folder
+        prune_checkpoints(
+            runner_checkpoint_folder(runner), self.keep_epochs | {finished})
         if finished >= self.stop_epoch:
             runner.train_loop.stop_training = True
 
@@ -46,28 +50,26 @@ class StopAtEpochHook(Hook):
 def prune_checkpoints(directory: str, keep: Iterable[int]) -> None:
     """Remove the run's recorded checkpoints of every epoch not in ``keep``
     but the newest (the one a resume needs), each marked removed in the run
-    record before its file goes, as the checkpoint hook's own retention
-    does. Files the record does not name are left alone.
+    record before its file goes, through the checkpoint hook's own
+    retention (:func:`mmae_plugin.checkpoint.retention.retire`). Files the
+    record does not name are left alone.
 
     Args:
         directory: The run folder.
         keep: Epochs whose checkpoints stay.
     """
     from mmengine.dist import is_main_process
+    from mmengine.logging import print_log
 
-    from mmae_plugin.checkpoint.integrity import remove_sidecars
-    from mmae_plugin.checkpoint.publish import remove_path
-    from mmae_plugin.checkpoint.run_record import append_event, read_record
+    from mmae_plugin.checkpoint.retention import retire
+    from mmae_plugin.checkpoint.run_record import read_record
     record = read_record(directory)
     if not is_main_process() or not record.exists:
         return
     entries = sorted(record.checkpoints(), key=lambda e: (e.iter, e.epoch))
     keep = set(keep) | {e.epoch for e in entries[-1:]}
-    for entry in entries:
-        if entry.epoch not in keep:
-            append_event(directory, dict(event='removed', path=entry.path))
-            remove_sidecars(entry.location)
-            remove_path(entry.location)
+    for sentence in retire([e for e in entries if e.epoch not in keep]):
+        print_log(sentence, logger='current', level=logging.WARNING)
 
 
 def fit_schedule(schedulers: List[dict], old_epochs: int,

@@ -20,6 +20,7 @@ def toy_runner(work_dir,
                custom_hooks=None,
                lr=0.01,
                upstream=False,
+               out_dir=None,
                **kwargs):
     """The plugin's runner and checkpoint hook, a save every iteration.
 
@@ -33,6 +34,7 @@ def toy_runner(work_dir,
         lr: SGD learning rate.
         upstream: mmengine's own ``Runner`` and ``CheckpointHook`` instead
             (what the plugin's are compared with).
+        out_dir: The checkpoint hook's ``out_dir``.
         **kwargs: More runner arguments (``cfg``, ``log_level``...).
 
     Returns:
@@ -48,7 +50,8 @@ def toy_runner(work_dir,
             checkpoint=dict(
                 type='CheckpointHook' if upstream else 'SafeCheckpointHook',
                 interval=1,
-                max_keep_ckpts=max_keep_ckpts)),
+                max_keep_ckpts=max_keep_ckpts,
+                out_dir=out_dir)),
         custom_hooks=custom_hooks,
         resume=resume,
         load_from=load_from,

@@ -54,7 +54,7 @@ def three_epochs(tmp_path):
     return tmp_path
 
 
-def resume(work_dir, max_epochs=4, load_from=None):
+def resume(work_dir, max_epochs=4, load_from=None, out_dir=None):
     """Resume (automatically, or from ``load_from``) and train on.
 
     Returns:
@@ -67,6 +67,7 @@ def resume(work_dir, max_epochs=4, load_from=None):
         resume=True,
         max_keep_ckpts=-1,
         load_from=load_from,
+        out_dir=out_dir,
         custom_hooks=[record]).train()
     return record.start_epoch
 
@@ -424,9 +425,10 @@ def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
 
     work_dir = tmp_path / 'work'  # logs here, checkpoints on the small disk
     runner = toy_runner(
-        work_dir, max_epochs=2, custom_hooks=[FillDiskBeforeSave()])
-    hook = next(h for h in runner.hooks if isinstance(h, SafeCheckpointHook))
-    hook.out_dir = str(small_disk)
+        work_dir,
+        max_epochs=2,
+        custom_hooks=[FillDiskBeforeSave()],
+        out_dir=str(small_disk))
     with pytest.raises(OSError) as info:
         runner.train()
     out_dir = osp.join(str(small_disk), 'work')
@@ -439,7 +441,7 @@ def test_disk_full_during_a_save_names_the_file_and_keeps_the_old(
     assert (work_dir / 'last_checkpoint').read_text() == \
         osp.join(out_dir, 'epoch_1.pth')
     os.remove(osp.join(str(small_disk), 'filler'))
-    assert resume(work_dir, max_epochs=2) == 1
+    assert resume(work_dir, max_epochs=2, out_dir=str(small_disk)) == 1
 
 
 # --------------------------------------------------------------------------

@@ -46,6 +46,7 @@ def run(work_dir,
         interval=1,
         max_keep_ckpts=-1,
         model=None,
+        out_dir=None,
         **kwargs):
     """The plugin's runner on 4 samples (2 iterations per epoch).
 
@@ -63,7 +64,8 @@ def run(work_dir,
                 type='SafeCheckpointHook',
                 by_epoch=by_epoch,
                 interval=interval,
-                max_keep_ckpts=max_keep_ckpts)),
+                max_keep_ckpts=max_keep_ckpts,
+                out_dir=out_dir)),
         custom_hooks=[start],
         **kwargs)
     if model is not None:
@@ -409,19 +411,27 @@ def test_two_processes_fall_back_alike_and_rank0_alone_records(
             weights_only=True)['meta']['run_id'] == events[0]['run_id']
 
 
-@pytest.mark.parametrize('kind', ['fifo', 'character device', 'directory'])
-def test_a_record_that_is_not_a_file_is_refused_by_name(tmp_path, kind):
+@pytest.mark.parametrize('kind,fragment',
+                         [('fifo', 'not a regular file'),
+                          ('link to /dev/zero', 'is a symbolic link'),
+                          ('dangling link', 'is a symbolic link'),
+                          ('directory', 'not a regular file')])
+def test_a_record_that_is_not_a_file_is_refused_by_name(
+        tmp_path, kind, fragment):
     path = tmp_path / RECORD_NAME
     if kind == 'fifo':
         os.mkfifo(path)
-    elif kind == 'character device':
+    elif kind == 'link to /dev/zero':
         os.symlink('/dev/zero', path)
+    elif kind == 'dangling link':  # appending would create its target
+        os.symlink(tmp_path / 'elsewhere' / RECORD_NAME, path)
     else:
         path.mkdir()
     with pytest.raises(UnsafeFileError) as refused:
         append_event(str(tmp_path), dict(event='start', run_id='r'))
     assert str(path) in str(refused.value)
-    assert 'not a regular file' in str(refused.value)
+    assert fragment in str(refused.value)
+    assert not (tmp_path / 'elsewhere').exists()
 
 
 def test_a_full_disk_while_appending_names_the_record(small_disk):

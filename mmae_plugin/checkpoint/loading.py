@@ -20,7 +20,7 @@ import threading
 from typing import Any, Dict, Optional, Tuple
 
 from .integrity import CorruptCheckpointError, verify_checkpoint
-from .run_record import read_record
+from .run_record import newest_intact_sentence, read_record
 
 
 def is_local_checkpoint(filename: Any) -> bool:
@@ -40,7 +40,6 @@ def verify_before_loading(filename: Any) -> None:
         FileNotFoundError: The path is empty.
         CorruptCheckpointError: The checkpoint is damaged.
     """
-    from .discovery import newest_intact_sentence
     if not is_local_checkpoint(filename):
         return
     path = osp.expanduser(os.fspath(filename))

@@ -1,18 +1,27 @@
 """The run record: every checkpoint a run finalized, written down in order.
 
-``<work_dir>/checkpoint_record.jsonl`` is the one source of truth about a
-run's checkpoints. :class:`~mmae_plugin.engine.hooks.SafeCheckpointHook`
-appends one JSON line per event, each written with ``O_APPEND`` and
-fsync'ed before anything depends on it:
+``checkpoint_record.jsonl`` in the run's checkpoint folder (the work folder,
+or ``<out_dir>/<work folder name>`` when the checkpoint hook sets
+``out_dir``, as mmengine's ``CheckpointHook`` places checkpoints) is the one
+source of truth about a run's checkpoints.
+:class:`~mmae_plugin.engine.hooks.SafeCheckpointHook` appends one JSON
+line per event, each written with ``O_APPEND`` and fsync'ed before
+anything depends on it:
 
 * ``start``: a training run starts (``run_id``, ``config_digest``,
   ``launch``; ``resumed_iter``, the iteration it continues from, or None);
 * ``saved``: a checkpoint was finalized (``path``, ``epoch``, ``iter``,
   ``size``, ``sha256`` (of the bytes as they were written:
-  :mod:`.digest_write`), ``layout``, ``best``, ``run_id``,
+  :mod:`.digest_write`), ``file_id`` (device, inode and modification
+  time), ``layout``, ``best``, ``run_id``,
   ``config_digest``, ``launch``);
 * ``removed``: retention retires a checkpoint (written before the file
-  goes).
+  goes; ``left`` says why a file was left in place instead).
+
+``path`` is the bare name of a file or folder in the record's own folder:
+an entry naming anything else (a separator, ``..``, an absolute path) is
+skipped as damaged, so nothing the record says reaches outside its folder
+(:func:`is_bare_name`).
 
 Reading folds the lines in order: a later ``saved`` of a path replaces the
 earlier (the file was written again), ``removed`` drops it, and a ``start``
@@ -41,11 +50,48 @@ _CHUNK = 1 << 22
 _RANK_FILE = re.compile(r'^rank(\d+)\.pth$')
 _INT_FIELDS = ('epoch', 'iter', 'size')
 _STR_FIELDS = ('path', 'sha256', 'run_id')
+_LINK_REFUSAL = ('run record {path} is a symbolic link; refusing to {verb} '
+                 'it (a record describes the files of its own folder, and a '
+                 'link may lead to another run\'s). Replace it with the '
+                 'record file itself, or remove it.')
 
 
-def record_path(work_dir: str) -> str:
-    """Where the run record of ``work_dir`` is."""
-    return osp.join(str(work_dir), RECORD_NAME)
+def record_path(folder: str) -> str:
+    """Where the run record of a checkpoint folder is."""
+    return osp.join(str(folder), RECORD_NAME)
+
+
+def checkpoint_folder(work_dir: str, out_dir: Optional[str] = None) -> str:
+    """The folder a checkpoint hook with ``out_dir`` saves into.
+
+    Args:
+        work_dir: The runner's work folder.
+        out_dir: The hook's ``out_dir`` as configured (None: the work
+            folder).
+
+    Returns:
+        ``work_dir``, or ``<out_dir>/<work folder name>`` as mmengine's
+        ``CheckpointHook`` places checkpoints outside the work folder.
+    """
+    work_dir = str(work_dir)
+    if out_dir is None or str(out_dir) == work_dir:  # as mmengine compares
+        return work_dir
+    return osp.join(str(out_dir), osp.basename(work_dir.rstrip(osp.sep)))
+
+
+def is_bare_name(path: Any) -> bool:
+    """Whether ``path`` names a file of the record's own folder only.
+
+    Args:
+        path: A record entry's ``path``.
+
+    Returns:
+        False for anything with a separator, ``.``, ``..``, an absolute
+        path or a NUL byte.
+    """
+    return isinstance(path, str) and path not in ('', '.', '..') and \
+        not any(c in path for c in ('/', '\\', '\x00')) and \
+        not osp.isabs(path)
 
 
 def file_sha256(path: str) -> str:
@@ -165,8 +211,12 @@ def append_event(work_dir: str, event: Dict[str, Any]) -> None:
 
 def _append_line(path: str, line: str) -> int:
     """Append ``line`` to the regular file ``path``; its size before."""
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK,
-                 0o644)
+    if osp.islink(path):
+        raise UnsafeFileError(
+            _LINK_REFUSAL.format(path=path, verb='append to'))
+    fd = os.open(
+        path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+        | getattr(os, 'O_NOFOLLOW', 0), 0o644)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -192,7 +242,7 @@ class Entry:
 
     Args:
         fields: The ``saved`` event as written.
-        work_dir: The work folder (relative paths are relative to it).
+        work_dir: The record's folder (``path`` is a name in it).
     """
     fields: Dict[str, Any]
     work_dir: str
@@ -205,8 +255,32 @@ class Entry:
 
     @property
     def location(self) -> str:
-        """The checkpoint's local path."""
-        return osp.normpath(osp.join(self.work_dir, self.fields['path']))
+        """The checkpoint's local path (in the record's folder)."""
+        return osp.join(self.work_dir, self.fields['path'])
+
+    def removal_problem(self) -> Optional[str]:
+        """Why retention must leave this checkpoint's file, or None.
+
+        The file is the one the run wrote when its device, inode,
+        modification time and size are the recorded ones, or (a copied or
+        moved experiment) its size and SHA-256 are.
+
+        Returns:
+            None when it may be deleted; ``'missing'`` when it is gone.
+        """
+        try:
+            info = os.lstat(self.location)
+        except FileNotFoundError:
+            return 'missing'
+        except OSError as err:
+            return f'it cannot be read ({err})'
+        if stat.S_ISLNK(info.st_mode):
+            return ('it is a symbolic link now, not the checkpoint the run '
+                    'wrote')
+        if self.fields.get('file_id') == _file_id(info) and \
+                stat.S_ISREG(info.st_mode) and info.st_size == self.size:
+            return None
+        return self.problem()
 
     def problem(self) -> Optional[str]:
         """Why the file no longer is what was recorded, or None.
@@ -252,17 +326,23 @@ class RunRecord:
     """The record of a work folder, folded.
 
     Args:
-        work_dir: The work folder.
+        work_dir: The record's folder (the run's checkpoint folder).
         run_id: The run of the last ``start`` (None without one).
         entries: Finalized checkpoints that were not removed, by path.
+        written: The run id that last saved each name not removed since,
+            entries of abandoned branches included: whose file it is.
         damaged: Line numbers (1-based) of lines skipped as damaged.
+        uncontained: ``(line, path)`` of entries skipped for naming
+            something other than a file of the record's folder.
         exists: Whether the record file exists.
         unreadable: Why the record could not be read at all, or None.
     """
     work_dir: str
     run_id: Optional[str] = None
     entries: Dict[str, Entry] = field(default_factory=dict)
+    written: Dict[str, str] = field(default_factory=dict)
     damaged: List[int] = field(default_factory=list)
+    uncontained: List[Tuple[int, str]] = field(default_factory=list)
     exists: bool = False
     unreadable: Optional[str] = None
 
@@ -302,8 +382,13 @@ class RunRecord:
         lines = ', '.join(map(str, self.damaged[:10]))
         more = f' and {len(self.damaged) - 10} more' \
             if len(self.damaged) > 10 else ''
+        named = ', '.join(f'line {n}: {p!r}' for n, p in self.uncontained[:5])
+        outside = (f' {len(self.uncontained)} of them name a path outside '
+                   f'the record\'s folder ({named}); an entry names a file '
+                   'of its own folder only.') if self.uncontained else ''
         return (f'{len(self.damaged)} damaged line(s) of '
-                f'{record_path(self.work_dir)} skipped (line {lines}{more}).')
+                f'{record_path(self.work_dir)} skipped (line {lines}{more}).'
+                f'{outside}')
 
 
 def _valid_saved(event: Dict[str, Any]) -> bool:
@@ -315,6 +400,7 @@ def _valid_saved(event: Dict[str, Any]) -> bool:
 
 
 def _parse(line: str) -> Optional[Dict[str, Any]]:
+    """The event of a well-formed line, else None (paths not checked)."""
     try:
         event = json.loads(line)
     except ValueError:
@@ -325,7 +411,8 @@ def _parse(line: str) -> Optional[Dict[str, Any]]:
     if kind == 'saved':
         return event if _valid_saved(event) else None
     if kind == 'removed':
-        return event if isinstance(event.get('path'), str) else None
+        return event if isinstance(event.get('path'), str) and \
+            event['path'] else None
     if kind == 'start':
         resumed = event.get('resumed_iter')
         return event if isinstance(event.get('run_id'), str) and \
@@ -344,6 +431,11 @@ def read_record(work_dir: str) -> RunRecord:
         The folded record (empty when there is none).
     """
     record = RunRecord(str(work_dir))
+    if osp.islink(record_path(work_dir)):
+        record.exists = True
+        record.unreadable = _LINK_REFUSAL.format(
+            path=record_path(work_dir), verb='read').rstrip('.')
+        return record
     try:
         text = read_small_text(
             record_path(work_dir), 'run record', RECORD_LIMIT)
@@ -357,6 +449,10 @@ def read_record(work_dir: str) -> RunRecord:
         if not line.strip():
             continue
         event = _parse(line)
+        if event is not None and 'path' in event and \
+                not is_bare_name(event['path']):
+            record.uncontained.append((number, event['path']))
+            event = None
         if event is None:
             record.damaged.append(number)
         else:
@@ -368,8 +464,10 @@ def _fold(record: RunRecord, event: Dict[str, Any]) -> None:
     kind = event['event']
     if kind == 'saved':
         record.entries[event['path']] = Entry(event, record.work_dir)
+        record.written[event['path']] = event['run_id']
     elif kind == 'removed':
         record.entries.pop(event['path'], None)
+        record.written.pop(event['path'], None)
     else:
         record.run_id = event['run_id']
         resumed = event.get('resumed_iter')
@@ -404,9 +502,52 @@ def config_digest(model: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def recorded_path(work_dir: str, checkpoint: str) -> str:
-    """How the record names ``checkpoint``: relative to the work folder
-    when inside it, else absolute."""
-    relative = osp.relpath(osp.abspath(checkpoint), osp.abspath(work_dir))
-    return osp.abspath(checkpoint) if relative.startswith('..') \
-        else relative
+def recorded_path(folder: str, checkpoint: str) -> str:
+    """How the record of ``folder`` names ``checkpoint``: its bare name.
+
+    Args:
+        folder: The record's folder.
+        checkpoint: A checkpoint file or FSDP folder in it.
+
+    Returns:
+        The name.
+
+    Raises:
+        ValueError: ``checkpoint`` is not directly in ``folder``.
+    """
+    parent = osp.dirname(osp.abspath(str(checkpoint)))
+    if parent != osp.abspath(str(folder)):
+        raise ValueError(
+            f'checkpoint {checkpoint} is not in the run record\'s folder '
+            f'{folder}: a record names files of its own folder only')
+    return osp.basename(str(checkpoint))
+
+
+def file_id(path: str) -> List[int]:
+    """Device, inode and modification time (ns) of a path, not following a
+    symbolic link: a file replaced since (even one given the freed inode
+    number) has another."""
+    return _file_id(os.lstat(path))
+
+
+def _file_id(info: os.stat_result) -> List[int]:
+    return [info.st_dev, info.st_ino, info.st_mtime_ns]
+
+
+def newest_intact_sentence(path: str) -> str:
+    """What to resume from instead of a damaged ``path``.
+
+    Args:
+        path: The damaged checkpoint.
+
+    Returns:
+        A sentence naming the newest intact checkpoint recorded beside it.
+    """
+    folder = osp.dirname(osp.abspath(osp.normpath(path)))
+    for entry in read_record(folder).checkpoints():
+        if osp.realpath(entry.location) != osp.realpath(path) and \
+                entry.problem() is None:
+            return (f'The newest intact checkpoint recorded in {folder} is '
+                    f'{entry.location} (pass --resume {entry.location}, or '
+                    'resume automatically).')
+    return f'No intact checkpoint of this run is recorded in {folder}.'

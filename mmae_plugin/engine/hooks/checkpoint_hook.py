@@ -31,8 +31,13 @@ how each save is done:
 3. **Retention from the record.** ``max_keep_ckpts`` keeps the run's
    newest checkpoints by global iteration, whatever their kind (epoch or
    iteration checkpoints, before and after a switch); only entries older
-   than the kept set are retired, never the file just finalized, and each
-   is marked removed in the record before its file goes.
+   than the kept set are retired, never the file just finalized, each
+   marked removed in the record before its file goes, and only a file
+   that is still the one the run wrote
+   (:mod:`mmae_plugin.checkpoint.retention`).
+
+The record lives in the checkpoint folder (``out_dir``'s, or the work
+folder) and names files of that folder only.
 
 Saves to other backends (``backend_args`` naming object storage) keep
 upstream's writes; the finiteness check and the removal order apply there
@@ -60,9 +65,10 @@ from mmae_plugin.checkpoint.digest_write import BACKEND_NAME, take_digests
 from mmae_plugin.checkpoint.publish import (PARTIAL_SUFFIX, publish_checkpoint,
                                             remove_partial_checkpoints,
                                             remove_path, remove_path_quietly)
+from mmae_plugin.checkpoint.retention import retire
 from mmae_plugin.checkpoint.run_record import (FileDigest, append_event,
-                                               fingerprint, read_record,
-                                               recorded_path)
+                                               file_id, fingerprint,
+                                               read_record, recorded_path)
 from mmae_plugin.engine.run_identity import run_identity
 from mmae_plugin.engine.runners.launch_record import launch_record
 from .deferred_runtime_info_hook import settle_logged_values
@@ -104,6 +110,8 @@ class SafeCheckpointHook(CheckpointHook):
         _check_setting('interval', interval)
         _check_setting('max_keep_ckpts', kwargs.get('max_keep_ckpts', -1))
         super().__init__(interval, *args, **kwargs)
+        #: ``out_dir`` as configured (``before_train`` resolves it).
+        self.configured_out_dir = self.out_dir
         if self.backend_args is None and self.file_client_args is None:
             # mmengine's local backend, whose put also hashes the bytes it
             # writes (the digest of the record, without reading them back).
@@ -134,11 +142,12 @@ class SafeCheckpointHook(CheckpointHook):
         self._finite_checkpoint = runner.message_hub.get_info('last_ckpt')
         self._identity = run_identity(runner)
         if self._writes_locally() and is_main_process():
+            os.makedirs(str(self.out_dir), exist_ok=True)
             for folder in {str(self.out_dir), str(runner.work_dir)}:
                 remove_orphan_temporaries(folder)
                 remove_partial_checkpoints(folder)
             append_event(
-                runner.work_dir,
+                str(self.out_dir),
                 dict(
                     event='start',
                     launch=launch_record(runner),
@@ -254,7 +263,7 @@ class SafeCheckpointHook(CheckpointHook):
         write_atomically(
             str(self.last_ckpt), last_checkpoint, mode='w', encoding='utf-8')
         if local:
-            retired = self._retired_by_record(runner, str(self.last_ckpt))
+            self._retire_by_record(runner, str(self.last_ckpt))
         for path in retired:
             self._remove_checkpoint(path)
 
@@ -273,45 +282,40 @@ class SafeCheckpointHook(CheckpointHook):
         """
         size, digest, ranks = fingerprint(path, self._written)
         launch = launch_record(runner)
+        folder = str(self.out_dir)
         append_event(
-            runner.work_dir,
+            folder,
             dict(
                 event='saved',
-                path=recorded_path(runner.work_dir, path),
+                path=recorded_path(folder, path),
                 epoch=int(meta['epoch']),
                 iter=int(meta['iter']),
                 size=size,
                 sha256=digest,
+                file_id=file_id(path),
                 best=best,
                 launch=launch,
                 layout=dict(ranks=ranks, sharding=launch['sharding']),
                 **self._identity))
 
-    def _retired_by_record(self, runner, newest: str) -> List[str]:
-        """Retire the run's checkpoints older than the kept set.
-
-        Each is marked removed in the record before the caller removes it.
-
-        Returns:
-            The checkpoints to remove.
-        """
+    def _retire_by_record(self, runner, newest: str) -> None:
+        """Retire the run's checkpoints older than the kept set
+        (:func:`~mmae_plugin.checkpoint.retention.retire`)."""
         if self.max_keep_ckpts <= 0:
-            return []
-        own = read_record(runner.work_dir).checkpoints(
+            return
+        own = read_record(str(self.out_dir)).checkpoints(
             self._identity['run_id'])
         if len(own) <= self.max_keep_ckpts:
-            return []
+            return
         oldest_kept = own[self.max_keep_ckpts - 1]
-        retired = []
-        for entry in own[self.max_keep_ckpts:]:
-            older = (entry.iter, entry.epoch) < (oldest_kept.iter,
-                                                 oldest_kept.epoch)
-            if older and osp.realpath(entry.location) != \
-                    osp.realpath(newest):
-                append_event(runner.work_dir,
-                             dict(event='removed', path=entry.path))
-                retired.append(entry.location)
-        return retired
+        retired = [
+            entry for entry in own[self.max_keep_ckpts:]
+            if (entry.iter, entry.epoch) < (oldest_kept.iter,
+                                            oldest_kept.epoch)
+            and osp.realpath(entry.location) != osp.realpath(newest)
+        ]
+        for sentence in retire(retired):
+            runner.logger.warning(sentence)
 
     def _update_kept_ids(self, runner, step: int) -> List[str]:
         """Upstream's ``keep_ckpt_ids`` bookkeeping, removal postponed
@@ -349,14 +353,14 @@ class SafeCheckpointHook(CheckpointHook):
                 getattr(self, 'best_ckpt_path_dict', None) or {}).values()
         }
         for path in queued:
-            if str(path) not in keep:
-                if self._writes_locally() and is_main_process():
-                    append_event(
-                        runner.work_dir,
-                        dict(
-                            event='removed',
-                            path=recorded_path(runner.work_dir, str(path))))
+            if str(path) in keep:
+                continue
+            if not self._writes_locally():
                 self._remove_checkpoint(path)
+            elif is_main_process():
+                entry = read_record(str(self.out_dir)).find(str(path))
+                for sentence in retire([entry] if entry else []):
+                    runner.logger.warning(sentence)
 
     def save_atomically(self, runner, out_dir: str, filename: str, *args,
                         **kwargs) -> None:

@@ -5,9 +5,12 @@
 runs whose config sets ``runner_type`` to one of the plugin's runners:
 
 * auto-resume (``resume=True`` without ``load_from``) continues from the
-  newest intact checkpoint of the work folder's run record
+  newest intact checkpoint of the checkpoint folder's run record
   (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`);
   fallbacks, with what they cost, and refusals go to the run's log file;
+* no launch (auto-resume, ``--resume PATH`` or a new run) starts when it
+  would save over a checkpoint file its run did not write
+  (:class:`~mmae_plugin.checkpoint.discovery.CheckpointsInTheWay`);
 * an explicit ``--resume PATH`` that is not the current run's recorded
   checkpoint must say in its ``meta`` what it is (epoch, iteration, run
   id); a checkpoint of another run, or of another model config, is
@@ -19,15 +22,20 @@ runs whose config sets ``runner_type`` to one of the plugin's runners:
   recorded beside it.
 """
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 
-from mmae_plugin.checkpoint.discovery import choose_resume_checkpoint
+from mmengine.hooks import CheckpointHook
+from mmengine.runner import BaseLoop
+
+from mmae_plugin.checkpoint.discovery import (CheckpointsInTheWay,
+                                              choose_resume_checkpoint,
+                                              refuse_in_the_way)
 from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
 from mmae_plugin.checkpoint.loading import (start_verification,
                                             verify_before_loading)
-from mmae_plugin.checkpoint.run_record import read_record
+from mmae_plugin.checkpoint.run_record import checkpoint_folder, read_record
 from mmae_plugin.engine.run_identity import runner_config_digest
 
 #: The config key that accepts another run's or config's checkpoint.
@@ -86,6 +94,28 @@ def identity_problems(meta: Any, current_run: Any,
     return problems
 
 
+def runner_checkpoint_folder(runner) -> str:
+    """The folder the runner's checkpoint hook saves into (its record's).
+
+    Args:
+        runner: The runner (before or after ``before_train``).
+
+    Returns:
+        The work folder, or ``<out_dir>/<work folder name>``.
+    """
+    for hook in getattr(runner, '_hooks', []):
+        if isinstance(hook, CheckpointHook):
+            out_dir = getattr(hook, 'configured_out_dir', hook.out_dir)
+            return checkpoint_folder(runner.work_dir, out_dir)
+    return str(runner.work_dir)
+
+
+def _train_limits(runner) -> Tuple[float, float]:
+    loop = getattr(runner, '_train_loop', None)
+    return (getattr(loop, 'max_iters', float('inf')),
+            getattr(loop, 'max_epochs', float('inf')))
+
+
 class VerifiedCheckpointMixin:
     """Runner behaviour for record-based, verified resume (see module)."""
 
@@ -96,11 +126,16 @@ class VerifiedCheckpointMixin:
     def load_or_resume(self) -> None:
         """Choose the auto-resume checkpoint, then load or resume as mmengine.
         """
+        folder = runner_checkpoint_folder(self)
+        training = isinstance(getattr(self, '_train_loop', None), BaseLoop)
+        if training and not self._has_loaded and not self._resume:
+            self._logged(refuse_in_the_way, folder, read_record(folder), None,
+                         (0, 0), 'a new run', _train_limits(self))
         if not self._has_loaded and self._resume is True and \
                 self._load_from is None:
             try:
-                choice = choose_resume_checkpoint(self.work_dir)
-            except CorruptCheckpointError as err:
+                choice = choose_resume_checkpoint(folder, _train_limits(self))
+            except (CorruptCheckpointError, CheckpointsInTheWay) as err:
                 self.logger.error(str(err))
                 raise
             for note in choice.notes:
@@ -196,7 +231,8 @@ class VerifiedCheckpointMixin:
         # The run's log file, not only stderr, must say why it stopped.
         try:
             check(*args)
-        except (CorruptCheckpointError, ForeignCheckpointError) as err:
+        except (CorruptCheckpointError, ForeignCheckpointError,
+                CheckpointsInTheWay) as err:
             self.logger.error(str(err))
             raise
 
@@ -214,19 +250,23 @@ class VerifiedCheckpointMixin:
                 'weights or a classifier checkpoint, not a training '
                 'checkpoint). Load weights with load_from and resume=False.')
         if self._resume_chosen:
-            return
-        record = read_record(self.work_dir)
+            return  # auto-resume checked the folder when it chose
+        folder = runner_checkpoint_folder(self)
+        record = read_record(folder)
         entry = record.find(path)
-        if entry is not None and entry.run_id == record.run_id:
-            return
-        problems = identity_problems(meta, record.run_id,
-                                     runner_config_digest(self))
-        if not problems:
-            return
-        if self.cfg.get(OTHER_RUN_KEY, False) is not True:
+        own = entry is not None and entry.run_id == record.run_id
+        problems = [] if own else identity_problems(
+            meta, record.run_id, runner_config_digest(self))
+        if problems and self.cfg.get(OTHER_RUN_KEY, False) is not True:
             raise ForeignCheckpointError(
                 f'cannot resume {path}: {"; ".join(problems)}. Set '
                 f'{OTHER_RUN_KEY} = True in the config (--cfg-options '
                 f'{OTHER_RUN_KEY}=True) to continue from it anyway.')
-        self.logger.warning(f'resuming {path} although '
-                            f'{"; ".join(problems)} ({OTHER_RUN_KEY}=True)')
+        if problems:
+            self.logger.warning(
+                f'resuming {path} although {"; ".join(problems)} '
+                f'({OTHER_RUN_KEY}=True)')
+        run_id = record.run_id if own else meta.get('run_id')
+        refuse_in_the_way(folder, record, run_id,
+                          (meta['epoch'], meta['iter']), f'resuming {path}',
+                          _train_limits(self))
