@@ -39,7 +39,7 @@ class StopAtEpochHook(Hook):
 
     def after_train_epoch(self, runner) -> None:
         finished = runner.epoch + 1  # runner.epoch is 0-based here
-        from mmae_plugin.engine.runners.checkpoint_resume import \
+        from mmae_plugin.engine.runners.resume_gate import \
             runner_checkpoint_folder
         prune_checkpoints(
             runner_checkpoint_folder(runner), self.keep_epochs | {finished})

@@ -27,7 +27,7 @@ Load (goal: ``verified`` <= 1.1 x ``torch.load``):
 
 * ``torch.load``: ``torch.load(path, weights_only=True)``;
 * ``verify+load``: the record's check (read and hash the file), then the
-  load, one after the other (what resume does in ``checkpoint_resume.py``);
+  load, one after the other (what resume does in ``resume_gate.py``);
 * ``verified``: :func:`~mmae_plugin.checkpoint.loading.load_verified`, the
   check in a thread while the file loads;
 * ``sha256 alone``: hashing the file, nothing else (the floor of any

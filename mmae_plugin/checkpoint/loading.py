@@ -160,15 +160,34 @@ def read_meta(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
             file, map_location='cpu', weights_only=True, mmap=True)
     except Exception as err:  # noqa: BLE001 (any failure: not resumable)
         return None, f'it cannot be loaded with weights_only ({err})'[:300]
+    problem = training_meta_problem(checkpoint)
+    return (None, problem) if problem else (checkpoint['meta'], None)
+
+
+def training_meta_problem(checkpoint: Any,
+                          whole: bool = True) -> Optional[str]:
+    """Why ``checkpoint`` is not a training checkpoint mmengine can resume.
+
+    Args:
+        checkpoint: A loaded checkpoint.
+        whole: Also require ``state_dict`` and ``message_hub`` (a file as
+            saved; a strategy's resume takes the weights out first).
+
+    Returns:
+        A sentence fragment, or None when its ``meta`` says its epoch and
+        iteration (and, if ``whole``, it holds the two).
+    """
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
-    if not isinstance(meta, dict):
-        return None, ('it has no meta (a plain state dict or converted '
-                      'weights, not a training checkpoint)')
-    for key in ('epoch', 'iter'):
-        if type(meta.get(key)) is not int or meta[key] < 0:
-            return None, (f'its meta does not say its {key} (got '
-                          f'{meta.get(key)!r}): not a training checkpoint')
-    if 'state_dict' not in checkpoint or 'message_hub' not in checkpoint:
-        return None, ('it lacks state_dict or message_hub: not a training '
-                      'checkpoint mmengine can resume')
-    return meta, None
+    missing = [
+        key for key in ('epoch', 'iter') if not isinstance(meta, dict)
+        or type(meta.get(key)) is not int or meta[key] < 0
+    ]
+    if missing:
+        return (f'its meta does not say its {" and ".join(missing)} (a '
+                'plain state dict, converted weights or a classifier '
+                'checkpoint, not a training checkpoint)')
+    if whole and ('state_dict' not in checkpoint
+                  or 'message_hub' not in checkpoint):
+        return ('it lacks state_dict or message_hub: not a training '
+                'checkpoint mmengine can resume')
+    return None

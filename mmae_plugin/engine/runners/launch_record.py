@@ -7,9 +7,10 @@ with ``gather='global'`` the regularised batch is GPUs x per-GPU batch, so
 the objective changes too; and FSDP's local shards load only at the world
 size they were written with. mmengine resumes all of these silently.
 
-:class:`LaunchRecordMixin` writes ``meta['launch']`` (world size, per-GPU
-batch, iterations per epoch, FSDP sharding) into every checkpoint and, on
-resume, compares it with the current launch. A difference raises
+:class:`~.resume_gate.ResumeGateMixin` writes ``meta['launch']`` (world
+size, per-GPU batch, iterations per epoch, FSDP sharding) into every
+checkpoint and, on resume, compares it with the current launch
+(:func:`check_launch`). A difference raises
 :class:`LaunchChangedError` naming both launches and what would change,
 unless the config says ``resume_launch_change = 'rescale'``: then the
 schedulers' iteration counts and the loop's iteration are rescaled to the
@@ -23,7 +24,7 @@ cannot be compared; a malformed record is refused in one line naming it.
 FSDP's local state dict cannot be rescaled across world sizes and is
 always refused.
 """
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from mmengine.dist import get_world_size
 
@@ -146,84 +147,58 @@ def rescale_schedule(runner, ratio: float) -> None:
             })
 
 
-_NOT_LOADED = object()
+def check_launch(path: str, saved: Any, now: Dict[str, Any],
+                 choice: str) -> Tuple[Optional[float], Optional[str]]:
+    """Whether a checkpoint written by launch ``saved`` continues at
+    launch ``now``.
 
+    Args:
+        path: The checkpoint (for messages).
+        saved: Its ``meta['launch']`` (None when it has none).
+        now: :func:`launch_record` of this run.
+        choice: The config's ``resume_launch_change``.
 
-class LaunchRecordMixin:
-    """Record the launch in checkpoints; refuse or rescale a changed one."""
+    Returns:
+        ``(ratio, warning)``: the iterations-per-epoch ratio to rescale the
+        schedule by (None: unchanged) and a sentence for the log (None:
+        nothing to say).
 
-    def save_checkpoint(self, *args, **kwargs) -> None:
-        """mmengine's ``save_checkpoint`` with ``meta['launch']`` added."""
-        meta = kwargs.get('meta')
-        if len(args) < 6:  # meta not passed positionally
-            kwargs['meta'] = dict(meta or {}, launch=launch_record(self))
-        return super().save_checkpoint(*args, **kwargs)
-
-    def resume(self, filename: str, *args, **kwargs) -> Any:
-        """Resume as mmengine, then check the launch (see the module)."""
-        self._loaded_launch = _NOT_LOADED
-        result = super().resume(filename, *args, **kwargs)
-        if self._loaded_launch is not _NOT_LOADED:
-            try:
-                self._check_launch(str(filename), self._loaded_launch)
-            except (LaunchChangedError, ValueError) as err:
-                self.logger.error(str(err))
-                raise
-        return result
-
-    def call_hook(self, fn_name: str, **kwargs) -> None:
-        """Keep the loaded checkpoint's launch for :meth:`resume`."""
-        if fn_name == 'after_load_checkpoint':
-            meta = kwargs['checkpoint'].get('meta')
-            self._loaded_launch = meta.get('launch') \
-                if isinstance(meta, dict) else None
-        super().call_hook(fn_name, **kwargs)
-
-    def _launch_choice(self) -> str:
-        choice = self.cfg.get(OVERRIDE_KEY, 'refuse') if self.cfg else \
-            'refuse'
-        if choice not in OVERRIDE_VALUES:
-            raise ValueError(f'{OVERRIDE_KEY}={choice!r}: expected one of '
-                             f'{OVERRIDE_VALUES}')
-        return choice
-
-    def _check_launch(self, filename: str, saved: Any) -> None:
-        choice, now = self._launch_choice(), launch_record(self)
-        unknown = 'it has no launch record (written by mmengine\'s ' \
-            'CheckpointHook or plugin 0.2)' if saved is None else None
-        problem = launch_problem(saved) if saved is not None else None
-        if problem:
-            unknown = f'its launch record is malformed: {problem}'
-        if unknown:
-            if choice == 'refuse':
-                raise LaunchChangedError(
-                    f'cannot resume {filename}: {unknown}, so whether '
-                    f'this launch ({describe(now)}) continues its schedule '
-                    f'unchanged cannot be checked. Set {OVERRIDE_KEY} = '
-                    "'accept' (--cfg-options "
-                    f'{OVERRIDE_KEY}=accept) if it was written with this '
-                    'launch.')
-            self.logger.warning(
-                f'resuming {filename} although {unknown} ({OVERRIDE_KEY}='
-                f"'{choice}'): continued unchanged with {describe(now)}")
-            return
-        if saved == now:
-            return
-        message = launch_change_message(filename, saved, now)
-        local_shards = saved.get('sharding') == 'LOCAL_STATE_DICT' and \
-            saved['world_size'] != now['world_size']
-        if choice == 'refuse' or local_shards:
-            raise LaunchChangedError(message)
-        if choice == 'accept':
-            self.logger.warning(
-                f'resuming {filename} at another launch ({OVERRIDE_KEY}='
-                f"'accept'): written with {describe(saved)}, continued "
-                f'unchanged with {describe(now)}')
-            return
-        ratio = now['iters_per_epoch'] / saved['iters_per_epoch']
-        rescale_schedule(self, ratio)
-        self.logger.warning(
-            f'resuming {filename} at another launch ({OVERRIDE_KEY}='
-            f"'rescale'): written with {describe(saved)}, continued with "
-            f'{describe(now)}; iteration counts of the loop and the '
-            f'schedules scaled by {ratio:.6g}')
+    Raises:
+        LaunchChangedError: The launch changed (or cannot be compared) and
+            ``choice`` does not allow it.
+        ValueError: ``choice`` is not one of :data:`OVERRIDE_VALUES`.
+    """
+    if choice not in OVERRIDE_VALUES:
+        raise ValueError(f'{OVERRIDE_KEY}={choice!r}: expected one of '
+                         f'{OVERRIDE_VALUES}')
+    unknown = 'it has no launch record (written by mmengine\'s ' \
+        'CheckpointHook or plugin 0.2)' if saved is None else None
+    problem = launch_problem(saved) if saved is not None else None
+    if problem:
+        unknown = f'its launch record is malformed: {problem}'
+    if unknown:
+        if choice == 'refuse':
+            raise LaunchChangedError(
+                f'cannot resume {path}: {unknown}, so whether this launch '
+                f'({describe(now)}) continues its schedule unchanged cannot '
+                f"be checked. Set {OVERRIDE_KEY} = 'accept' (--cfg-options "
+                f'{OVERRIDE_KEY}=accept) if it was written with this '
+                'launch.')
+        return None, (f'resuming {path} although {unknown} ({OVERRIDE_KEY}='
+                      f"'{choice}'): continued unchanged with "
+                      f'{describe(now)}')
+    if saved == now:
+        return None, None
+    local_shards = saved.get('sharding') == 'LOCAL_STATE_DICT' and \
+        saved['world_size'] != now['world_size']
+    if choice == 'refuse' or local_shards:
+        raise LaunchChangedError(launch_change_message(path, saved, now))
+    if choice == 'accept':
+        return None, (f'resuming {path} at another launch ({OVERRIDE_KEY}='
+                      f"'accept'): written with {describe(saved)}, continued "
+                      f'unchanged with {describe(now)}')
+    ratio = now['iters_per_epoch'] / saved['iters_per_epoch']
+    return ratio, (f'resuming {path} at another launch ({OVERRIDE_KEY}='
+                   f"'rescale'): written with {describe(saved)}, continued "
+                   f'with {describe(now)}; iteration counts of the loop and '
+                   f'the schedules scaled by {ratio:.6g}')

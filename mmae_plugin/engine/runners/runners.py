@@ -9,19 +9,17 @@ the same ones.
 from mmengine.registry import RUNNERS
 from mmengine.runner import FlexibleRunner, Runner
 
-from .checkpoint_resume import VerifiedCheckpointMixin
 from .collate_scope import CollateScopeMixin
 from .cpu_distributed import (CpuDistributedFlexibleRunnerMixin,
                               CpuDistributedRunnerMixin)
 from .exact_resume import ExactResumeMixin
-from .launch_record import LaunchRecordMixin
+from .resume_gate import ResumeGateMixin
 from .work_dir_lock import WorkDirLockMixin
 
 
 @RUNNERS.register_module()
-class MMAERunner(WorkDirLockMixin, ExactResumeMixin, VerifiedCheckpointMixin,
-                 LaunchRecordMixin, CpuDistributedRunnerMixin,
-                 CollateScopeMixin, Runner):
+class MMAERunner(WorkDirLockMixin, ExactResumeMixin, ResumeGateMixin,
+                 CpuDistributedRunnerMixin, CollateScopeMixin, Runner):
     """mmengine's ``Runner`` training alone in its work folder, with
     verified, own-checkpoint resume that refuses a changed launch and
     continues inside an epoch, DDP on hosts without an accelerator and
@@ -29,8 +27,7 @@ class MMAERunner(WorkDirLockMixin, ExactResumeMixin, VerifiedCheckpointMixin,
 
 
 @RUNNERS.register_module()
-class MMAEFlexibleRunner(WorkDirLockMixin, ExactResumeMixin,
-                         VerifiedCheckpointMixin, LaunchRecordMixin,
+class MMAEFlexibleRunner(WorkDirLockMixin, ExactResumeMixin, ResumeGateMixin,
                          CpuDistributedFlexibleRunnerMixin, CollateScopeMixin,
                          FlexibleRunner):
     """mmengine's ``FlexibleRunner`` training alone in its work folder,

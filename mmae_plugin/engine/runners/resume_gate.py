@@ -1,31 +1,35 @@
-"""Resume from the run record; verify every checkpoint loaded.
+"""The resume gate: which checkpoint a run continues from, and whether.
 
-:class:`VerifiedCheckpointMixin` goes before mmengine's ``Runner`` or
-``FlexibleRunner`` (see :mod:`.runners`). It changes three things, only in
-runs whose config sets ``runner_type`` to one of the plugin's runners:
+:class:`ResumeGateMixin` goes before mmengine's ``Runner`` or
+``FlexibleRunner`` (see :mod:`.runners`); every decision about resuming is
+taken here, in this order, before anything loaded is applied:
 
-* auto-resume (``resume=True`` without ``load_from``) continues from the
-  newest intact checkpoint of the checkpoint folder's run record
-  (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`);
-  fallbacks, with what they cost, and refusals go to the run's log file;
-* no launch (auto-resume, ``--resume PATH`` or a new run) starts when it
-  would save over a checkpoint file its run did not write
-  (:class:`~mmae_plugin.checkpoint.discovery.CheckpointsInTheWay`);
-* an explicit ``--resume PATH`` that is not the current run's recorded
-  checkpoint must say in its ``meta`` what it is (epoch, iteration, run
-  id); a checkpoint of another run, or of another model config, is
-  refused by name unless the config sets ``resume_other_run = True``;
-* every local checkpoint the runner resumes or loads (``--resume``,
-  ``load_from``, and the ``Pretrained`` ``init_cfg`` of any module), file
-  or FSDP folder, is verified first; a damaged one raises
-  ``CorruptCheckpointError`` naming it and the newest intact checkpoint
-  recorded beside it.
+1. **Which checkpoint.** Auto-resume (``resume=True`` without
+   ``load_from``) continues from the newest intact checkpoint of the
+   checkpoint folder's run record
+   (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`);
+   fallbacks, with what they cost, go to the run's log file.
+2. **Integrity.** Every local checkpoint the runner resumes or loads
+   (``--resume``, ``load_from``, the ``Pretrained`` ``init_cfg`` of any
+   module), file or FSDP folder, is verified while mmengine loads it; a
+   damaged one raises ``CorruptCheckpointError``.
+3. **Meta and run identity.** A resumed checkpoint must say its epoch and
+   iteration; one that is not the current run's recorded checkpoint must
+   be this run's (or the folder's first) and this model config's, unless
+   the config sets ``resume_other_run = True``.
+4. **Nothing saved over.** No launch starts when it would save over a
+   checkpoint file its run did not write
+   (:class:`~mmae_plugin.checkpoint.discovery.CheckpointsInTheWay`).
+5. **Launch.** The launch the checkpoint was written with
+   (:mod:`.launch_record`) must be this one, unless
+   ``resume_launch_change`` says to rescale or accept.
+
+Every refusal is written to the run's log file as well as raised.
 """
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
-
 from mmengine.hooks import CheckpointHook
 from mmengine.runner import BaseLoop
 
@@ -34,9 +38,12 @@ from mmae_plugin.checkpoint.discovery import (CheckpointsInTheWay,
                                               refuse_in_the_way)
 from mmae_plugin.checkpoint.integrity import CorruptCheckpointError
 from mmae_plugin.checkpoint.loading import (start_verification,
+                                            training_meta_problem,
                                             verify_before_loading)
 from mmae_plugin.checkpoint.run_record import checkpoint_folder, read_record
 from mmae_plugin.engine.run_identity import runner_config_digest
+from .launch_record import (LaunchChangedError, check_launch, launch_record,
+                            rescale_schedule)
 
 #: The config key that accepts another run's or config's checkpoint.
 OTHER_RUN_KEY = 'resume_other_run'
@@ -44,6 +51,11 @@ OTHER_RUN_KEY = 'resume_other_run'
 
 class ForeignCheckpointError(RuntimeError):
     """A checkpoint of another run or config, or one that does not say."""
+
+
+#: What the gate raises; each is logged first.
+REFUSALS = (CorruptCheckpointError, CheckpointsInTheWay, LaunchChangedError,
+            ForeignCheckpointError, ValueError)
 
 
 def pretrained_checkpoints(model: torch.nn.Module) -> Iterator[str]:
@@ -64,18 +76,18 @@ def pretrained_checkpoints(model: torch.nn.Module) -> Iterator[str]:
                 yield cfg['checkpoint']
 
 
-def identity_problems(meta: Any, current_run: Any,
+def identity_problems(meta: Dict[str, Any], current_run: Optional[str],
                       current_digest: str) -> List[str]:
     """Why a checkpoint's ``meta`` does not show it is this run's.
 
     Args:
         meta: The checkpoint's ``meta``.
-        current_run: The run id of the work folder's record, or None.
+        current_run: The run id of the folder's record, or None.
         current_digest: This config's model digest.
 
     Returns:
-        Sentence fragments; empty when it is this run's (or, in a work
-        folder without a run, one of this config).
+        Sentence fragments; empty when it is this run's (or, in a folder
+        without a run, one of this config).
     """
     run_id = meta.get('run_id')
     problems = []
@@ -112,32 +124,33 @@ def runner_checkpoint_folder(runner) -> str:
 
 def _train_limits(runner) -> Tuple[float, float]:
     loop = getattr(runner, '_train_loop', None)
-    return (getattr(loop, 'max_iters', float('inf')),
-            getattr(loop, 'max_epochs', float('inf')))
+    return (getattr(loop, 'max_iters',
+                    float('inf')), getattr(loop, 'max_epochs', float('inf')))
 
 
-class VerifiedCheckpointMixin:
-    """Runner behaviour for record-based, verified resume (see module)."""
+class ResumeGateMixin:
+    """Runner behaviour: record-based, verified, checked resume (see the
+    module)."""
 
     _resume_chosen = False  # the checkpoint came from auto-resume
     _resuming = None  # the path mmengine's resume is loading
     _verification = None  # of the checkpoint being loaded, still running
+    _rescale = None  # iterations-per-epoch ratio the launch check chose
 
+    # ------------------------------------------------------ 1. which one
     def load_or_resume(self) -> None:
-        """Choose the auto-resume checkpoint, then load or resume as mmengine.
-        """
+        """Choose the auto-resume checkpoint (or refuse to start), then
+        load or resume as mmengine does."""
+        if self._has_loaded:
+            return super().load_or_resume()
         folder = runner_checkpoint_folder(self)
         training = isinstance(getattr(self, '_train_loop', None), BaseLoop)
-        if training and not self._has_loaded and not self._resume:
+        if training and not self._resume:
             self._logged(refuse_in_the_way, folder, read_record(folder), None,
                          (0, 0), 'a new run', _train_limits(self))
-        if not self._has_loaded and self._resume is True and \
-                self._load_from is None:
-            try:
-                choice = choose_resume_checkpoint(folder, _train_limits(self))
-            except (CorruptCheckpointError, CheckpointsInTheWay) as err:
-                self.logger.error(str(err))
-                raise
+        if self._resume is True and self._load_from is None:
+            choice = self._logged(choose_resume_checkpoint, folder,
+                                  _train_limits(self))
             for note in choice.notes:
                 self.logger.warning(note)
             if choice.skipped:
@@ -147,10 +160,11 @@ class VerifiedCheckpointMixin:
                 self._load_from, self._resume_chosen = choice.path, True
             else:
                 self.logger.warning(f'auto-resume: no checkpoint yet in '
-                                    f'{self.work_dir}; starting afresh')
+                                    f'{folder}; starting afresh')
                 self._resume = False
-        super().load_or_resume()
+        return super().load_or_resume()
 
+    # ------------------------------------------------------ 2. integrity
     def _init_model_weights(self) -> None:
         """Verify the ``Pretrained`` checkpoints, then initialise as mmengine.
         """
@@ -159,7 +173,7 @@ class VerifiedCheckpointMixin:
         super()._init_model_weights()
 
     def load_checkpoint(self, filename: str, *args, **kwargs) -> Any:
-        """Verify a local checkpoint, then load it as mmengine does.
+        """Verify a local checkpoint while mmengine loads it.
 
         Args:
             filename: Checkpoint path or URL.
@@ -175,8 +189,9 @@ class VerifiedCheckpointMixin:
             return super().load_checkpoint(filename, *args, **kwargs)
 
     def resume(self, filename: str, *args, **kwargs) -> Any:
-        """Verify a local checkpoint and whose it is, then resume as
-        mmengine does.
+        """Resume as mmengine does, once the loaded checkpoint passed the
+        gate (checked before anything of it is applied); then rescale the
+        schedule if the launch check chose to.
 
         Args:
             filename: Checkpoint path or URL.
@@ -186,22 +201,29 @@ class VerifiedCheckpointMixin:
         Returns:
             What mmengine returns.
         """
+        self._rescale = None
         with self._verified_while_loading(filename):
             self._resuming = str(filename)
             try:
-                return super().resume(filename, *args, **kwargs)
+                result = super().resume(filename, *args, **kwargs)
             finally:
                 self._resuming = None
+        if self._rescale is not None:
+            rescale_schedule(self, self._rescale)
+        return result
+
+    def save_checkpoint(self, *args, **kwargs) -> None:
+        """mmengine's ``save_checkpoint`` with ``meta['launch']`` added."""
+        if len(args) < 6:  # meta not passed positionally
+            kwargs['meta'] = dict(
+                kwargs.get('meta') or {}, launch=launch_record(self))
+        return super().save_checkpoint(*args, **kwargs)
 
     @contextmanager
     def _verified_while_loading(self, filename: str) -> Iterator[None]:
-        """Verify ``filename`` in a thread while mmengine loads it.
-
-        Hashing a multi-GB checkpoint costs about what loading it does; the
-        two overlap, and nothing loaded is used before the verdict
-        (``after_load_checkpoint``, which mmengine calls before it applies
-        anything, waits for it).
-        """
+        """Verify ``filename`` in a thread while mmengine loads it; nothing
+        loaded is applied before the verdict (``after_load_checkpoint``
+        waits for it)."""
         self._verification = start_verification(filename)
         try:
             yield
@@ -218,45 +240,48 @@ class VerifiedCheckpointMixin:
             self._logged(verification.wait)
 
     def call_hook(self, fn_name: str, **kwargs) -> None:
-        """Wait for the loaded checkpoint's verification and check a resumed
-        one's ``meta`` before mmengine reads it."""
+        """Pass a loaded checkpoint through the gate before mmengine (or a
+        hook) reads it."""
         if fn_name == 'after_load_checkpoint':
             self._wait_for_verification()
-        if fn_name == 'after_load_checkpoint' and self._resuming:
-            self._logged(self._check_resumable, self._resuming,
-                         kwargs['checkpoint'])
+            if self._resuming:
+                self._logged(self._accept, self._resuming,
+                             kwargs['checkpoint'])
         super().call_hook(fn_name, **kwargs)
 
-    def _logged(self, check, *args) -> None:
+    def _logged(self, check, *args) -> Any:
         # The run's log file, not only stderr, must say why it stopped.
         try:
-            check(*args)
-        except (CorruptCheckpointError, ForeignCheckpointError,
-                CheckpointsInTheWay) as err:
+            return check(*args)
+        except REFUSALS as err:
             self.logger.error(str(err))
             raise
 
-    def _check_resumable(self, path: str, checkpoint: Dict) -> None:
+    # ----------------------------------------------- 3-5. whether to resume
+    def _accept(self, path: str, checkpoint: Dict) -> None:
         meta = checkpoint.get('meta') if isinstance(checkpoint, dict) \
             else None
-        missing = [
-            key for key in ('epoch', 'iter')
-            if not isinstance(meta, dict) or type(meta.get(key)) is not int
-        ]
-        if missing:
+        problem = training_meta_problem(checkpoint, whole=False)
+        if problem:
             raise ForeignCheckpointError(
-                f'cannot resume {path}: its meta does not say its '
-                f'{" and ".join(missing)} (a plain state dict, converted '
-                'weights or a classifier checkpoint, not a training '
-                'checkpoint). Load weights with load_from and resume=False.')
-        if self._resume_chosen:
-            return  # auto-resume checked the folder when it chose
+                f'cannot resume {path}: {problem}. Load weights with '
+                'load_from and resume=False.')
+        if not self._resume_chosen:  # auto-resume checked what it chose
+            self._accept_explicit(path, meta)
+        choice = self.cfg.get('resume_launch_change', 'refuse') \
+            if self.cfg else 'refuse'
+        self._rescale, warning = check_launch(path, meta.get('launch'),
+                                              launch_record(self), choice)
+        if warning:
+            self.logger.warning(warning)
+
+    def _accept_explicit(self, path: str, meta: Dict[str, Any]) -> None:
         folder = runner_checkpoint_folder(self)
         record = read_record(folder)
         entry = record.find(path)
         own = entry is not None and entry.run_id == record.run_id
-        problems = [] if own else identity_problems(
-            meta, record.run_id, runner_config_digest(self))
+        problems = [] if own else identity_problems(meta, record.run_id,
+                                                    runner_config_digest(self))
         if problems and self.cfg.get(OTHER_RUN_KEY, False) is not True:
             raise ForeignCheckpointError(
                 f'cannot resume {path}: {"; ".join(problems)}. Set '
