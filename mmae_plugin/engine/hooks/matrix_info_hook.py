@@ -19,8 +19,9 @@ the same inputs and the curves over epochs show the network changing, not
 the batch (see :class:`MatrixInfoHook`).
 
 The parts live beside this file: what to tap per algorithm
-(:mod:`.matrix_info_taps`), the measurement (:mod:`.matrix_info_measure`)
-and the held-out pass (:mod:`.matrix_info_heldout`).
+(:mod:`.matrix_info_branches`) and how (:mod:`.matrix_info_taps`), the
+measurement (:mod:`.matrix_info_measure`) and the held-out pass
+(:mod:`.matrix_info_heldout`).
 """
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -37,12 +38,13 @@ from mmae_plugin.matrix_info.coding_rate import coding_rate  # noqa: F401
 from mmae_plugin.matrix_info.pooling import check_pooling_name
 from mmae_plugin.matrix_info.representation import KERNELS
 from mmae_plugin.utils.validation import check_choice, check_int, check_real
+from .matrix_info_branches import default_branches
 from .matrix_info_heldout import (build_heldout_batches, checked_heldout,
                                   measure_in_place, training_autocast)
 from .matrix_info_measure import (FALLBACK_TCR, MAX_ALPHA, checked_tcr,
                                   measure_embeddings, objective_tcr)
-from .matrix_info_taps import (BranchTaps, checked_branch, checked_branches,
-                               default_branches)
+from .matrix_info_taps import (BranchTaps, check_row_pairing, checked_branch,
+                               checked_branches)
 
 
 @HOOKS.register_module()
@@ -60,13 +62,15 @@ class MatrixInfoHook(Hook):
     :mod:`mmae_plugin.matrix_info.representation`, so a key has the value
     ``RepresentationStatistics`` gives the same features:
 
-    * two branches (SimCLR, BYOL, Barlow Twins): ``entropy_1_<k>``,
-      ``entropy_2_<k>``, ``mutual_info_<k>``, ``joint_entropy_<k>``,
-      ``matrix_js_<k>``, ``spectrum_js_<k>`` (paper figures 1-3 with the
-      default covariance kernel); the order-dependent ones end in
-      ``_alpha<a>`` when ``alpha != 1``;
-    * one branch (MAE, MMAE): ``entropy_<k>`` (von Neumann; Renyi order
-      ``alpha`` as ``entropy_<k>_alpha<a>``), ``erank_<k>`` (the paper's
+    * two branches (Siamese methods: SimCLR, BYOL, Barlow Twins, MoCo,
+      SimSiam, SwAV, DenseCL): ``entropy_1_<k>``, ``entropy_2_<k>``,
+      ``mutual_info_<k>``, ``joint_entropy_<k>``, ``matrix_js_<k>``,
+      ``spectrum_js_<k>`` (paper figures 1-3 with the default covariance
+      kernel); the order-dependent ones end in ``_alpha<a>`` when
+      ``alpha != 1``;
+    * one branch (masked modelling and distillation: MAE, MMAE, BEiT,
+      SimMIM, ...): ``entropy_<k>`` (von Neumann; Renyi order ``alpha``
+      as ``entropy_<k>_alpha<a>``), ``erank_<k>`` (the paper's
       effective rank, Definition 6: ``exp`` of the von Neumann entropy of
       the unit-diagonal kernel), ``rankme_raw`` (RankMe, eps 1e-7, of the
       raw, uncentred embeddings) and ``tcr_<form>[_centered]_mu<mu>``, the
@@ -121,7 +125,7 @@ class MatrixInfoHook(Hook):
         interval: Sample every ``interval`` iterations (of the epoch, as the
             ``LoggerHook`` counts them); an integer >= 1.
         branches: Branch specifications (see
-            :func:`~.matrix_info_taps.default_branches`), or
+            :func:`~.matrix_info_branches.default_branches`), or
             ``None`` to pick them from the algorithm's class.
         kernel: Matrix the entropies and the effective rank use:
             ``'covariance'`` (d x d, features standardised over the batch:
@@ -130,9 +134,9 @@ class MatrixInfoHook(Hook):
         alpha: Renyi order of entropies and mutual information, in
             ``(0, 50]`` (see
             :data:`~.matrix_info_measure.MAX_ALPHA`).
-        pool: Pooling of token outputs for the default MAE branch, ``'cls'``,
-            ``'mean'`` or ``'cls+mean'``; ``None`` follows the model (see
-            :func:`~.matrix_info_taps.default_branches`).
+        pool: Pooling of token outputs for the default one-branch taps,
+            ``'cls'``, ``'mean'`` or ``'cls+mean'``; ``None`` follows the
+            algorithm (see :func:`~.matrix_info_branches.default_branches`).
         tcr: Which coding rate is logged: ``'objective'`` (the model's
             ``TCRLoss``), ``'reference'`` (``logdet(I + (mu/d) zn^T zn)``) or
             ``'paper'`` (``logdet(mu I + zn^T zn)``).
@@ -201,6 +205,7 @@ class MatrixInfoHook(Hook):
             self.branches = [
                 checked_branch(b) for b in default_branches(model, self.pool)
             ]
+        check_row_pairing(self.branches, self.kernel)
         self._tcr = self.tcr or objective_tcr(model) or FALLBACK_TCR
         self.taps = BranchTaps(self.branches)
         self.taps.attach(model)
