@@ -16,6 +16,23 @@ default_hooks = dict(
     checkpoint=dict(type='SafeCheckpointHook'),
     runtime_info=dict(type='DeferredRuntimeInfoHook'))
 
+# mmpretrain's MAE augmentation (RandomResizedCrop 224 of 20-100 % of the
+# area, bicubic; horizontal flip with probability 0.5) at 1.6-1.7 times the
+# images per second of a worker core (docs/gpu_clusters.md): the file read
+# as bytes; the box drawn by RandomResizedCrop's own sampler from the JPEG
+# header's size; OpenCV's decode (at 1/2-1/8 scale when the box keeps 224
+# pixels there); torch's antialiased uint8 bicubic resize of the crop; the
+# flip drawn as RandomFlip(prob=0.5) draws it. Same draws, same boxes.
+train_pipeline = [
+    dict(type='LoadImageBytes'),
+    dict(
+        type='DecodeRandomResizedCrop',
+        scale=224,
+        crop_ratio_range=(0.2, 1.0),
+        interpolation='bicubic',
+        flip_prob=0.5),
+    dict(type='PackInputs')
+]
 # Data loading sized to feed a GPU (docs/gpu_clusters.md): 8 workers, the
 # CPUS_PER_TASK=9 of tools/slurm_train.sh minus the main process; pinned
 # batches, so the preprocessor's non-blocking copy is only queued; the
@@ -25,7 +42,8 @@ train_dataloader = dict(
     batch_size=128,  # per GPU: 8 x 128 = 1024
     num_workers=8,
     pin_memory=True,
-    persistent_workers=True)
+    persistent_workers=True,
+    dataset=dict(pipeline=train_pipeline))
 data_preprocessor = dict(type='NonBlockingSelfSupDataPreprocessor')
 # One optimizer group per distinct (lr, weight decay) instead of one per
 # tensor (exact; fewer kernel launches per step). Mixed precision in

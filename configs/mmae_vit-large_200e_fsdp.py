@@ -23,6 +23,11 @@ runner_type = 'MMAEFlexibleRunner'
 # not bandwidth, binds. Traffic per rank and step: (N-1)/N * (2 + 2 + 4) *
 # P bytes, DDP's all-reduce 2 (N-1)/N * 4 P: the same, instead of 1.5x in
 # float32 (docs/gpu_clusters.md#fsdp). Buffers stay float32.
+# cast_root_forward_inputs=False: the preprocessed images reach the model in
+# float32 (FSDP's default casts them to param_dtype at the root) and meet
+# bfloat16 only in the autocast ops (the patch embedding), so MAE's
+# normalised-pixel target is built from float32 pixels, as under DDP. The
+# strategy refuses it without the optim_wrapper's autocast.
 strategy = dict(
     type='MMAEFSDPStrategy',
     model_wrapper=dict(
@@ -32,7 +37,8 @@ strategy = dict(
         mixed_precision=dict(
             param_dtype='bfloat16',
             reduce_dtype='float32',
-            buffer_dtype='float32')))
+            buffer_dtype='float32',
+            cast_root_forward_inputs=False)))
 # mmengine's FSDPStrategy switches to FSDP's sharded loss scaler only for a
 # wrapper typed 'AmpOptimWrapper'; the float16 fallback of this recipe's
 # MixedPrecisionOptimWrapper (bfloat16 needs no scaler) is told here. On

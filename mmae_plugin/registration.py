@@ -2,8 +2,9 @@
 
 Importing this module (once per process) applies the plugin's only
 process-wide changes, the workarounds of :mod:`mmae_plugin.compat`
-(checkpoint security and mmcv's hue shift under numpy 2, each with an
-opt-out environment variable, see ``docs/upstream_workarounds.md``),
+(checkpoint security, mmcv's hue shift under numpy 2 and mmcv's
+``DropPath`` rates as Python floats, each with an opt-out environment
+variable, see ``docs/upstream_workarounds.md``),
 imports every module that registers a component (models, datasets, hooks,
 runners, strategies, optimizer constructors, metrics) and adds the plugin's
 model index to mmpretrain's model zoo. Configs name it in ``custom_imports``::

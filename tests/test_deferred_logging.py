@@ -3,21 +3,26 @@
 Real Runner runs of the shipped Fashion-MNIST M-MAE config (four logged
 values per step) twice, once with mmengine's ``RuntimeInfoHook`` and once
 with the plugin's ``DeferredRuntimeInfoHook``: ``scalars.json``, the log
-lines and the message hub saved in the checkpoints must be the same.
+lines and the message hub saved in the checkpoints must be the same. And
+each step crosses to the host once, in one exact float64 table, whose
+copy's wait blocks instead of spinning (issue 47).
 """
 import glob
 import json
 import os
 import re
+import types
 
 import pytest
 import torch
+from _helpers_gloo import run_gloo_ranks
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks import DeferredRuntimeInfoHook
+from mmae_plugin.engine.hooks import deferred_runtime_info_hook as deferred
 
 #: Wall-clock keys: never equal between two runs.
 CLOCK_KEYS = ('time', 'data_time', 'eta')
@@ -190,3 +195,116 @@ def test_any_checkpoint_hook_saves_every_step_up_to_the_save(
         hub = hub_scalars(tmp_path / f'iter_{iteration}.pth')
         assert len(hub['train/loss']) == iteration
         assert len(hub['train/loss_tcr']) == iteration
+
+
+# ------------------------------------------------ one copy per step (47)
+class CopyCounter(Hook):
+    """Calls of ``copy_to_host`` per training step (read after each)."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls, self.per_step = 0, []
+        original = deferred.copy_to_host
+
+        def counted(tensor):
+            self.calls += 1
+            return original(tensor)
+
+        monkeypatch.setattr(deferred, 'copy_to_host', counted)
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
+                         outputs=None):
+        self.per_step.append(self.calls)
+        self.calls = 0
+
+
+def test_each_step_crosses_to_the_host_once(repo_root, tmp_path, monkeypatch):
+    """M-MAE's four logged values and DivergenceHook's every-rank table
+    are one copy per step (they were 4 + 4: each value, then each column
+    of the table); the log is the stock hook's (tests above)."""
+    counter = CopyCounter(monkeypatch)
+    runner = tiny_mmae_run(
+        repo_root,
+        tmp_path,
+        'DeferredRuntimeInfoHook',
+        iters_per_epoch=4,
+        epochs=1,
+        extra_hooks=[counter])
+    assert 'DivergenceHook' in [type(h).__name__ for h in runner.hooks]
+    assert counter.per_step == [1] * 4
+
+
+class FakeStream:
+    pass
+
+
+def test_copies_done_event_blocks_instead_of_spinning(monkeypatch):
+    """The wait for a step's copy sleeps (``torch.cuda.Event(blocking=
+    True)``, recorded on the tensor's current stream). CPU stand-ins for
+    CUDA: no GPU here."""
+    made = []
+
+    class Event:
+
+        def __init__(self, **kwargs):
+            self.kwargs, self.stream = kwargs, None
+            made.append(self)
+
+        def record(self, stream):
+            self.stream = stream
+
+    stream = FakeStream()
+    monkeypatch.setattr(torch.cuda, 'Event', Event)
+    monkeypatch.setattr(torch.cuda, 'current_stream', lambda device: stream)
+    on_gpu = types.SimpleNamespace(device=torch.device('cuda', 0))
+    event = deferred.copies_done_event([torch.zeros(1), on_gpu])
+    assert made == [event] and event.kwargs == dict(blocking=True)
+    assert event.stream is stream
+    assert deferred.copies_done_event([torch.zeros(1)]) is None
+
+
+# Exact values: the signed zero and non-finite ones a sum could change.
+STEP_VALUES = {
+    'loss': [float('nan'), 1.5],
+    'loss_rec': [-0.0, float('inf')],
+    'reg_skipped': [0.0, -0.0],
+}
+
+
+def _every_rank_table(rank: int, world: int) -> dict:
+    outputs = {
+        key: torch.tensor(values[rank], dtype=torch.float32)
+        for key, values in STEP_VALUES.items()
+    }
+    outputs['count'] = torch.tensor(7)  # an integer: not in the table
+    table = deferred.value_table(outputs, every_rank=True)
+    own = table.own_values()
+    return dict(
+        keys=table.keys,
+        columns={k: [repr(v) for v in c]
+                 for k, c in table.columns().items()},
+        own={k: repr(v)
+             for k, v in own.items()},
+        item={k: repr(v.item())
+              for k, v in outputs.items() if k in own})
+
+
+def test_every_rank_table_is_exact_on_two_gloo_ranks(tmp_path):
+    """Each rank's row reads back its own values bit for bit (``repr``:
+    signed zeros, NaN and infinities), as ``.item()`` gives them, and
+    every rank sees every rank's values."""
+    for rank, result in enumerate(
+            run_gloo_ranks(_every_rank_table, 2, str(tmp_path))):
+        assert result['keys'] == list(STEP_VALUES)
+        assert result['columns'] == {
+            k: [repr(v) for v in values]
+            for k, values in STEP_VALUES.items()
+        }
+        assert result['own'] == result['item'] == {
+            k: repr(values[rank])
+            for k, values in STEP_VALUES.items()
+        }

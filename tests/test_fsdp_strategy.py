@@ -250,3 +250,55 @@ def test_recipe_trains_under_a_bfloat16_fsdp_policy(tmp_path):
         assert 'mixed_precision.param_dtype=float16' in result['refused']
         assert 'optim_wrapper.dtype (autocast) is bfloat16' in \
             result['refused']
+
+
+def head_target_dtypes(out_dir, rank, world):
+    """One training step of the tiny M-MAE through the recipe's strategy
+    and optimizer wrapper (bfloat16 autocast): the dtype of the pixels the
+    reconstruction head receives, with the recipe's policy and with FSDP's
+    default ``cast_root_forward_inputs=True``; and the refusal of uncast
+    images without autocast."""
+    cfg = fmnist_mmae_config()
+    optim_wrapper = dict(
+        cfg.optim_wrapper,
+        type='MixedPrecisionOptimWrapper',
+        dtype='bfloat16',
+        use_fsdp=True)
+    dataset = DATASETS.build(dict(cfg.train_dataloader.dataset, indices=4))
+    batch = default_collate([dataset[i] for i in range(4)])
+    received = {}
+    fsdp_default = dict(mixed_precision=dict(cast_root_forward_inputs=True))
+    for label, overrides in (('recipe', None), ('cast_root', fsdp_default)):
+        strategy = recipe_strategy(
+            os.path.join(out_dir, label), rank, overrides)
+        model, built = strategy.prepare(cfg.model, optim_wrapper=optim_wrapper)
+        head, dtypes = model.module.head, []
+
+        def recorded_loss(pred, target, mask, loss=head.loss, dtypes=dtypes):
+            dtypes.append(str(target.dtype))
+            return loss(pred, target, mask)
+
+        head.loss = recorded_loss
+        model.train_step(batch, built)
+        received[label] = dtypes
+    refused = ''
+    try:
+        recipe_strategy(os.path.join(out_dir, 'eager'), rank).prepare(
+            cfg.model, optim_wrapper=cfg.optim_wrapper)  # no autocast
+    except ValueError as error:
+        refused = str(error)
+    return dict(received=received, refused=refused)
+
+
+def test_recipe_head_receives_float32_pixels(tmp_path):
+    """The recipe's policy (``cast_root_forward_inputs=False``) leaves the
+    preprocessed images float32 until the model's own autocast, so MAE's
+    normalised-pixel target is built from float32 pixels on 2 gloo FSDP
+    ranks; FSDP's default would hand the head bfloat16 pixels. Without
+    autocast the policy is refused, naming the setting."""
+    for result in run_gloo_ranks(
+            partial(head_target_dtypes, str(tmp_path)), 2, str(tmp_path)):
+        assert result['received'] == dict(
+            recipe=['torch.float32'], cast_root=['torch.bfloat16'])
+        assert 'cast_root_forward_inputs=False needs the optimizer wrapper' \
+            in result['refused']

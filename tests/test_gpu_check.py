@@ -127,7 +127,7 @@ def test_dry_run_benchmark_figures(dry_run):
     assert block['regulariser_gathered_ms'] > 0
     # The folder the images stage wrote: 8 images, one PNG.
     assert bench['image_folder']['root'].endswith('images')
-    assert bench['dataloader_alone']['pipeline'][0] == 'LoadImageFromFile'
+    assert bench['dataloader_alone']['pipeline'][0] == 'LoadImageBytes'
     report = json.load(open(osp.join(out, 'gpu_check.json')))
     assert report['bench_gpu']['float32']['regulariser_rows'] == 8
 

@@ -192,7 +192,7 @@ def shrunk_recipe_runner(case: str, work_dir: str, data_root: str,
         optimizer=cfg.optim_wrapper.optimizer,
         paramwise_cfg=cfg.optim_wrapper.paramwise_cfg)
     pipeline = cfg.train_dataloader.dataset.pipeline
-    assert pipeline[1].type == 'RandomResizedCrop'
+    assert pipeline[1].type == 'DecodeRandomResizedCrop'
     pipeline[1].scale = 32
     cfg.train_dataloader.update(
         batch_size=BATCH,

@@ -40,9 +40,13 @@ def test_vit_large_fsdp_config_builds_and_wraps_every_block(repo_root):
     assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
     assert cfg.optim_wrapper.use_fsdp  # the float16 fallback's scaler
     # FSDP computes in the dtype the optimizer wrapper autocasts to and
-    # reduces gradients in float32 (MMAEFSDPStrategy checks the first).
+    # reduces gradients in float32 (MMAEFSDPStrategy checks the first); the
+    # images stay float32 until that autocast (MAE's target from them).
     assert cfg.strategy.model_wrapper.mixed_precision == dict(
-        param_dtype='bfloat16', reduce_dtype='float32', buffer_dtype='float32')
+        param_dtype='bfloat16',
+        reduce_dtype='float32',
+        buffer_dtype='float32',
+        cast_root_forward_inputs=False)
     assert cfg.optim_wrapper.dtype == 'bfloat16'
     assert (cfg.model.type, cfg.model.backbone.arch) == ('MMAE', 'l')
     with torch.device('meta'):  # shapes only: no 300M-parameter init
@@ -81,6 +85,10 @@ def fsdp_train(repo_root,
     strategy = Config.fromfile(os.path.join(repo_root, FSDP_CONFIG)).strategy
     # FSDP places each rank's shard on cuda:LOCAL_RANK unless told otherwise.
     strategy.model_wrapper.device_id = 'cpu'
+    # The fmnist config trains without autocast: the root casts the images
+    # to the policy's bfloat16 (the recipe keeps them float32 for autocast,
+    # which MMAEFSDPStrategy requires then).
+    strategy.model_wrapper.mixed_precision.cast_root_forward_inputs = True
     if state_dict_cfg != 'local':
         strategy.state_dict_cfg = state_dict_cfg
     args = [

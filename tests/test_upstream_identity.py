@@ -2,8 +2,8 @@
 
 Each test runs a fresh interpreter, records upstream objects, imports the
 plugin and compares: only the documented process-wide changes (the
-security fixes and mmcv's hue shift, ``docs/upstream_workarounds.md``) may
-differ, and with their opt-out
+security fixes, mmcv's hue shift and DropPath rates,
+``docs/upstream_workarounds.md``) may differ, and with their opt-out
 variables set nothing does. Also: the framework-free subpackages import no
 mmengine, and the plugin's import causes no ``pkg_resources`` warning.
 """
@@ -24,6 +24,7 @@ OPT_OUTS = {
     'safe_resume_config': 'MMAE_UNSAFE_RESUME_CONFIG',
     'inferencer_checkpoint_config': 'MMAE_UNSAFE_INFERENCER_CONFIG',
     'adjust_hue_overflow': 'MMAE_NO_ADJUST_HUE_FIX',
+    'drop_path_float': 'MMAE_NO_DROP_PATH_FLOAT',
 }
 
 #: Records every upstream object the plugin once replaced (and those the
@@ -43,6 +44,7 @@ import mmengine.runner.checkpoint as checkpoint_module
 import mmengine.runner.runner as runner_module
 import mmengine.config.config as config_module
 import mmengine.utils.dl_utils.hub as hub
+from mmcv.cnn.bricks.drop import DropPath
 from mmengine._strategy import DDPStrategy, FSDPStrategy
 from mmengine.fileio.backends import LocalBackend
 from mmengine.hooks import CheckpointHook
@@ -100,6 +102,7 @@ def record():
             mmcv.image.adjust_hue,
         'photometric.adjust_hue [adjust_hue_overflow]':
             photometric.adjust_hue,
+        'DropPath.__init__ [drop_path_float]': vars(DropPath)['__init__'],
     }
     for owner in (checkpoint_module, mmengine.runner, runner_module,
                   flexible_runner_module):
@@ -147,6 +150,7 @@ DOCUMENTED = {
     'mmcv.adjust_hue [adjust_hue_overflow]',
     'mmcv.image.adjust_hue [adjust_hue_overflow]',
     'photometric.adjust_hue [adjust_hue_overflow]',
+    'DropPath.__init__ [drop_path_float]',
 }
 
 

@@ -364,7 +364,7 @@ def dataloader_config(cfg, folder: str, batch: int, num_workers: Optional[int],
     loader = copy.deepcopy(cfg.train_dataloader).to_dict()
     pipeline = loader['dataset']['pipeline']
     for step in pipeline:
-        if step['type'] == 'RandomResizedCrop':
+        if step['type'] in ('RandomResizedCrop', 'DecodeRandomResizedCrop'):
             step['scale'] = image_size
     dataset = dict(
         type='CustomDataset',

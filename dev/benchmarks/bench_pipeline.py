@@ -6,9 +6,11 @@ thread (``torch``, OpenCV and the BLAS pinned to 1 thread; run it under
 (photograph-like content at ImageNet's mean size and file size, 469 x 387
 and ~110 KB):
 
-* ``recipe``: the train pipeline of ``configs/mae_vit-base_200e.py`` as
-  configured (``LoadImageFromFile`` -> ``RandomResizedCrop`` 224, bicubic,
-  Pillow backend -> ``RandomFlip`` -> ``PackInputs``), built by mmengine;
+* ``recipe``: the train pipeline of mmpretrain's MAE recipe, which
+  ``configs/mae_vit-base_200e.py`` used until issue 47
+  (``LoadImageFromFile`` -> ``RandomResizedCrop`` 224, bicubic, Pillow
+  backend -> ``RandomFlip`` -> ``PackInputs``), built by mmengine (the
+  recipes' own faster loader is timed against it by ``bench_loader.py``);
   ``LoadImageFromFile`` decodes with OpenCV, its default;
 * ``recipe_pil_decode``: the same with ``imdecode_backend='pillow'``;
 * ``torchvision_cpu``: ``torchvision.io.decode_jpeg`` on the CPU, then the
@@ -38,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-RECIPE = 'configs/mae_vit-base_200e.py'
+RECIPE = 'mmpretrain::mae/mae_vit-base-p16_8xb512-amp-coslr-300e_in1k.py'
 #: An estimate (not a measurement): MAE ViT-B/16 at 224 on one H200 in
 #: bfloat16, ~56 GFLOP per image at ~280 TFLOP/s achieved.
 GPU_IMAGES_PER_S = 5000.0
@@ -131,6 +133,14 @@ def write_jpegs(folder: str, count: int) -> Dict:
 
 
 # ------------------------------------------------------------------- paths
+def recipe_path() -> str:
+    """The file of ``RECIPE``, in mmpretrain's installed configs."""
+    import mmpretrain
+    return osp.join(
+        osp.dirname(mmpretrain.__file__), '.mim', 'configs',
+        RECIPE.split('::')[1])
+
+
 def recipe_pipeline(decode_backend: Optional[str] = None) -> Callable:
     """The recipe's train pipeline as mmengine builds it."""
     from mmengine.config import Config
@@ -139,8 +149,7 @@ def recipe_pipeline(decode_backend: Optional[str] = None) -> Callable:
 
     import mmae_plugin.registration  # noqa: F401
     init_default_scope('mmpretrain')
-    steps = Config.fromfile(osp.join(REPO, RECIPE)).train_dataloader \
-        .dataset.pipeline
+    steps = Config.fromfile(recipe_path()).train_dataloader.dataset.pipeline
     steps = [dict(step) for step in steps]
     if decode_backend is not None:
         assert steps[0]['type'] == 'LoadImageFromFile'

@@ -1,4 +1,4 @@
-"""The plugin's process-wide changes: checkpoint security, one mmcv fix.
+"""The plugin's process-wide changes: checkpoint security, two mmcv fixes.
 
 mmengine 0.10.7 loads checkpoints in ways that either fail under torch >=
 2.6's ``weights_only`` or let a checkpoint run code. Four modules listed in
@@ -13,6 +13,10 @@ makes ``mmcv.adjust_hue`` shift hue in float: mmcv 2.2's uint8 arithmetic
 raises ``OverflowError`` under numpy 2 for negative hue factors, and
 mmpretrain's ``ColorJitter`` (its SimCLR, BYOL and Barlow Twins recipes)
 calls it through the name ``mmcv.adjust_hue``, which no registry reaches.
+The sixth, ``drop_path_float``, makes mmcv's ``DropPath`` keep the numpy
+drop rates of mmpretrain's ViTs as Python floats, so ``torch.compile``
+takes a ViT's loss as one graph (mmpretrain builds ``DropPath`` inside its
+layers, and by class in several backbones, out of a config's reach).
 Each names the upstream problem and the release that removes the need for
 it, and has an opt-out environment variable, read once when the module is
 imported (``docs/upstream_workarounds.md`` lists them with their risk).
@@ -28,6 +32,7 @@ from typing import Callable, List
 from .adjust_hue_overflow import fix_adjust_hue_overflow
 from .checkpoint_allowlist import (allow_mmengine_checkpoints,
                                    remember_registered_statistics)
+from .drop_path_float import fix_drop_path_float
 from .inferencer_checkpoint_config import \
     never_execute_checkpoint_config_in_inferencers
 from .safe_resume_config import read_resume_config_without_executing
@@ -40,6 +45,7 @@ FIXES: List[Callable[[], None]] = [
     read_resume_config_without_executing,
     never_execute_checkpoint_config_in_inferencers,
     fix_adjust_hue_overflow,
+    fix_drop_path_float,
 ]
 
 _APPLIED = False

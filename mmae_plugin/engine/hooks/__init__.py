@@ -1,6 +1,7 @@
 """Hooks registered in mmpretrain.registry.HOOKS."""
 from .attention_locality_hook import AttentionLocalityHook
 from .checkpoint_hook import NonFiniteCheckpointError, SafeCheckpointHook
+from .compile_hook import CompileHook
 from .deferred_runtime_info_hook import DeferredRuntimeInfoHook
 from .divergence_hook import DivergenceHook, TrainingDivergedError
 from .glibc_malloc_hook import GlibcMallocHook
@@ -10,6 +11,7 @@ from .reseed_hook import ReseedHook
 
 __all__ = [
     'AttentionLocalityHook', 'NonFiniteCheckpointError', 'SafeCheckpointHook',
-    'DeferredRuntimeInfoHook', 'DivergenceHook', 'TrainingDivergedError',
-    'GlibcMallocHook', 'MatrixInfoHook', 'RegularizerSkipHook', 'ReseedHook'
+    'CompileHook', 'DeferredRuntimeInfoHook', 'DivergenceHook',
+    'TrainingDivergedError', 'GlibcMallocHook', 'MatrixInfoHook',
+    'RegularizerSkipHook', 'ReseedHook'
 ]

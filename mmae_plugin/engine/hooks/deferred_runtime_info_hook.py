@@ -9,39 +9,42 @@ reg_skipped), so the host never runs ahead of the device: the data
 preprocessing and the Python of the next step are paid on the critical path.
 
 :class:`DeferredRuntimeInfoHook` is that hook with ``after_train_iter``
-changed: the step's values are detached and copied to pinned host memory
-with ``non_blocking=True`` (on the CPU simply detached), and the values of
-the *previous* step, whose copies finished while this step ran, are put
-into the message hub, with the same keys, counts and order as upstream. A
-step's values are settled (put in the hub at once) wherever anything reads
-the hub: at the iterations at which a ``LoggerHook`` writes a line or an
-epoch ends (so the log, ``scalars.json`` and the history averaged for each
-line are those of upstream), before validation, before any checkpoint save
-(the message hub is in the checkpoint; :class:`~.checkpoint_hook.
-SafeCheckpointHook` settles before it checks the state) and at the end of
-training. Between two log lines the host
-reads nothing of the step it just queued.
+changed: the step's values are put in one float64 tensor on the device
+(:class:`ValueTable`; exact for every floating-point value) and copied to
+pinned host memory with ``non_blocking=True``, once per step (on the CPU
+simply detached), and the values of the *previous* step, whose copy
+finished while this step ran, are put into the message hub, with the same
+keys, numbers, counts and order as upstream. A wait for a copy not yet
+done blocks the thread (``torch.cuda.Event(blocking=True)``) instead of
+spinning a CPU core the dataloader workers could use. A step's values are
+settled (put in the hub at once) wherever anything reads the hub: at the
+iterations at which a ``LoggerHook`` writes a line or an epoch ends (so
+the log, ``scalars.json`` and the history averaged for each line are those
+of upstream), before validation, before any checkpoint save (the message
+hub is in the checkpoint; :class:`~.checkpoint_hook.SafeCheckpointHook`
+settles before it checks the state) and at the end of training. Between
+two log lines the host reads nothing of the step it just queued.
 
 Hooks that act on the logged values (:class:`~.divergence_hook.
 DivergenceHook`, :class:`~.regularizer_skip_hook.RegularizerSkipHook`)
 :meth:`~DeferredRuntimeInfoHook.subscribe`: they are called with each step
 as it is settled (one step late, or at once at a settling iteration), and
-may have device tensors of their own copied off the device with the step's
-values. Select it in a config (mmengine's extension point)::
+may ask for every rank's values: the table then has a row per rank, summed
+over ranks by one all-reduce before the copy, and the hub's values are
+read from this rank's row, so each value still crosses to the host once.
+Select it in a config (mmengine's extension point)::
 
     default_hooks = dict(runtime_info=dict(type='DeferredRuntimeInfoHook'))
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
+from mmengine.dist import all_reduce, get_rank, get_world_size
 from mmengine.hooks import LoggerHook, RuntimeInfoHook
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 
 Number = Union[int, float]
-#: Device tensors a subscriber wants copied off the device with a step's
-#: values, made from the step's ``log_vars``.
-Producer = Callable[[dict], Dict[str, torch.Tensor]]
 
 
 @dataclass
@@ -52,26 +55,93 @@ class LoggedStep:
         iteration: 1-based training iteration (as the log shows it).
         epoch: 1-based epoch.
         values: The step's ``log_vars`` as Python numbers, in their order.
-        extras: The subscribers' tensors of the step, on the host.
+        every_rank: The step's scalar floating-point values of every rank,
+            ``{key: [rank 0's, rank 1's, ...]}``, when a subscriber asked
+            for them; else empty.
     """
 
     iteration: int
     epoch: int
     values: Dict[str, Number]
-    extras: Dict[str, torch.Tensor] = field(default_factory=dict)
+    every_rank: Dict[str, List[float]] = field(default_factory=dict)
 
 
 Listener = Callable[[object, LoggedStep], None]
 
 
 @dataclass
+class ValueTable:
+    """A step's scalar floating-point log values in one float64 tensor.
+
+    float64 holds every float32, bfloat16 and float16 value exactly, so a
+    value read from it is the Python float ``.item()`` gives.
+
+    Attributes:
+        keys: The columns, in ``log_vars`` order.
+        data: ``(rows, len(keys))`` float64: one row, or one per rank.
+        rank: The row holding this rank's values.
+    """
+
+    keys: List[str]
+    data: torch.Tensor
+    rank: int = 0
+
+    def own_values(self) -> Dict[str, float]:
+        """This rank's values (``data`` on the host)."""
+        return dict(zip(self.keys, self.data[self.rank].tolist()))
+
+    def columns(self) -> Dict[str, List[float]]:
+        """Every rank's values by key (``data`` on the host)."""
+        return dict(zip(self.keys, self.data.t().tolist()))
+
+
+def in_table(value) -> bool:
+    """Whether a logged value goes into the :class:`ValueTable`."""
+    return torch.is_tensor(value) and value.is_floating_point() \
+        and value.numel() == 1
+
+
+def value_table(outputs: dict, every_rank: bool) -> Optional[ValueTable]:
+    """The step's scalar floating-point values as one device tensor.
+
+    No host read. With ``every_rank``, a (world size, keys) table in which
+    each rank fills its own row and leaves ``-0.0`` in the others, summed
+    over ranks by one all-reduce: exact, since ``x + (-0.0)`` is ``x`` for
+    every float, signed zeros and NaN included.
+
+    Args:
+        outputs: The step's ``log_vars`` (the same keys on every rank when
+            ``every_rank``).
+        every_rank: Gather every rank's values (one collective).
+
+    Returns:
+        The table, or None when no value goes into it.
+    """
+    keys = [key for key, value in outputs.items() if in_table(value)]
+    if not keys:
+        return None
+    row = torch.stack(
+        [outputs[key].detach().reshape(()).double() for key in keys])
+    if not every_rank:
+        return ValueTable(keys, row.unsqueeze(0))
+    table = row.new_full((get_world_size(), len(keys)), -0.0)
+    table[get_rank()] = row
+    all_reduce(table, op='sum')
+    return ValueTable(keys, table, get_rank())
+
+
+@dataclass
 class _Pending:
-    """A step whose values are being copied to the host."""
+    """A step whose values are being copied to the host.
+
+    ``values`` holds every key of ``log_vars`` in order: the values the
+    table holds as None, the others as they were logged (tensors copied).
+    """
 
     iteration: int
     epoch: int
-    values: Dict[str, Union[Number, torch.Tensor]]
-    extras: Dict[str, torch.Tensor]
+    values: Dict[str, Union[None, Number, torch.Tensor]]
+    table: Optional[ValueTable]
     ready: Optional[torch.cuda.Event]
 
 
@@ -102,16 +172,19 @@ def copies_done_event(
         tensors: List[torch.Tensor]) -> Optional[torch.cuda.Event]:
     """An event recorded after the copies just queued from ``tensors``.
 
+    A blocking event: waiting on it puts the thread to sleep instead of
+    spinning a CPU core.
+
     Args:
         tensors: The step's tensors that were copied.
 
     Returns:
-        A recorded ``torch.cuda.Event`` if any tensor is on a CUDA device,
-        else None (the copies are done).
+        A recorded ``torch.cuda.Event(blocking=True)`` if any tensor is on
+        a CUDA device, else None (the copies are done).
     """
     for tensor in tensors:
         if tensor.device.type == 'cuda':
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)
             event.record(torch.cuda.current_stream(tensor.device))
             return event
     return None
@@ -133,24 +206,20 @@ class DeferredRuntimeInfoHook(RuntimeInfoHook):
     def __init__(self) -> None:
         self._pending: Optional[_Pending] = None
         self._listeners: List[Listener] = []
-        self._producers: List[Producer] = []
+        self._every_rank = False
 
-    def subscribe(self,
-                  listener: Listener,
-                  producer: Optional[Producer] = None) -> None:
+    def subscribe(self, listener: Listener, every_rank: bool = False) -> None:
         """Call ``listener(runner, step)`` with every settled step.
 
         Args:
             listener: Called after the step's values are in the hub.
-            producer: Makes device tensors from the step's ``log_vars``
-                (after ``train_step``, on every rank: it may run a
-                collective); they reach the listener as ``step.extras``.
+            every_rank: Give it every rank's values (``step.every_rank``):
+                one all-reduce after each ``train_step``, on every rank.
         """
         if listener in self._listeners:  # subscribed by an earlier train()
             return
         self._listeners.append(listener)
-        if producer is not None:
-            self._producers.append(producer)
+        self._every_rank = self._every_rank or every_rank
 
     def before_train(self, runner) -> None:
         """Upstream's, with nothing left from an earlier ``train()``."""
@@ -190,11 +259,16 @@ class DeferredRuntimeInfoHook(RuntimeInfoHook):
             return
         if pending.ready is not None:
             pending.ready.synchronize()
-        values = {k: as_number(v) for k, v in pending.values.items()}
+        table = pending.table
+        tabled = table.own_values() if table is not None else {}
+        values = {
+            k: tabled[k] if v is None else as_number(v)
+            for k, v in pending.values.items()
+        }
         for key, value in values.items():
             runner.message_hub.update_scalar(f'train/{key}', value)
-        step = LoggedStep(pending.iteration, pending.epoch, values,
-                          pending.extras)
+        every_rank = table.columns() if self._every_rank and table else {}
+        step = LoggedStep(pending.iteration, pending.epoch, values, every_rank)
         for listener in self._listeners:
             listener(runner, step)
 
@@ -228,17 +302,22 @@ class DeferredRuntimeInfoHook(RuntimeInfoHook):
             checkpoint['message_hub'] = runner.message_hub.state_dict()
 
     def _stage(self, runner, outputs: dict) -> _Pending:
-        extras: Dict[str, torch.Tensor] = {}
-        for producer in self._producers:
-            extras.update(producer(outputs))
-        on_device = [v for v in outputs.values() if torch.is_tensor(v)]
-        on_device += list(extras.values())
-        values = {
-            key: copy_to_host(value) if torch.is_tensor(value) else value
-            for key, value in outputs.items()
-        }
-        extras = {key: copy_to_host(value) for key, value in extras.items()}
-        return _Pending(runner.iter + 1, runner.epoch + 1, values, extras,
+        """Start the step's copies: the table once, and any value the table
+        does not hold (not a floating-point scalar) by itself."""
+        table = value_table(outputs, self._every_rank)
+        on_device = [table.data] if table is not None else []
+        values = {}
+        for key, value in outputs.items():
+            if table is not None and key in table.keys:
+                values[key] = None
+            elif torch.is_tensor(value):
+                on_device.append(value)
+                values[key] = copy_to_host(value)
+            else:
+                values[key] = value
+        if table is not None:
+            table = replace(table, data=copy_to_host(table.data))
+        return _Pending(runner.iter + 1, runner.epoch + 1, values, table,
                         copies_done_event(on_device))
 
     @staticmethod

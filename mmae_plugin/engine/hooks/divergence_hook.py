@@ -13,33 +13,32 @@ off disk by ``SafeCheckpointHook``, which checks the parameters and the
 optimizer state themselves at every save.
 
 Every rank stops in the same iteration with the same message. After each
-``train_step`` the hook puts the step's logged values of every rank into
-one (world size, terms) tensor on the device, summed over ranks with one
-all-reduce (each rank fills its own row: the sum is exact); that tensor is
-read on the host together with the logged values, so no rank decides from
-its local loss alone and a diverged rank does not leave the others waiting
-in the next collective until its timeout.
+``train_step`` the step's logged values of every rank are put into one
+(world size, terms) tensor on the device, summed over ranks with one
+all-reduce (each rank fills its own row: the sum is exact,
+:func:`~.deferred_runtime_info_hook.value_table`); that tensor is read on
+the host, so no rank decides from its local loss alone and a diverged rank
+does not leave the others waiting in the next collective until its
+timeout.
 
 No host read is added: with :class:`~.deferred_runtime_info_hook.
-DeferredRuntimeInfoHook` (the plugin's configs select it) the tensor is
-copied off the device with the step's values and read one step later,
-when the values are (or at once at an iteration the log or a checkpoint
-needs them, before the save); the hook then raises there. With upstream's
-``RuntimeInfoHook``, which has already waited for the step with
-``.item()``, it is read at once.
+DeferredRuntimeInfoHook` (the plugin's configs select it) that table *is*
+the step's one copy to the host (the message hub's values are read from
+this rank's row), read one step later, when the values are (or at once at
+an iteration the log or a checkpoint needs them, before the save); the
+hook then raises there. With upstream's ``RuntimeInfoHook``, which has
+already waited for the step with ``.item()``, it is read at once.
 """
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import replace
+from typing import Dict, List, Optional, Sequence
 
-import torch
-from mmengine.dist import all_reduce, get_rank, get_world_size
 from mmengine.hooks import Hook, RuntimeInfoHook
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 
-from .deferred_runtime_info_hook import LoggedStep, deferred_runtime_info_hook
-
-#: Prefix of the hook's per-rank tensors among a logged step's extras.
-PER_RANK = 'divergence/'
+from .deferred_runtime_info_hook import (LoggedStep,
+                                         deferred_runtime_info_hook,
+                                         value_table)
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -126,49 +125,6 @@ def divergence_message(values: Dict[str, float],
             'warm-up or optim_wrapper.clip_grad.')
 
 
-def every_rank_table(
-        outputs: dict) -> Tuple[List[str], Optional[torch.Tensor]]:
-    """The step's tensor log values of every rank, on the device.
-
-    One all-reduce (sum) of a (world size, terms) float64 tensor in which
-    each rank filled its own row; no host read.
-
-    Args:
-        outputs: The step's ``log_vars`` (the same keys on every rank).
-
-    Returns:
-        The keys of the tensor values (the columns) and the table; an
-        empty list and None when no value is a tensor.
-    """
-    keys = [key for key, value in outputs.items() if torch.is_tensor(value)]
-    if not keys:
-        return [], None
-    rows = torch.stack(
-        [outputs[key].detach().reshape(()).double() for key in keys])
-    table = rows.new_zeros((get_world_size(), len(keys)))
-    table[get_rank()] = rows
-    all_reduce(table, op='sum')
-    return keys, table
-
-
-def by_key(keys: List[str], table: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """``{PER_RANK + key: (world size,) column}`` of an every-rank table."""
-    return {PER_RANK + key: table[:, i] for i, key in enumerate(keys)}
-
-
-def values_of_every_rank(outputs: dict) -> Dict[str, torch.Tensor]:
-    """:func:`every_rank_table` by key (for ``DeferredRuntimeInfoHook``).
-
-    Args:
-        outputs: The step's ``log_vars``.
-
-    Returns:
-        ``{PER_RANK + key: (world size,) tensor}`` on the device.
-    """
-    keys, table = every_rank_table(outputs)
-    return by_key(keys, table) if keys else {}
-
-
 def diverged_ranks(per_rank: Dict[str, List[float]]) -> List[int]:
     """The ranks whose total loss is not finite.
 
@@ -230,7 +186,7 @@ class DivergenceHook(Hook):
                 f'{[type(h).__name__ for h in hooks]}')
         self._deferred = deferred_runtime_info_hook(runner)
         if self._deferred is not None:
-            self._deferred.subscribe(self.check_step, values_of_every_rank)
+            self._deferred.subscribe(self.check_step, every_rank=True)
 
     def after_train_iter(self,
                          runner,
@@ -250,27 +206,27 @@ class DivergenceHook(Hook):
         """
         if getattr(self, '_deferred', None) is not None or not outputs:
             return
-        keys, table = every_rank_table(outputs)
-        extras = by_key(keys, table.cpu()) if keys else {}
-        # check_step reads only the per-rank extras, so the step carries
+        table = value_table(outputs, every_rank=True)
+        if table is None:
+            return
+        every_rank = replace(table, data=table.data.cpu()).columns()
+        # check_step reads only every rank's values, so the step carries
         # no copy of the logged values.
         self.check_step(
-            runner, LoggedStep(runner.iter + 1, runner.epoch + 1, {}, extras))
+            runner,
+            LoggedStep(runner.iter + 1, runner.epoch + 1, {}, every_rank))
 
     def check_step(self, runner, step: LoggedStep) -> None:
         """Raise on every rank if some rank's total loss is not finite.
 
         Args:
             runner: The runner.
-            step: A step's logged values with this hook's per-rank tensors.
+            step: A step's logged values with every rank's values.
 
         Raises:
             TrainingDivergedError: Some rank's total loss is not finite.
         """
-        per_rank = {
-            key[len(PER_RANK):]: value.tolist()
-            for key, value in step.extras.items() if key.startswith(PER_RANK)
-        }
+        per_rank = step.every_rank
         ranks = diverged_ranks(per_rank)
         if not ranks:
             return

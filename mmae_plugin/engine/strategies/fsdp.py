@@ -30,11 +30,15 @@ every other run in the process are left as they are.
    ``state_dict_cfg='full'`` checkpoint written on CPU hosts keeps Adam's
    ``exp_avg`` instead of a copy of ``exp_avg_sq`` (see that module).
 
-And one check: FSDP's ``mixed_precision`` policy (``model_wrapper.
-mixed_precision.param_dtype``, the dtype each unit's parameters are
-gathered and computed in) must be the dtype the optimizer wrapper
-autocasts to (``optim_wrapper.dtype``); a float16 override of one without
-the other is refused when the optimizer wrapper is built, before any step.
+And two checks, when the optimizer wrapper is built, before any step:
+FSDP's ``mixed_precision`` policy (``model_wrapper.mixed_precision.
+param_dtype``, the dtype each unit's parameters are gathered and computed
+in) must be the dtype the optimizer wrapper autocasts to
+(``optim_wrapper.dtype``), so a float16 override of one without the other
+is refused; and a policy that leaves the images float32
+(``cast_root_forward_inputs=False``, the recipe's: MAE's normalised-pixel
+target is then built from float32 pixels) needs that autocast, without
+which the images would meet the policy's weights in another dtype.
 
 Initial weights need no fix: ``BaseStrategy._init_model_weights``
 broadcasts rank 0's weights after ``init_weights`` and before the FSDP
@@ -88,22 +92,28 @@ def autocast_dtype(optim_wrapper: BaseOptimWrapper) -> Optional[torch.dtype]:
 
 def check_precision_agrees(model: nn.Module,
                            optim_wrapper: BaseOptimWrapper) -> None:
-    """Refuse an FSDP compute dtype other than the autocast dtype.
+    """Refuse an FSDP compute dtype the forward cannot run in.
 
     Args:
         model: The FSDP-wrapped model.
         optim_wrapper: Its optimizer wrapper.
 
     Raises:
-        ValueError: Both set and different (e.g. ``optim_wrapper.dtype=
-            float16`` for a GPU without bfloat16, with the policy's
-            bfloat16 left as it was).
+        ValueError: The policy's ``param_dtype`` and the autocast dtype both
+            set and different (e.g. ``optim_wrapper.dtype=float16`` for a
+            GPU without bfloat16, with the policy's bfloat16 left as it
+            was); or ``param_dtype`` set, the images left uncast
+            (``cast_root_forward_inputs=False``) and no autocast.
     """
     policy = getattr(model, 'mixed_precision', None)
     param_dtype = getattr(policy, 'param_dtype', None)
+    if param_dtype is None:
+        return
+    name = str(param_dtype).replace('torch.', '')
     cast_dtype = autocast_dtype(optim_wrapper)
-    if None not in (param_dtype, cast_dtype) and param_dtype != cast_dtype:
-        name = str(param_dtype).replace('torch.', '')
+    if cast_dtype is None:
+        check_inputs_cast(policy, name)
+    elif param_dtype != cast_dtype:
         cast = str(cast_dtype).replace('torch.', '')
         raise ValueError(
             f'strategy.model_wrapper.mixed_precision.param_dtype={name} '
@@ -112,6 +122,27 @@ def check_precision_agrees(model: nn.Module,
             'one dtype (on GPUs without bfloat16: --cfg-options '
             'optim_wrapper.dtype=float16 '
             'strategy.model_wrapper.mixed_precision.param_dtype=float16)')
+
+
+def check_inputs_cast(policy: Any, name: str) -> None:
+    """Refuse uncast inputs to ``name`` weights without autocast.
+
+    Args:
+        policy: FSDP's ``MixedPrecision`` of the root.
+        name: Its ``param_dtype``, as a config writes it.
+
+    Raises:
+        ValueError: ``cast_root_forward_inputs`` is False.
+    """
+    if getattr(policy, 'cast_root_forward_inputs', True):
+        return
+    raise ValueError(
+        f'strategy.model_wrapper.mixed_precision.param_dtype={name} with '
+        'cast_root_forward_inputs=False needs the optimizer wrapper to '
+        f'autocast (optim_wrapper.dtype={name}), but it does not: the '
+        f'float32 images would meet {name} weights. Autocast, or set '
+        f'cast_root_forward_inputs=True (the images are then cast to {name} '
+        f"before the model, MAE's target included)")
 
 
 @STRATEGIES.register_module()

@@ -1,0 +1,266 @@
+"""Images/s per worker core: mmpretrain's MAE pipeline against the recipe's.
+
+Both train pipelines as mmengine builds them, in this process on one thread
+(``torch``, OpenCV and the BLAS pinned to 1 thread; run it under
+``taskset -c N`` to pin it to one core), over JPEGs written on the spot
+(``bench_pipeline.py``'s photograph-like files at ImageNet's mean size and
+file size, or all at ``--size``):
+
+* ``mmpretrain``: ``mae/mae_vit-base-p16_8xb512-amp-coslr-300e_in1k.py``'s
+  ``LoadImageFromFile`` -> ``RandomResizedCrop`` 224 (scale 0.2-1, bicubic,
+  Pillow) -> ``RandomFlip`` 0.5 -> ``PackInputs``;
+* ``fast``: ``configs/mae_vit-base_200e.py``'s ``LoadImageBytes`` ->
+  ``DecodeRandomResizedCrop`` (the same draws; decode, crop, resize and
+  flip in one step) -> ``PackInputs``.
+
+The two run in interleaved rounds (the order swapped every round); per
+pipeline the median images/s of the rounds by CPU time of this process
+(what one core delivers, little affected by other processes) and by wall
+time, and the ratio fast / mmpretrain (of the medians, and per round)::
+
+    taskset -c 1 python dev/benchmarks/bench_loader.py
+    python dev/benchmarks/bench_loader.py --images 8 --rounds 1  # smoke
+"""
+import argparse
+import importlib.util
+import json
+import os
+import os.path as osp
+import statistics
+import sys
+import tempfile
+import time
+from types import ModuleType
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+HERE = osp.dirname(osp.abspath(__file__))
+REPO = osp.dirname(osp.dirname(HERE))
+RECIPE = 'configs/mae_vit-base_200e.py'
+PIPELINES = ('mmpretrain', 'fast')
+
+
+def sibling(name: str) -> ModuleType:
+    """A script of this folder, imported by path (``bench_pipeline``)."""
+    spec = importlib.util.spec_from_file_location(name,
+                                                  osp.join(HERE, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Command line."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        '--images', type=int, default=200, help='JPEGs written')
+    parser.add_argument(
+        '--rounds', type=int, default=5, help='interleaved rounds')
+    parser.add_argument(
+        '--size',
+        default=None,
+        help='WIDTHxHEIGHT of every JPEG (default: ImageNet-like sizes)')
+    parser.add_argument('--out', default=None, help='JSON output')
+    return parser.parse_args(argv)
+
+
+# ---------------------------------------------------------------- images
+def write_jpegs(bench_pipeline: ModuleType, folder: str, count: int,
+                size: Optional[str]) -> Dict:
+    """``bench_pipeline``'s ImageNet-like JPEGs, or all at ``size``."""
+    if size is None:
+        return bench_pipeline.write_jpegs(folder, count)
+    width, height = (int(side) for side in size.lower().split('x'))
+    paths, total = [], 0
+    for index in range(count):
+        path = osp.join(folder, f'img_{index:05d}.jpg')
+        total += bench_pipeline.imagenet_like_jpeg(path, width, height, index)
+        paths.append(path)
+    return dict(
+        paths=paths,
+        megabytes=total / 2**20,
+        mean_kilobytes=total / count / 1024,
+        mean_megapixels=width * height / 1e6)
+
+
+# ------------------------------------------------------------- pipelines
+def pipeline_steps(config: str) -> List[dict]:
+    """The train pipeline of a config file."""
+    from mmengine.config import Config
+    steps = Config.fromfile(config).train_dataloader.dataset.pipeline
+    return [dict(step) for step in steps]
+
+
+def build_pipelines(bench_pipeline: ModuleType) -> Dict[str, Callable]:
+    """Per-image functions (``img_path`` -> packed results) of mmpretrain's
+    MAE pipeline (``bench_pipeline``'s ``recipe``) and of the recipe's."""
+    from mmengine.dataset import Compose
+    from mmengine.registry import init_default_scope
+
+    import mmae_plugin.registration  # noqa: F401
+    init_default_scope('mmpretrain')
+    configs = dict(
+        mmpretrain=bench_pipeline.recipe_path(), fast=osp.join(REPO, RECIPE))
+    built = {}
+    for name in PIPELINES:
+        steps = pipeline_steps(configs[name])
+        pipeline = Compose(steps)
+
+        def run(path: str, pipeline=pipeline):
+            return pipeline(dict(img_path=path))
+
+        run.steps = [step['type'] for step in steps]
+        built[name] = run
+    return built
+
+
+def reduced_decodes(paths: List[str], draws: int = 20) -> Dict[int, float]:
+    """How often the fast path decodes at each DCT scale on these files
+    (``draws`` crop boxes per file, as the recipe draws them)."""
+    from mmae_plugin.datasets.transforms import fast_crop_decode as fast
+    crop = fast.DecodeRandomResizedCrop(224, crop_ratio_range=(0.2, 1.0))
+    counts: Dict[int, int] = {1: 0, 2: 0, 4: 0, 8: 0}
+    for path in paths:
+        with open(path, 'rb') as f:
+            size = fast.jpeg_size(f.read())
+        for _ in range(draws):
+            scale = 1 if size is None else \
+                fast.dct_scale(crop.box_for(*size), crop.scale)
+            counts[scale] += 1
+    total = sum(counts.values())
+    return {scale: count / total for scale, count in counts.items()}
+
+
+# ---------------------------------------------------------------- timing
+def timed_round(run: Callable, paths: List[str]) -> Dict:
+    """Run over every image once; CPU and wall seconds."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    for path in paths:
+        run(path)
+    return dict(
+        cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - wall)
+
+
+def measure(pipelines: Dict[str, Callable], paths: List[str],
+            rounds: int) -> Dict[str, List[Dict]]:
+    """Interleaved rounds (order swapped every round), after one untimed
+    pass of each pipeline over a few images."""
+    for run in pipelines.values():
+        for path in paths[:8]:
+            run(path)
+    names = list(pipelines)
+    results: Dict[str, List[Dict]] = {name: [] for name in names}
+    for index in range(rounds):
+        order = names if index % 2 == 0 else names[::-1]
+        for name in order:
+            results[name].append(timed_round(pipelines[name], paths))
+    return results
+
+
+def rates(rounds: List[Dict], count: int, key: str) -> List[float]:
+    """Images/s of each round by ``cpu_s`` or ``wall_s``."""
+    return [count / r[key] for r in rounds]
+
+
+def summarise(results: Dict[str, List[Dict]], count: int) -> Dict:
+    """Images/s per core (CPU time and wall), spread, the ratio."""
+    out: Dict = {}
+    for name, rounds in results.items():
+        cpu, wall = rates(rounds, count, 'cpu_s'), \
+            rates(rounds, count, 'wall_s')
+        out[name] = dict(
+            images_per_s_cpu=statistics.median(cpu),
+            cpu_spread=[min(cpu), max(cpu)],
+            images_per_s_wall=statistics.median(wall),
+            wall_spread=[min(wall), max(wall)],
+            ms_per_image=1e3 / statistics.median(cpu))
+    if set(PIPELINES) <= set(out):
+        per_round = [
+            m['cpu_s'] / f['cpu_s']
+            for m, f in zip(results['mmpretrain'], results['fast'])
+        ]
+        out['ratio'] = dict(
+            of_medians=out['fast']['images_per_s_cpu'] /
+            out['mmpretrain']['images_per_s_cpu'],
+            per_round=per_round,
+            per_round_median=statistics.median(per_round))
+    return out
+
+
+def table(summary: Dict) -> str:
+    """The pipelines side by side (Markdown) and the ratio."""
+    lines = [
+        '| pipeline | images/s per core (CPU time) | spread | images/s '
+        '(wall) | ms/image |', '| --- | --- | --- | --- | --- |'
+    ]
+    for name in PIPELINES:
+        if name not in summary:
+            continue
+        row = summary[name]
+        lines.append(
+            f'| {name} | {row["images_per_s_cpu"]:.0f} | '
+            f'{row["cpu_spread"][0]:.0f}-{row["cpu_spread"][1]:.0f} | '
+            f'{row["images_per_s_wall"]:.0f} | {row["ms_per_image"]:.2f} |')
+    if 'ratio' in summary:
+        ratio = summary['ratio']
+        rounds = ', '.join(f'{r:.2f}' for r in ratio['per_round'])
+        lines.append(f'\nfast / mmpretrain: {ratio["of_medians"]:.2f} '
+                     f'(per round: {rounds})')
+    return '\n'.join(lines)
+
+
+def run_benchmark(args: argparse.Namespace,
+                  bench_pipeline: ModuleType) -> Tuple[Dict, Dict, Dict]:
+    """Write the files, time both pipelines; (images, summary, extra)."""
+    with tempfile.TemporaryDirectory(prefix='bench_loader_') as folder:
+        written = write_jpegs(bench_pipeline, folder, args.images, args.size)
+        pipelines = build_pipelines(bench_pipeline)
+        np.random.seed(0)
+        load_before = os.getloadavg()
+        results = measure(pipelines, written['paths'], args.rounds)
+        extra = dict(
+            raw=results,
+            load_average_before=list(load_before),
+            steps={name: run.steps
+                   for name, run in pipelines.items()},
+            dct_scale_fractions=reduced_decodes(written['paths']))
+    written.pop('paths')
+    return written, summarise(results, args.images), extra
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict:
+    """Time both pipelines, print the table and the ratio."""
+    args = parse_args(argv)
+    bench_pipeline = sibling('bench_pipeline')
+    bench_pipeline.single_thread()
+    sys.path.insert(0, REPO)
+    images, summary, extra = run_benchmark(args, bench_pipeline)
+    env = bench_pipeline.environment()
+    result = dict(
+        environment=env,
+        images=dict(count=args.images, size=args.size, **images),
+        rounds=args.rounds,
+        recipe=RECIPE,
+        mmpretrain_recipe=bench_pipeline.RECIPE,
+        summary=summary,
+        **extra)
+    print(f'{args.images} JPEGs ({images["mean_megapixels"]:.3f} MP and '
+          f'{images["mean_kilobytes"]:.0f} KB mean), {args.rounds} '
+          f'interleaved rounds, cores {env["affinity"]}, load average '
+          f'{extra["load_average_before"][0]:.2f} before / '
+          f'{env["load_average"][0]:.2f} after; fast path decodes at DCT '
+          f'scale 1/2/4/8: ' +
+          ' / '.join(f'{100 * v:.0f} %'
+                     for v in extra['dct_scale_fractions'].values()))
+    print(table(summary))
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == '__main__':
+    main()

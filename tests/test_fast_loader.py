@@ -1,0 +1,447 @@
+"""The recipes' fast loader (``LoadImageBytes`` + ``DecodeRandomResizedCrop``)
+against mmpretrain's MAE pipeline (``LoadImageFromFile`` ->
+``RandomResizedCrop`` 224 bicubic -> ``RandomFlip`` -> ``PackInputs``).
+
+On ImageNet-like JPEGs (500 x 375, quality 90, ~100 KB of gradients, shapes
+and grain): the same seed gives the same boxes and flips and pixels within
+a grey level; independent seeds give crop parameters a two-sample KS test
+cannot tell apart and the same flip rate; a fixed box is resized as
+Pillow's bicubic does it, at full scale and (within ~1-2 grey levels on
+average) after a reduced JPEG decode.
+"""
+import io
+import os.path as osp
+from typing import Dict, List, Tuple
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from _helpers_scripts import load_script
+from mmengine.config import Config
+from mmengine.dataset import Compose
+from mmengine.registry import init_default_scope
+from mmpretrain.datasets.transforms import RandomResizedCrop
+from PIL import Image, ImageDraw, ImageFilter
+from scipy import stats
+
+import mmae_plugin.registration  # noqa: F401
+from mmae_plugin.datasets.transforms import fast_crop_decode as fast
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+MMPRETRAIN_STEPS = [
+    dict(type='LoadImageFromFile'),
+    dict(
+        type='RandomResizedCrop',
+        scale=224,
+        crop_ratio_range=(0.2, 1.0),
+        backend='pillow',
+        interpolation='bicubic'),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackInputs')
+]
+FAST_STEPS = [
+    dict(type='LoadImageBytes'),
+    dict(
+        type='DecodeRandomResizedCrop',
+        scale=224,
+        crop_ratio_range=(0.2, 1.0),
+        interpolation='bicubic',
+        flip_prob=0.5),
+    dict(type='PackInputs')
+]
+KS_DRAWS = 2000
+#: KS p-values of the fixed seeds below (deterministic), for the record.
+KS_ALPHA = 0.01
+
+
+def natural_jpeg(width: int,
+                 height: int,
+                 seed: int,
+                 exif: bytes = None) -> bytes:
+    """A photograph-like JPEG (quality 90): colour gradients, 30 blurred
+    ellipses and rectangles, Gaussian grain (sigma 20): ~100 KB at 500 x
+    375, as an ImageNet photograph."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(width, height)
+    planes = [
+        128 + 90 * np.sin(2 * np.pi *
+                          (x * rng.uniform(.5, 2) + y * rng.uniform(.5, 2)) +
+                          rng.uniform(0, 6)) for _ in range(3)
+    ]
+    image = Image.fromarray(np.stack(planes, -1).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(30):
+        cx, cy = rng.integers(0, width), rng.integers(0, height)
+        r = rng.integers(width // 40, width // 6)
+        shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+        shape((cx - r, cy - r, cx + r, cy + r),
+              fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    pixels = np.asarray(image.filter(ImageFilter.GaussianBlur(1)),
+                        np.float32) + rng.normal(0, 20, (height, width, 3))
+    out = io.BytesIO()
+    kwargs = {} if exif is None else dict(exif=exif)
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
+        out, 'JPEG', quality=90, **kwargs)
+    return out.getvalue()
+
+
+def write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def jpegs(tmp_path_factory) -> List[str]:
+    folder = tmp_path_factory.mktemp('jpegs')
+    return [
+        write(folder / f'{i}.jpg', natural_jpeg(500, 375, i)) for i in range(4)
+    ]
+
+
+@pytest.fixture(scope='module')
+def pipelines() -> Dict[str, Compose]:
+    init_default_scope('mmpretrain')
+    return dict(mmpretrain=Compose(MMPRETRAIN_STEPS), fast=Compose(FAST_STEPS))
+
+
+def run_seeded(pipeline: Compose, paths: List[str], seed: int) -> List:
+    """The pipeline over ``paths`` after seeding numpy's global stream."""
+    np.random.seed(seed)
+    return [pipeline(dict(img_path=path)) for path in paths]
+
+
+def bgr(packed: Dict) -> np.ndarray:
+    """HWC int array of a packed sample."""
+    return packed['inputs'].permute(1, 2, 0).numpy().astype(int)
+
+
+# ----------------------------------------------------------- the files
+def test_test_images_are_imagenet_like(jpegs):
+    for path in jpegs:
+        with Image.open(path) as image:
+            assert image.size == (500, 375) and image.format == 'JPEG'
+        assert 70e3 < osp.getsize(path) < 150e3
+
+
+# ------------------------------------------ same seed, same augmentation
+def test_same_seed_gives_mmpretrains_crops_flips_and_pixels(jpegs, pipelines):
+    """Draw for draw the fast path is mmpretrain's: the same box and flip
+    (so the same metadata) and, from the same decoded pixels, the same
+    bicubic filter, rounded by torch instead of Pillow: 32 draws, mean abs
+    error 0.03 grey levels (0.27 at most per image, where torch orders or
+    rounds the two passes differently; at most 4 levels per pixel)."""
+    paths = jpegs * 8  # 32 draws
+    reference = run_seeded(pipelines['mmpretrain'], paths, 7)
+    ours = run_seeded(pipelines['fast'], paths, 7)
+    errors = []
+    for ref, out in zip(reference, ours):
+        assert out['inputs'].shape == (3, 224, 224)
+        assert out['inputs'].dtype == torch.uint8
+        for key in ('flip', 'ori_shape', 'img_shape', 'img_path'):
+            assert out['data_samples'].metainfo[key] == \
+                ref['data_samples'].metainfo[key], key
+        errors.append(np.abs(bgr(out) - bgr(ref)))
+    errors = np.stack(errors)
+    assert errors.mean() < 0.1 and errors.max() <= 6
+    assert errors.mean(axis=(1, 2, 3)).max() < 0.35
+    # Per-channel mean / std over the batch: equal to 0.05 grey levels.
+    stack = {
+        name: torch.stack([r['inputs'] for r in batch]).double()
+        for name, batch in (('ref', reference), ('ours', ours))
+    }
+    for reduce in (torch.mean, torch.std):
+        np.testing.assert_allclose(
+            reduce(stack['ours'], dim=(0, 2, 3)),
+            reduce(stack['ref'], dim=(0, 2, 3)),
+            atol=0.05)
+
+
+# ---------------------------------- independent seeds, same distribution
+def crop_params(boxes: List[Tuple[int, int, int, int]],
+                sizes: List[Tuple[int, int]]) -> Dict[str, np.ndarray]:
+    """Relative area, log aspect ratio and relative centre of boxes."""
+    box = np.asarray(boxes, float)
+    size = np.asarray(sizes, float)
+    top, left, h, w = box.T
+    return dict(
+        area=h * w / (size[:, 0] * size[:, 1]),
+        log_aspect=np.log(w / h),
+        centre_y=(top + h / 2) / size[:, 0],
+        centre_x=(left + w / 2) / size[:, 1])
+
+
+def test_crop_boxes_and_flips_match_in_distribution(jpegs, monkeypatch):
+    """2,000 boxes of the fast transform (recorded as it resizes them, on
+    the real files) against 2,000 of ``RandomResizedCrop.rand_crop_params``
+    on the decoded images, from another seed: two-sample KS p-values of
+    the relative area, log aspect ratio and centre all above 0.01; flip
+    rates within a chi-square test of each other and of 0.5."""
+    recorded = []
+    resize = fast.resize_crop
+
+    def spy(image, box, size, interpolation):
+        recorded.append((box, image.shape[:2]))
+        return resize(image, box, size, interpolation)
+
+    monkeypatch.setattr(fast, 'resize_crop', spy)
+    crop = fast.DecodeRandomResizedCrop(
+        224, crop_ratio_range=(0.2, 1.0), flip_prob=0.5)
+    data = [open(path, 'rb').read() for path in jpegs]
+    np.random.seed(0)
+    flips = []
+    for index in range(KS_DRAWS):
+        out = crop(dict(img_bytes=data[index % len(data)], img_path='x'))
+        flips.append(out['flip'])
+    reference = RandomResizedCrop(
+        224,
+        crop_ratio_range=(0.2, 1.0),
+        backend='pillow',
+        interpolation='bicubic')
+    images = [cv2.imread(path) for path in jpegs]
+    np.random.seed(1)
+    ref_boxes = [
+        reference.rand_crop_params(images[i % len(images)])
+        for i in range(KS_DRAWS)
+    ]
+    ref_flips = np.random.random_sample(KS_DRAWS) < 0.5
+    ours = crop_params([b for b, _ in recorded], [s for _, s in recorded])
+    theirs = crop_params(ref_boxes,
+                         [images[i % 4].shape[:2] for i in range(KS_DRAWS)])
+    for name in ours:
+        result = stats.ks_2samp(ours[name], theirs[name])
+        assert result.pvalue > KS_ALPHA, (name, result)
+    table = [[sum(flips), KS_DRAWS - sum(flips)],
+             [int(ref_flips.sum()),
+              int(KS_DRAWS - ref_flips.sum())]]
+    assert stats.chi2_contingency(table).pvalue > KS_ALPHA
+    assert stats.binomtest(sum(flips), KS_DRAWS).pvalue > KS_ALPHA
+
+
+def test_flip_draw_is_random_flips_draw():
+    """``flip_prob=0.5`` flips exactly when mmcv's ``RandomFlip(0.5)``
+    does, from the same numpy stream."""
+    init_default_scope('mmpretrain')
+    flip = Compose([dict(type='RandomFlip', prob=0.5)])
+    crop = fast.DecodeRandomResizedCrop(224, flip_prob=0.5)
+    image = np.zeros((4, 4, 3), np.uint8)
+    np.random.seed(3)
+    theirs = [flip(dict(img=image))['flip'] for _ in range(200)]
+    np.random.seed(3)
+    ours = [crop.flip({}, image) is not image for _ in range(200)]
+    assert ours == theirs and 50 < sum(ours) < 150
+
+
+# ------------------------------------------------ a fixed box, the pixels
+def pillow_reference(data: bytes, box, size=(224, 224)) -> np.ndarray:
+    """Full decode (OpenCV, as LoadImageFromFile), crop, Pillow bicubic."""
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    top, left, h, w = box
+    crop = Image.fromarray(image[top:top + h, left:left + w])
+    return np.asarray(
+        crop.resize(size[::-1], Image.Resampling.BICUBIC), dtype=int)
+
+
+@pytest.mark.parametrize('box', [(10, 20, 300, 400), (0, 0, 375, 500),
+                                 (150, 200, 150, 170)])
+def test_fixed_box_at_full_scale_is_pillows_bicubic(box):
+    """Down- and up-sampling: mean abs error < 0.05, at most 2 levels."""
+    data = natural_jpeg(500, 375, 11)
+    image = fast.decode(data)
+    out = fast.resize_crop(image, box, (224, 224), 'bicubic')
+    error = np.abs(out.astype(int) - pillow_reference(data, box))
+    assert error.mean() < 0.05 and error.max() <= 2
+
+
+@pytest.mark.parametrize('box,scale', [((100, 150, 1000, 1300), 4),
+                                       ((0, 0, 1500, 2000), 4),
+                                       ((37, 211, 905, 1207), 4),
+                                       ((3, 5, 460, 470), 2)])
+def test_reduced_decode_of_a_fixed_box_stays_close(box, scale):
+    """A box holding >= 224 pixels at 1/2 or 1/4 scale, decoded there (DCT
+    scaling) and mapped exactly, against the full decode Pillow-resized:
+    mean abs error < 4 grey levels on this grainy image (0.5-3.4 measured;
+    the largest where the reduced crop is resized almost 1:1, so the DCT's
+    low-pass replaces the bicubic's); shape and dtype unchanged."""
+    data = natural_jpeg(2000, 1500, 5)
+    assert fast.jpeg_size(data) == (1500, 2000)
+    assert fast.dct_scale(box, (224, 224)) == scale
+    image = fast.decode(data, scale)
+    assert image.shape == (1500 // scale, 2000 // scale, 3)
+    out = fast.resize_scaled_crop(image, box, scale, (224, 224), 'bicubic')
+    assert out.shape == (224, 224, 3) and out.dtype == np.uint8
+    assert np.abs(out.astype(int) - pillow_reference(data, box)).mean() < 4
+
+
+def test_reduced_decodes_keep_the_pixel_statistics():
+    """40 recipe draws on a 2000 x 1500 JPEG, nearly all decoded at 1/2-1/8
+    scale, against mmpretrain's ``RandomResizedCrop`` from the same seed
+    (the same boxes) on the full decode: per-channel mean within 0.2 and
+    std within 1 % (the DCT's low-pass keeps a little more of the grain);
+    mean abs error < 3 grey levels per pixel."""
+    data = natural_jpeg(2000, 1500, 5)
+    reference = RandomResizedCrop(
+        224,
+        crop_ratio_range=(0.2, 1.0),
+        backend='pillow',
+        interpolation='bicubic')
+    crop = fast.DecodeRandomResizedCrop(224, crop_ratio_range=(0.2, 1.0))
+    full = fast.decode(data)
+    np.random.seed(4)
+    theirs = np.stack([reference(dict(img=full))['img']
+                       for _ in range(40)]).astype(float)
+    np.random.seed(4)
+    ours = np.stack([crop(dict(img_bytes=data))['img']
+                     for _ in range(40)]).astype(float)
+    np.testing.assert_allclose(
+        ours.mean(axis=(0, 1, 2)), theirs.mean(axis=(0, 1, 2)), atol=0.2)
+    np.testing.assert_allclose(
+        ours.std(axis=(0, 1, 2)), theirs.std(axis=(0, 1, 2)), rtol=0.01)
+    assert np.abs(ours - theirs).mean() < 3
+
+
+def test_large_file_through_the_transform_decodes_reduced(
+        tmp_path, monkeypatch):
+    """A 2000 x 1500 JPEG: most boxes are decoded at 1/2-1/4 scale, and
+    ``ori_shape`` is the file's full size."""
+    scales = []
+    decode = fast.decode
+
+    def spy(data, scale=1):
+        scales.append(scale)
+        return decode(data, scale)
+
+    monkeypatch.setattr(fast, 'decode', spy)
+    crop = fast.DecodeRandomResizedCrop(224, crop_ratio_range=(0.2, 1.0))
+    data = natural_jpeg(2000, 1500, 2)
+    np.random.seed(0)
+    for _ in range(20):
+        out = crop(dict(img_bytes=data))
+        assert out['img'].shape == (224, 224, 3)
+        assert out['ori_shape'] == (1500, 2000)
+    assert set(scales) <= {1, 2, 4} and scales.count(1) < 10
+
+
+def test_dct_scale_keeps_the_output_resolution():
+    assert fast.dct_scale((0, 0, 447, 1000), (224, 224)) == 1
+    assert fast.dct_scale((0, 0, 448, 448), (224, 224)) == 2
+    assert fast.dct_scale((0, 0, 1792, 1800), (224, 224)) == 8
+    assert fast.dct_scale((0, 0, 1000, 900), (224, 224)) == 4
+    assert fast.dct_scale((0, 0, 900, 1000), (224, 448)) == 2
+
+
+# ------------------------------------------ headers and the fallbacks
+def exif_with_orientation(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[fast.EXIF_ORIENTATION] = orientation
+    return exif.tobytes()
+
+
+def test_jpeg_size_reads_the_frame_header():
+    assert fast.jpeg_size(natural_jpeg(500, 375, 0)) == (375, 500)
+    upright = natural_jpeg(64, 48, 0, exif=exif_with_orientation(1))
+    assert fast.jpeg_size(upright) == (48, 64)
+    # Rotated or mirrored by EXIF: not the decoded size, so none.
+    rotated = natural_jpeg(64, 48, 0, exif=exif_with_orientation(6))
+    assert fast.jpeg_size(rotated) is None
+    progressive = io.BytesIO()
+    Image.new('RGB', (40, 30)).save(progressive, 'JPEG', progressive=True)
+    assert fast.jpeg_size(progressive.getvalue()) == (30, 40)
+    png = io.BytesIO()
+    Image.new('RGB', (40, 30)).save(png, 'PNG')
+    assert fast.jpeg_size(png.getvalue()) is None
+    assert fast.jpeg_size(b'\xff\xd8\xff') is None
+
+
+@pytest.mark.parametrize('kind', ['png', 'exif_rotated', 'grayscale'])
+def test_files_without_a_usable_header_match_mmpretrain(
+        kind, tmp_path, pipelines):
+    """PNG, an EXIF-rotated JPEG (OpenCV turns it upright) and a grayscale
+    JPEG: decoded whole, the box drawn on the decoded size, as mmpretrain
+    does (same seed, same box and flip)."""
+    data = natural_jpeg(300, 200, 4)
+    if kind == 'png':
+        image = Image.open(io.BytesIO(data))
+        out = io.BytesIO()
+        image.save(out, 'PNG')
+        data = out.getvalue()
+    elif kind == 'exif_rotated':
+        data = natural_jpeg(300, 200, 4, exif=exif_with_orientation(6))
+    else:
+        out = io.BytesIO()
+        Image.open(io.BytesIO(data)).convert('L').save(out, 'JPEG')
+        data = out.getvalue()
+    path = write(tmp_path / f'{kind}.img', data)
+    (ref, ) = run_seeded(pipelines['mmpretrain'], [path], 5)
+    (ours, ) = run_seeded(pipelines['fast'], [path], 5)
+    assert ours['data_samples'].ori_shape == ref['data_samples'].ori_shape
+    if kind == 'exif_rotated':
+        assert ours['data_samples'].ori_shape == (300, 200)
+    assert ours['data_samples'].flip == ref['data_samples'].flip
+    assert np.abs(bgr(ours) - bgr(ref)).mean() < 0.05
+
+
+def test_decoded_image_input_crops_like_random_resized_crop():
+    """Without ``img_bytes`` the transform crops ``img`` (a drop-in for
+    ``RandomResizedCrop``): same box from the same seed."""
+    image = fast.decode(natural_jpeg(500, 375, 3))
+    reference = RandomResizedCrop(
+        224,
+        crop_ratio_range=(0.2, 1.0),
+        backend='pillow',
+        interpolation='bicubic')
+    crop = fast.DecodeRandomResizedCrop(224, crop_ratio_range=(0.2, 1.0))
+    np.random.seed(9)
+    theirs = reference(dict(img=image))['img']
+    np.random.seed(9)
+    ours = crop(dict(img=image))
+    assert ours['img_shape'] == (224, 224, 3) and 'flip' not in ours
+    assert np.abs(ours['img'].astype(int) - theirs).mean() < 0.05
+
+
+def test_unreadable_files(tmp_path):
+    loader = fast.LoadImageBytes(ignore_empty=True)
+    assert loader(dict(img_path=str(tmp_path / 'missing.jpg'))) is None
+    with pytest.raises(FileNotFoundError):
+        fast.LoadImageBytes()(dict(img_path=str(tmp_path / 'missing.jpg')))
+    crop = fast.DecodeRandomResizedCrop(224)
+    with pytest.raises(ValueError, match='failed to decode image: bad'):
+        crop(dict(img_bytes=b'not an image', img_path='bad'))
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match='interpolation'):
+        fast.DecodeRandomResizedCrop(224, interpolation='lanczos')
+    with pytest.raises(ValueError, match='flip_prob'):
+        fast.DecodeRandomResizedCrop(224, flip_prob=1.5)
+    text = repr(fast.DecodeRandomResizedCrop(224, flip_prob=0.5))
+    assert 'flip_prob=0.5' in text and 'dct_scaling=True' in text
+
+
+# ------------------------------------------------------------- recipes
+@pytest.mark.parametrize('name', [
+    'mae_vit-base_200e', 'mmae_vit-base_200e', 'umae_vit-base_200e',
+    'mmae_vit-large_200e', 'mmae_vit-large_200e_fsdp'
+])
+def test_pretraining_recipes_select_the_fast_loader(name, jpegs):
+    cfg = Config.fromfile(osp.join(REPO, 'configs', f'{name}.py'))
+    steps = cfg.train_dataloader.dataset.pipeline
+    assert [dict(step) for step in steps] == FAST_STEPS
+    assert cfg.train_pipeline == steps
+    # mmpretrain's MAE preprocessor swaps BGR -> RGB, as before.
+    assert cfg.data_preprocessor.to_rgb
+    init_default_scope('mmpretrain')
+    packed = Compose(steps)(dict(img_path=jpegs[0]))
+    assert packed['inputs'].shape == (3, 224, 224)
+
+
+def test_bench_loader_reports_both_pipelines(capsys):
+    bench = load_script('dev/benchmarks/bench_loader.py')
+    result = bench.main(['--images', '2', '--rounds', '1'])
+    assert result['steps']['mmpretrain'] == [
+        s['type'] for s in MMPRETRAIN_STEPS
+    ]
+    assert result['steps']['fast'] == [s['type'] for s in FAST_STEPS]
+    assert result['summary']['ratio']['of_medians'] > 0
+    assert result['dct_scale_fractions'][1] == 1.0  # ImageNet-sized files
+    assert 'fast / mmpretrain:' in capsys.readouterr().out
