@@ -1,4 +1,10 @@
-"""Hooks registered in mmpretrain.registry.HOOKS."""
+"""The plugin's MMEngine hooks, one per module.
+
+Every hook registers in mmengine's root ``HOOKS`` registry: a config of any
+OpenMMLab codebase (``default_scope`` mmpretrain, mmdet, or none) finds it,
+since each codebase's registry falls back to the root; one registered in
+mmpretrain's would be found only under ``default_scope = 'mmpretrain'``.
+"""
 from .attention_locality_hook import AttentionLocalityHook
 from .checkpoint_hook import NonFiniteCheckpointError, SafeCheckpointHook
 from .compile_hook import CompileHook

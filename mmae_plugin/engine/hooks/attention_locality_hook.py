@@ -27,10 +27,11 @@ import torch
 from mmengine.dataset import Compose
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
 from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.models.selfsup import MAEViT
 from mmpretrain.models.utils import MultiheadAttention
-from mmpretrain.registry import HOOKS, TRANSFORMS
+from mmpretrain.registry import TRANSFORMS
 
 from mmae_plugin.theory.attention_stats import (
     attention_entropy, mean_attention_distance, patch_grid_distances,

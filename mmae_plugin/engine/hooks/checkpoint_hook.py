@@ -57,7 +57,7 @@ from mmengine.dist import (all_gather_object, all_reduce, barrier,
                            get_world_size, is_main_process)
 from mmengine.fileio.backends import LocalBackend
 from mmengine.hooks import CheckpointHook
-from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import HOOKS
 
 from mmae_plugin.checkpoint.atomic_write import (remove_orphan_temporaries,
                                                  write_atomically)
@@ -98,7 +98,7 @@ def _check_setting(name: str, value: Any) -> None:
             f'integer >= 1 or -1 ({meaning})')
 
 
-@MMENGINE_HOOKS.register_module()
+@HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
     """``CheckpointHook`` with finite-only, atomic, checksummed saves.
 

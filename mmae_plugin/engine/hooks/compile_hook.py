@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
-from mmpretrain.registry import HOOKS
+from mmengine.registry import HOOKS
 
 from mmae_plugin.utils.validation import check_choice
 

@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Union
 import torch
 from mmengine.dist import all_reduce, get_rank, get_world_size
 from mmengine.hooks import LoggerHook, RuntimeInfoHook
-from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import HOOKS
 
 Number = Union[int, float]
 
@@ -197,7 +197,7 @@ def as_number(value: Union[Number, torch.Tensor]) -> Number:
     return value
 
 
-@MMENGINE_HOOKS.register_module()
+@HOOKS.register_module()
 class DeferredRuntimeInfoHook(RuntimeInfoHook):
     """``RuntimeInfoHook`` that puts a step's values in the message hub
     once their copy to the host is done, one step later (module docstring).

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
 from mmengine.hooks import Hook, RuntimeInfoHook
-from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import HOOKS
 
 from .deferred_runtime_info_hook import (LoggedStep,
                                          deferred_runtime_info_hook,
@@ -144,7 +144,7 @@ def diverged_ranks(per_rank: Dict[str, List[float]]) -> List[int]:
 
 # In mmengine's registry too: the hook serves any MMEngine config, whatever
 # its default_scope (mmpretrain's registry finds it through its parent).
-@MMENGINE_HOOKS.register_module()
+@HOOKS.register_module()
 class DivergenceHook(Hook):
     """Raise :class:`TrainingDivergedError` on a non-finite total loss.
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmpretrain.registry import HOOKS
+from mmengine.registry import HOOKS
 
 from mmae_plugin.utils.validation import check_int
 

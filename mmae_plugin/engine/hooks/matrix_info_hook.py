@@ -30,7 +30,7 @@ from mmengine.dist import get_world_size
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmpretrain.registry import HOOKS
+from mmengine.registry import HOOKS
 from torch import Tensor, nn
 
 # coding_rate stays importable from here (its former home).

@@ -19,7 +19,7 @@ from typing import Optional, Union
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmpretrain.registry import HOOKS
+from mmengine.registry import HOOKS
 
 from mmae_plugin.models.algorithms.mmae import SKIP_KEY
 from mmae_plugin.models.losses.feature_regularizer import (SKIP_GATHER_REFUSED,

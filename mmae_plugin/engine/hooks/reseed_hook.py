@@ -11,9 +11,9 @@ from mmengine.dataset import Compose
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
+from mmengine.registry import HOOKS
 from mmpretrain.datasets.transforms import (Collect, PackInputs, ResizeEdge,
                                             Transpose)
-from mmpretrain.registry import HOOKS
 from torch.utils.data import get_worker_info
 
 from mmae_plugin.utils.validation import check_bool
