@@ -1,22 +1,14 @@
 """mmae-plugin: matrix information theory for MMPretrain self-supervision.
 
-``import mmae_plugin`` registers nothing, whatever was imported before it:
-the package stays light, and the framework-free subpackages
-(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`,
-:mod:`mmae_plugin.utils`) import neither mmengine nor mmpretrain.
-
-The components are registered in mmengine's and mmpretrain's registries
-by ``import mmae_plugin.registration``, in every import order. Configs name
-that module in ``custom_imports``::
+``import mmae_plugin`` registers nothing (the framework-free subpackages
+:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory` and
+:mod:`mmae_plugin.utils` import neither mmengine nor mmpretrain). The
+components are registered by ``import mmae_plugin.registration`` (or the
+first access of ``mmae_plugin.models`` / ``mmae_plugin.engine``), which
+configs name in ``custom_imports``::
 
     custom_imports = dict(imports=['mmae_plugin.registration'],
                           allow_failed_imports=False)
-
-``imports=['mmae_plugin']`` registers nothing: building a plugin component
-then fails with mmengine's registry ``KeyError`` (``... is not in the
-mmpretrain::model registry``). First access of a framework attribute such as
-``mmae_plugin.models`` or ``mmae_plugin.engine`` registers too, as it
-imports :mod:`mmae_plugin.registration` first.
 """
 import importlib
 import importlib.util

@@ -1,34 +1,17 @@
 """Copy model-zoo entries to a folder: what ``mim download`` does for others.
 
-``mim download`` fetches an entry's ``Weights`` URL with ``requests``, which
-only speaks http(s). The plugin's Fashion-MNIST weights ship inside the
-package as ``mmae-zoo://`` checkpoints (the project publishes no download
-server), so ``mim download mmae_plugin --config NAME`` cannot fetch them.
-This command does the same job from the installed package::
+``mim download`` speaks only http(s) and cannot fetch the plugin's
+``mmae-zoo://`` weights. This command copies an entry's checkpoint and
+dumps its full config (the config alone for an entry without weights)::
 
     python -m mmae_plugin.download mmae_vit-tiny-p4_fmnist_linear --dest ckpts
 
-It copies the entry's checkpoint (``ckpts/mmae_vit-tiny-p4_fmnist_linear.pth``)
-and dumps its full config (``ckpts/mmae_vit-tiny-p4_fmnist_linear.py``), as
-``mim download`` does. For an entry without published weights it dumps the
-config alone and says so.
-
-What it guarantees:
-
-* The source is checked against the SHA-256 its metafile records before
-  anything is copied, and the copy after; a damaged file is refused by name
-  (exit status 1) and no copy of it is left.
-* The checkpoint gets the checksum sidecar ``.NAME.pth.sha256`` that the
-  plugin's runner verifies on load, written after the checkpoint; a sidecar
-  of a file it replaces is removed first, so no sidecar ever describes other
-  bytes than the checkpoint beside it.
-* Without ``--force`` it writes nothing if ``--dest`` is a symlink or any
-  file it would write exists (a symlink included). With ``--force`` it
-  replaces each file atomically (a replaced symlink becomes a regular file;
-  what it pointed at is left untouched).
-* A ``--dest`` that is a file, or the zoo folder the checkpoints come from,
-  is answered with one line and exit status 2, as argparse answers a bad
-  argument.
+The source is checked against its metafile's SHA-256 before copying and
+the copy after (exit status 1 and no copy when damaged); the copy gets the
+``.NAME.pth.sha256`` sidecar the runner verifies. Without ``--force`` no
+existing file or symlink is written over; with it each file is replaced
+atomically. A ``--dest`` that is a file or the zoo folder itself exits
+with status 2. See docs/evaluation.md#model-zoo.
 """
 import argparse
 import os

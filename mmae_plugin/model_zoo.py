@@ -1,33 +1,17 @@
 """The plugin's models in mmpretrain's zoo (``list_models``, ``get_model``).
 
-``model-index.yml`` (shipped beside the configs, mmpretrain's layout) lists a
-metafile per algorithm. Importing ``mmae_plugin`` registers it with
-mmpretrain's :class:`~mmpretrain.apis.ModelHub`, so::
+Importing ``mmae_plugin`` registers ``model-index.yml`` with mmpretrain's
+:class:`~mmpretrain.apis.ModelHub`, so::
 
     mmpretrain.list_models('*mmae*')
     mmpretrain.get_model('mmae_vit-tiny-p4_fmnist_linear', pretrained=True)
 
-work like they do for mmpretrain's own models. The ImageNet entries carry the
-paper's results and no weights; the Fashion-MNIST entries carry the results
-measured by ``dev/export_zoo.py`` and weights addressed as
-``mmae-zoo://<file>``, which this module resolves to the plugin's checkpoint
-folder and loads with ``weights_only=True`` like every other checkpoint.
-
-Each entry with weights records their SHA-256 in its metafile
-(``Metadata: Weights SHA256``). Every ``mmae-zoo://`` load, so every
-``get_model(name, pretrained=True)``, hashes the file first and refuses one
-whose digest differs, or whose name no metafile records, naming the file,
-the entry and what to do (:func:`verify_zoo_checkpoint`). The zoo files
-have no checksum sidecar, so without this check a file with flipped tensor
-bytes (its zip CRC-32s are not checked by ``torch.load``) would load.
-
-mmpretrain's ``get_model(name, pretrained=True)`` only warns and returns a
-randomly initialised model when an entry has no weights. So that a user who
-asked for pretrained weights never gets a random model by mistake, the
-registered copies of the plugin's weightless entries point at
-``mmae-zoo://unpublished/<name>``, which :func:`load_from_zoo` refuses with a
-message naming the entry and what to pass instead. (The metafiles keep
-``Weights: null``, so ``mim search`` shows no weights for them.)
+work as for mmpretrain's own models. Fashion-MNIST weights are
+``mmae-zoo://<file>`` checkpoints, resolved here, verified against the
+SHA-256 their metafile records (:func:`verify_zoo_checkpoint`) and loaded
+with ``weights_only=True``. Entries without weights (ImageNet) point at
+``mmae-zoo://unpublished/<name>``, which :func:`load_from_zoo` refuses,
+naming what to pass instead. See docs/evaluation.md#model-zoo.
 """
 import os
 import os.path as osp

@@ -4,7 +4,10 @@
 #      the exact tested versions of constraints.txt: torch, torchvision,
 #      mmengine, mmcv-lite, mmpretrain, and the test / analysis extras
 #      (re-installed whenever setup.py or constraints.txt changes);
-#   2. Fashion-MNIST in /usr/share/datasets/fashion-mnist (Debian package
+#   2. optionally, a C compiler and jpeglib.h (Debian packages gcc and
+#      libjpeg-dev, installed when root and missing), for the recipes'
+#      loader's region decoding of JPEGs; without them it decodes whole files;
+#   3. Fashion-MNIST in /usr/share/datasets/fashion-mnist (Debian package
 #      dataset-fashion-mnist) unless FMNIST_ROOT points at the IDX files.
 # A first run downloads several GB (torch with its CUDA libraries; about 6 GB
 # installed); pip prints each package as it goes. A re-run with nothing changed takes a
@@ -39,6 +42,24 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "virtual environment ready"
 else
   log "virtual environment up to date"
+fi
+
+# Optional: a C compiler and libjpeg-turbo's header, with which the recipes'
+# loader builds its region decoder on first use (decoding only the crop of
+# each JPEG, mmae_plugin/datasets/transforms/jpeg_region.py); without them
+# it decodes whole JPEGs with OpenCV: the same images, more CPU per image.
+if printf '#include <stdio.h>\n#include <jpeglib.h>\n' \
+    | "${CC:-cc}" -E -x c - >/dev/null 2>&1; then
+  log "C compiler and jpeglib.h found (the loader's region decoding of JPEGs)"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  log "installing gcc and libjpeg-dev (the loader's region decoding of JPEGs)"
+  if ! { apt-get update -qq && apt-get install -y -qq gcc libjpeg-dev \
+      >/dev/null; }; then
+    log "could not install them: the loader will decode whole JPEGs"
+  fi
+else
+  log "no C compiler or jpeglib.h: the loader will decode whole JPEGs"
+  log "(to decode only the crop: sudo apt-get install gcc libjpeg-dev)"
 fi
 
 if ls "$FMNIST_ROOT"/train-images-idx3-ubyte* >/dev/null 2>&1; then

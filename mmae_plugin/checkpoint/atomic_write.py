@@ -1,27 +1,15 @@
 """Writing a file so that a reader sees the old one or the new one.
 
-A job killed while writing leaves a truncated file behind a plain
-``open(path, 'w')``. :func:`write_atomically` writes to a temporary beside
-the target, fsyncs it and renames it over the target; the checkpoint hook
-uses it for checksum sidecars and ``last_checkpoint`` and the same
-rename-after-fsync for the checkpoints themselves. :func:`open_atomically`
-does the same for a writer that streams into a file (the checkpoint
-converter's ``torch.save``).
-
-A rename is used only where it is equivalent to an in-place write
-(:func:`atomic_write_target`): the target, after following symlinks, is
-missing or a regular file with one link owned by us, and its folder
-accepts a new file. The new file gets the old file's mode, group and
-extended attributes (ACLs), or for a new file ``0o666 & ~umask`` like
-``open``.
-
-Temporaries are named ``.<name>.<writer>.<pid>.XXXXXXXX.tmp``, where
-``<writer>`` is the host name, the boot id and the pid namespace: on a
-shared filesystem several hosts, and several containers of one host, write
-into the same folder. A temporary left by a killed write is removed (by the
-next write of the same file, and by the checkpoint hook when training
-starts) only if it was written from this host, boot and pid namespace by a
-process that no longer exists; another writer's temporary is never touched.
+:func:`write_atomically` writes to a temporary beside the target, fsyncs it
+and renames it over the target (checksum sidecars, ``last_checkpoint``);
+:func:`open_atomically` does the same for a writer that streams
+(``torch.save``). A rename is used only where it is equivalent to an
+in-place write (:func:`atomic_write_target`); the new file keeps the old
+one's mode, group and extended attributes (a new one gets ``0o666 &
+~umask``). Temporaries are named ``.<name>.<writer>.<pid>.XXXXXXXX.tmp``
+(``<writer>``: host, boot id, pid namespace), and only one left by a dead
+process of this host, boot and namespace is ever removed. Why:
+docs/reliability.md#checkpoints-finite-whole-verified-and-the-runs-own.
 """
 import builtins
 import contextlib
@@ -187,12 +175,9 @@ def open_atomically(filepath: str,
                     encoding: Optional[str] = None) -> Iterator[IO]:
     """A file to write ``filepath`` through; readers see old or new only.
 
-    The body writes to a temporary beside ``filepath`` (named as the module
-    docstring says); on leaving the block normally the temporary is
-    flushed, fsynced and renamed over ``filepath``. If the block raises,
-    the temporary is removed and ``filepath`` is left as it was. For
-    writers that stream (``torch.save(obj, file)``) instead of holding all
-    the bytes (:func:`write_atomically`).
+    The body writes to a temporary beside ``filepath``; on leaving the block
+    normally it is flushed, fsynced and renamed over ``filepath``; if the block
+    raises, it is removed and ``filepath`` is left as it was.
 
     Args:
         filepath: Destination: a real path whose folder exists (see

@@ -1,12 +1,10 @@
 """Reading small metadata files that a hostile or broken folder may fake.
 
-A checksum sidecar or ``last_checkpoint`` is a few dozen bytes. Read with a
-plain ``open().read()``, a FIFO put in its place blocks forever, a symlink
-to ``/dev/zero`` grows without bound until ``MemoryError``, and a sparse
-file of terabytes does the same. :func:`read_small_text` refuses all of
-them by name, at once: it opens without blocking, checks on the open
-descriptor that it is a regular file no larger than the limit, and reads at
-most that many bytes.
+:func:`read_small_text` refuses, by name and at once, what would block or
+fill memory in a plain ``open().read()`` of a sidecar or
+``last_checkpoint`` (a FIFO, ``/dev/zero``, a huge sparse file): it opens
+without blocking, checks that the descriptor is a regular file within the
+limit, and reads at most that many bytes.
 """
 import os
 import stat

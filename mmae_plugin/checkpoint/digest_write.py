@@ -1,14 +1,9 @@
 """Checkpoints hashed while they are written, not read back after.
 
-Hashing a finished checkpoint reads it again: on a 1 GB ViT-B + AdamW
-state that doubled the cost of a save. :class:`DigestingLocalBackend` is
-mmengine's local file backend registered under another name in mmengine's
-file-backend registry; its ``put`` writes the bytes mmengine serialised
-through :class:`DigestingWriter`, which hashes them (in a helper thread
-for large buffers, beside the write where a core is idle). The plugin's
-checkpoint hook names it in its ``backend_args`` for local saves and
-collects the digests with :func:`take_digests`; nothing else in the
-process changes.
+:class:`DigestingLocalBackend` is mmengine's local file backend, registered
+under another name; its ``put`` hashes the bytes while writing them
+(:class:`DigestingWriter`), and :func:`take_digests` hands the digests to
+the checkpoint hook. Measured: docs/performance.md.
 """
 import hashlib
 import os

@@ -1,19 +1,12 @@
 """Which checkpoint a run continues from, and what it must not save over.
 
-Auto-resume continues from the newest entry, by global iteration, of the
-current run in the checkpoint folder's record (:mod:`.run_record`) whose
-file still has its recorded size and SHA-256; each newer entry passed over
-is reported with its cost. A file that is not in the record is never
-resumed automatically, whatever its name; ``last_checkpoint`` is not read.
-
-Migration: a folder with checkpoints but no recorded one (written by
-mmengine's ``CheckpointHook`` or an earlier version of the plugin) resumes
-from the checkpoint whose own ``meta`` (read with ``weights_only``) says it
-is the newest; the record starts with the next save.
-
-Whatever a launch continues from (nothing, for a fresh start), it must not
-save over a checkpoint file another run wrote: :func:`in_the_way` names
-those, and the launch stops before training (:class:`CheckpointsInTheWay`).
+:func:`choose_resume_checkpoint`: auto-resume continues from the newest
+entry of the current run in the run record (:mod:`.run_record`) whose file
+still has its recorded size and SHA-256, or, for a folder without a record,
+from the checkpoint whose own ``meta`` says it is the newest (migration).
+:func:`in_the_way` names checkpoint files another run wrote that a launch
+would save over; the launch then stops (:class:`CheckpointsInTheWay`).
+Rules: docs/reliability.md#checkpoints-finite-whole-verified-and-the-runs-own.
 """
 import os
 import os.path as osp

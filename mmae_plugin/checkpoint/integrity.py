@@ -1,15 +1,10 @@
 """What is wrong with a checkpoint that is not in a run record.
 
-A run's checkpoints are checked against the run record
-(:mod:`.run_record`). A file outside any record is checked here: against
-a hidden checksum sidecar ``.<name>.sha256`` in ``sha256sum -c`` format
-when it has one (``python -m mmae_plugin.download`` writes one for a zoo
-checkpoint; plugin 0.3 and earlier wrote one beside each checkpoint, and
-0.2.0 a visible ``<name>.sha256``), else by its zip structure: a zip
-archive whose members match their CRC-32s (torch's format; Python's
-``zipfile`` checks them). An FSDP folder is checked by its rank files
-``rank0.pth`` ... ``rank{n-1}.pth``, each by its zip structure. Anything
-else is refused.
+Checked against its hidden checksum sidecar ``.<name>.sha256``
+(``sha256sum -c`` format, as ``python -m mmae_plugin.download`` and plugin
+0.3 wrote; 0.2.0 wrote a visible ``<name>.sha256``) when it has one, else
+by its zip structure (members against their CRC-32s). An FSDP folder is
+checked by its ``rank<i>.pth`` files; anything else is refused.
 """
 import os
 import os.path as osp

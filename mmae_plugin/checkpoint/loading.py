@@ -1,18 +1,14 @@
 """Verification before any of the plugin's loads of a checkpoint.
 
-The plugin's runners (resume, ``load_from``, ``Pretrained`` init), the
-frozen-encoder evaluation and the model zoo call :func:`verify_before_loading`
-before handing a path to mmengine or torch; remote paths (``scheme://``)
-are left to mmengine. A checkpoint recorded in the run record of its folder
-is checked against its recorded size and SHA-256; any other against its
-checksum sidecar (a downloaded zoo file) or its zip CRC-32s.
-
-Hashing a multi-GB checkpoint costs as much CPU as loading it, or more.
-:func:`start_verification` runs the same checks in a thread, so a caller
-can load the file meanwhile and wait for the verdict before it uses
-anything loaded; :func:`load_verified` does both for one file. The file is
-read from disk once: whichever of the two reads a part first brings it
-into the page cache for the other.
+The plugin's runners, the frozen-encoder evaluation and the model zoo call
+:func:`verify_before_loading` before handing a local path to mmengine or
+torch (remote ``scheme://`` paths are left to mmengine): a checkpoint of
+its folder's run record is checked against its recorded size and SHA-256,
+any other against its checksum sidecar or its zip CRC-32s.
+:func:`start_verification` runs the same checks in a thread while the
+caller loads the file (read from disk once), and :func:`load_verified`
+does both for one file. See
+docs/reliability.md#checkpoints-finite-whole-verified-and-the-runs-own.
 """
 import os
 import os.path as osp

@@ -1,35 +1,24 @@
 """The run record: every checkpoint a run finalized, written down in order.
 
-``checkpoint_record.jsonl`` in the run's checkpoint folder (the work folder,
-or ``<out_dir>/<work folder name>`` when the checkpoint hook sets
-``out_dir``, as mmengine's ``CheckpointHook`` places checkpoints) is the one
+``checkpoint_record.jsonl`` in the run's checkpoint folder is the one
 source of truth about a run's checkpoints.
-:class:`~mmae_plugin.engine.hooks.SafeCheckpointHook` appends one JSON
-line per event, each written with ``O_APPEND`` and fsync'ed before
-anything depends on it:
+:class:`~mmae_plugin.engine.hooks.SafeCheckpointHook` appends one fsync'ed
+JSON line per event:
 
-* ``start``: a training run starts (``run_id``, ``config_digest``,
-  ``launch``; ``resumed_iter``, the iteration it continues from, or None);
-* ``saved``: a checkpoint was finalized (``path``, ``epoch``, ``iter``,
-  ``size``, ``sha256`` (of the bytes as they were written:
-  :mod:`.digest_write`), ``file_id`` (device, inode and modification
-  time), ``layout``, ``best``, ``run_id``,
-  ``config_digest``, ``launch``);
-* ``removed``: retention retires a checkpoint (written before the file
-  goes; ``left`` says why a file was left in place instead).
+* ``start``: ``run_id``, ``config_digest``, ``launch``, ``resumed_iter``;
+* ``saved``: ``path``, ``epoch``, ``iter``, ``size``, ``sha256`` (of the
+  bytes as written, :mod:`.digest_write`), ``file_id`` (device, inode,
+  modification time), ``layout``, ``best``, ``run_id``,
+  ``config_digest``, ``launch``;
+* ``removed``: written before retention deletes a file (``left``: why a
+  file was left in place instead).
 
-``path`` is the bare name of a file or folder in the record's own folder:
-an entry naming anything else (a separator, ``..``, an absolute path) is
-skipped as damaged, so nothing the record says reaches outside its folder
-(:func:`is_bare_name`).
-
-Reading folds the lines in order: a later ``saved`` of a path replaces the
-earlier (the file was written again), ``removed`` drops it, and a ``start``
-that resumed at iteration I drops the run's entries after I (a branch the
-user abandoned). A line that is not a complete, well-formed event (a
-truncated last line, garbage, NUL bytes left by a crash) is skipped and
-counted: it costs its own entry only. Nothing is inferred from file names,
-modification times or ``last_checkpoint``.
+``path`` is a bare name in the record's folder (:func:`is_bare_name`);
+anything else is skipped as damaged. Reading folds the lines in order: a
+later ``saved`` replaces an earlier one, ``removed`` drops it, a ``start``
+that resumed at iteration I drops the run's entries after I, and a damaged
+line costs its own entry only. The contract:
+docs/reliability.md#checkpoints-finite-whole-verified-and-the-runs-own.
 """
 import hashlib
 import json

@@ -1,31 +1,17 @@
 """The plugin's process-wide changes: checkpoint security, two mmcv fixes.
 
-mmengine 0.10.7 loads checkpoints in ways that either fail under torch >=
-2.6's ``weights_only`` or let a checkpoint run code. Four modules listed in
-:data:`FIXES` close that for every mmengine user in the process, since a
-checkpoint opened by any code path is the risk: the ``weights_only``
-allow-list (``checkpoint_allowlist``), ``weights_only`` on every mmengine
-checkpoint load (``weights_only_load``), resume reading ``meta.config``
-without executing it (``safe_resume_config``) and inferencers refusing to
-build a model from a checkpoint's config text
-(``inferencer_checkpoint_config``). The fifth, ``adjust_hue_overflow``,
-makes ``mmcv.adjust_hue`` shift hue in float: mmcv 2.2's uint8 arithmetic
-raises ``OverflowError`` under numpy 2 for negative hue factors, and
-mmpretrain's ``ColorJitter`` (its SimCLR, BYOL and Barlow Twins recipes)
-calls it through the name ``mmcv.adjust_hue``, which no registry reaches.
-The sixth, ``drop_path_float``, makes mmcv's ``DropPath`` keep the numpy
-drop rates of mmpretrain's ViTs as Python floats, so ``torch.compile``
-takes a ViT's loss as one graph (mmpretrain builds ``DropPath`` inside its
-layers, and by class in several backbones, out of a config's reach).
-Each names the upstream problem and the release that removes the need for
-it, and has an opt-out environment variable, read once when the module is
-imported (``docs/upstream_workarounds.md`` lists them with their risk).
+Four modules of :data:`FIXES` make checkpoint loading both work under
+torch >= 2.6's ``weights_only`` and safe for every mmengine user in the
+process (``checkpoint_allowlist``, ``weights_only_load``,
+``safe_resume_config``, ``inferencer_checkpoint_config``); two fix mmcv
+functions no registry reaches (``adjust_hue_overflow``: hue jitter under
+numpy 2; ``drop_path_float``: ``DropPath`` under ``torch.compile``). Each
+has an opt-out environment variable, read once at import.
 :func:`apply_all` applies them once, when :mod:`mmae_plugin.registration`
-is imported (configs do that with ``custom_imports``). Everything else the
-plugin fixes acts only in runs whose config selects it (runners, strategies
-and hooks in :mod:`mmae_plugin.engine`); ``pkg_resources_check`` patches
-nothing, and ``cli_warnings``' warning filters act only inside the plugin's
-tools (``tools/train.py``, ``tools/test.py``).
+is imported (configs do that with ``custom_imports``).
+``pkg_resources_check`` patches nothing and ``cli_warnings`` acts only
+inside the plugin's tools. Each fix, its risk and when to delete it:
+docs/upstream_workarounds.md.
 """
 from typing import Callable, List
 

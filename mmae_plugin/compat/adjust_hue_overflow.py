@@ -1,51 +1,19 @@
 """``mmcv.adjust_hue`` shifts hue in float instead of overflowing uint8.
 
-Upstream: mmcv 2.2.0 ``mmcv.image.photometric.adjust_hue`` (the newest mmcv
-and mmcv-lite release) converts the image to 8-bit HSV
-(``COLOR_BGR2HSV_FULL``: hue 0-255 for the full circle) and adds
-``np.uint8(hue_factor * 255)`` to the hue channel, counting on uint8
-wrap-around ("uint8 addition take cares of rotation across boundaries").
-numpy 2 turns the float into a Python int before the cast and refuses a
-negative one: every ``hue_factor`` below ``-1/255`` raises ``OverflowError:
-Python integer -46 out of bounds for uint8`` (``np.errstate`` does not
-cover it; the pillow backend has the same line). numpy 1 let C cast the
-negative float, a conversion C leaves undefined. mmpretrain 1.2.0's
-``ColorJitter`` calls ``mmcv.adjust_hue`` with a factor drawn from
-``[-hue, hue]``, so with ``hue=0.1`` (mmpretrain's SimCLR, BYOL and Barlow
-Twins recipes, this repository's ``configs/cifar10``) about one image in
-two raises and training stops in its first batch.
+Upstream: mmcv 2.2.0's ``adjust_hue`` adds ``np.uint8(hue_factor * 255)``
+to an 8-bit hue channel; under numpy 2 every negative factor raises
+``OverflowError``, so ``ColorJitter(hue=...)`` recipes (mmpretrain's
+SimCLR, BYOL, Barlow Twins, ``configs/cifar10``) stop in their first batch.
 
 What this changes: ``mmcv.adjust_hue``, ``mmcv.image.adjust_hue`` and
-``mmcv.image.photometric.adjust_hue`` (mmpretrain looks up
-``mmcv.adjust_hue`` at each call) become :func:`adjust_hue`, which takes the
-same arguments, raises the same errors for bad ones and computes the hue
-shift mmcv documents (a cyclic shift of the hue by ``hue_factor`` of the
-full circle) in float32: OpenCV's float HSV (hue in degrees), the hue moved
-by ``hue_factor * 360`` modulo 360, converted back and rounded once. Its
-result is within one grey level of an exact float64 hue shift (equal to it
-on the tests' 300 random images). Upstream's 8-bit path is not: 8-bit hue
-steps are 1/256 of the circle (up to 6 grey levels each on saturated
-colours), ``int(hue_factor * 255)`` truncates and takes 255 for the full
-circle, and the 8-bit HSV round trip alone moves pixels by up to 9 levels;
-with numpy 1's wrap-around it is up to 16 grey levels (mean 0.8) from the
-exact shift on 300 random images and factors. So where upstream runs
-(positive factors) results differ from it by that much (augmentations are
-random draws either way); keeping upstream's arithmetic would have kept
-that error. Both backends compute the same result (``backend`` only selects
-upstream's checks). Cost: about 3 times upstream's time (1 ms for a
-224 x 224 image on one CPU core), applied under numpy 1 too. Code that
-bound the function before the plugin was imported (``from mmcv import
-adjust_hue``) keeps upstream's.
-
-An environment pin (``numpy<2``) was not chosen: the opencv-python this
-environment installs (5.0) requires numpy >= 2 on Python >= 3.9, so the pin
-would downgrade OpenCV and the rest of the stack for one line of mmcv, and
-leave users of the plugin on numpy 2 with the failure.
+``mmcv.image.photometric.adjust_hue`` become :func:`adjust_hue`: the same
+arguments and errors, the documented cyclic hue shift computed in float32
+and rounded once (within one grey level of an exact shift). Code that bound
+the function before the plugin was imported keeps mmcv's.
 
 Opt-out: ``MMAE_NO_ADJUST_HUE_FIX=1`` (read once, at import) leaves mmcv's
-function in place: under numpy 2 every negative hue factor raises
-``OverflowError``, so recipes with ``ColorJitter(hue=...)`` stop in their
-first batch.
+function in place. Why, accuracy, cost and tests:
+docs/upstream_workarounds.md#adjust_hue_overflow-hue-jitter-under-numpy-2.
 """
 from typing import Callable, Dict, Optional
 

@@ -1,50 +1,19 @@
 """Checkpoints under ``torch.load(weights_only=True)``.
 
-Upstream: torch >= 2.6 defaults ``torch.load`` to ``weights_only=True``;
-mmengine 0.10.7 (``mmengine.runner.checkpoint``) calls ``torch.load``
-without the argument, so resume, ``load_from``, ``Pretrained`` init and
-``mmpretrain.get_model`` fail with "Unsupported global: mmengine.logging.
-history_buffer.HistoryBuffer". Not fixed in any mmengine release as of
-0.10.7. Switching the check off (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) would let
-a checkpoint run arbitrary code; instead the exact classes an mmengine
-checkpoint stores are allow-listed and the protection stays on.
+Upstream: torch >= 2.6 loads with ``weights_only=True`` by default and
+mmengine 0.10.7 calls ``torch.load`` without the argument, so resume,
+``load_from``, ``Pretrained`` init and ``get_model`` fail ("Unsupported
+global: ...HistoryBuffer").
 
-The allow-list must not be changeable by the data it loads. Upstream's
-``HistoryBuffer.__setstate__`` copies the checkpoint's ``statistics_methods``
-into the class-level ``HistoryBuffer._statistics_methods`` (so a checkpoint
-could redefine ``mean`` as ``min`` for the whole process), so under
-``weights_only`` the class path of ``HistoryBuffer`` resolves to
-:class:`CheckpointHistoryBuffer`, whose ``__setstate__`` only checks the
-checkpoint's statistics against this process's and turns the object into a
-plain ``HistoryBuffer``. Ordinary pickling (``copy.deepcopy``, full
-``pickle``) keeps upstream's ``__setstate__``.
+What this changes: the exact classes an mmengine checkpoint stores are
+allow-listed, and ``HistoryBuffer`` resolves to
+:class:`CheckpointHistoryBuffer`, which never lets a checkpoint define a
+statistic.
 
-torch 2.4 and 2.5 allow-list an object only under its own
-``__module__.__name__`` (the ``(object, 'module.name')`` form is torch 2.6,
-pytorch#142153); there each entry that needs another name is a named alias
-(:func:`named_safe_global`), and statistics registered by code are not
-allow-listed (a checkpoint naming one is refused, as without the plugin).
-numpy 1.x pickles ``numpy.core.multiarray`` and 2.x ``numpy._core.
-multiarray``: both spellings are allowed, so checkpoints load across them.
-
-Statistics policy: a checkpoint never defines or redefines a
-``HistoryBuffer`` statistic. It may name the built-in four and statistics
-that code in this process registered (by their import path); one of the
-latter that code has since removed from ``HistoryBuffer._statistics_methods``
-is restored, as upstream does (mmengine's own ``test_runner::test_checkpoint``
-clears the class dict and expects a load to restore it); a name this process
-holds with another function refuses the whole checkpoint, changing nothing.
-
-Determinism: torch keeps the user allow-list in a ``set``, so when a
-statistic's owner stand-in and a user-allow-listed class claim one path the
-winner depended on the hash seed; :func:`prefer_real_entries_to_stand_ins`
-gives such paths to the user's entry under every seed.
-
-Opt-out: ``MMAE_NO_CHECKPOINT_ALLOWLIST=1`` (read once, at import) leaves
-torch's allow-list, ``HistoryBuffer.register_statistics`` and torch's
-``_get_user_allowed_globals`` as they are. mmengine checkpoints then fail to
-load under torch >= 2.6 as without the plugin; answering that with
-``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would let a checkpoint run code.
+Opt-out: ``MMAE_NO_CHECKPOINT_ALLOWLIST=1`` (read once, at import); mmengine
+checkpoints then fail to load under torch >= 2.6. Why, versions and the
+statistics policy:
+docs/upstream_workarounds.md#checkpoint_allowlist-checkpoints-under-weights_only
 """
 import codecs
 import functools
@@ -125,15 +94,12 @@ _REGISTERED_STATISTICS: Dict[str, Any] = {}
 def history_buffer_statistic(owner: Any, name: str) -> Any:
     """Stand-in for ``getattr`` that only fetches HistoryBuffer statistics.
 
-    mmengine's ``HistoryBuffer`` pickles its statistics methods as
-    ``getattr(HistoryBuffer, 'min')`` (and FSDP's local state dict
-    ``getattr(ShardedTensor, 'ProcessGroupState')``). Allow-listing the real
-    ``getattr`` would let a checkpoint reach any attribute of any allowed
-    object, so
-    ``getattr`` in a checkpoint resolves to this function instead. The names
-    it resolves are fixed (:data:`BUILTIN_STATISTICS`, plus statistics that
-    code registered in this process under a class), never read from state a
-    checkpoint can change.
+    Checkpoints pickle statistics as ``getattr(HistoryBuffer, 'min')`` (and
+    FSDP's ``getattr(ShardedTensor, 'ProcessGroupState')``); allow-listing the
+    real ``getattr`` would reach any attribute of any allowed object, so
+    ``getattr`` resolves to this function, whose names are fixed
+    (:data:`BUILTIN_STATISTICS` and statistics registered by code), never read
+    from state a checkpoint can change.
 
     Args:
         owner: The object the pickle asks an attribute of.
@@ -233,14 +199,12 @@ def named_safe_global(obj: Any, path: str) -> Any:
 def check_checkpoint_statistics(statistics: Any) -> None:
     """Refuse a checkpoint whose statistics differ from this process's.
 
-    Policy: a checkpoint never defines or redefines a statistic. It may only
-    name, under their own names, the built-in four (always present) and
-    statistics that code in this process registered, which it reaches
-    through their :class:`RegisteredStatistic` stand-ins. A registered
-    statistic that is missing from ``HistoryBuffer._statistics_methods`` at
-    load time (code cleared or deleted it) is restored, as upstream's
-    ``__setstate__`` restores every statistic a checkpoint holds; a name
-    this process holds with a different function is refused.
+    A checkpoint may name only the built-in four and statistics this process
+    registered by code (through their :class:`RegisteredStatistic`
+    stand-ins); a registered one missing from
+    ``HistoryBuffer._statistics_methods`` is restored, as upstream does.
+    The policy:
+    docs/reliability.md#what-a-checkpoint-may-name-historybuffer-statistics
 
     Args:
         statistics: The ``statistics_methods`` a checkpoint's HistoryBuffer
@@ -319,15 +283,11 @@ def entry_path(entry: Any) -> str:
 def prefer_real_entries_to_stand_ins() -> None:
     """Resolve a path both a stand-in and a user entry claim to the latter.
 
-    torch (2.6 to at least 2.14) keeps the user allow-list in a ``set`` and
-    ``_get_user_allowed_globals`` builds ``{path: object}`` by iterating it,
-    so when two entries claim one path the winner depends on the hash seed.
-    A statistic defined in a class the user allow-listed (``Owner.stat``)
-    makes :class:`RegisteredStatisticOwner` claim ``module.Owner`` too;
-    whenever it won, the user's ``Owner`` objects failed to load. The wrapped
-    function gives every such path to the user's entry, whatever the seed;
-    :func:`history_buffer_statistic` resolves statistics below the real
-    class as below the stand-in. Paths no stand-in claims are untouched.
+    torch (2.6 to at least 2.14) keeps the user allow-list in a ``set``, so
+    when a :class:`RegisteredStatisticOwner` and a user-allow-listed class
+    claim one path the winner depended on the hash seed (and the user's
+    objects could fail to load). The wrapped ``_get_user_allowed_globals``
+    gives every such path to the user's entry; other paths are untouched.
     """
     import torch._weights_only_unpickler as unpickler
     original = unpickler._get_user_allowed_globals
@@ -386,14 +346,10 @@ def remember_registered_statistics() -> None:
 def sharded_tensor_safe_globals() -> List[Any]:
     """Classes FSDP's local state dict (``ShardedTensor``) pickles.
 
-    Upstream: mmengine's ``FSDPStrategy`` saves one file per rank holding
-    ``torch.distributed._shard`` ``ShardedTensor`` objects (the shipped ViT-L
-    FSDP recipe's default ``state_dict_type``); none of their classes is in
-    torch's ``weights_only`` allow-list, so resuming such a run failed with
-    "Unsupported global: ...ShardedTensor". These are torch's own metadata
-    dataclasses; the tensors inside are rebuilt by torch's allowed rebuild
-    functions. ``ShardedTensor.ProcessGroupState`` is pickled as
-    ``getattr(ShardedTensor, 'ProcessGroupState')`` and is resolved by
+    mmengine's ``FSDPStrategy`` saves ``ShardedTensor`` objects (the ViT-L FSDP
+    recipe's default), whose metadata dataclasses torch's ``weights_only``
+    allow-list lacks ("Unsupported global: ...ShardedTensor");
+    ``ShardedTensor.ProcessGroupState`` is resolved by
     :func:`history_buffer_statistic` from :data:`_NESTED_CLASSES`.
 
     Returns:

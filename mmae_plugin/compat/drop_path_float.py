@@ -1,30 +1,18 @@
 """mmcv's ``DropPath`` keeps a numpy drop probability as a Python float.
 
-Upstream: mmcv 2.2.0 ``mmcv.cnn.bricks.drop.DropPath`` (the newest mmcv and
-mmcv-lite release) stores ``drop_prob`` as given, and ``drop_path`` starts
-with ``if drop_prob == 0. or not training``. mmpretrain 1.2.0's
-``VisionTransformer`` (so ``MAEViT`` and every ViT recipe) passes each
-layer's rate from ``np.linspace``: a ``numpy.float64``. TorchDynamo traces
-numpy values as tensors, so that test becomes a data-dependent branch and
-``torch.compile`` breaks the graph at both DropPaths of every encoder layer,
-even at rate 0: ``torch._dynamo.explain`` of the loss of MAE and M-MAE
-(the Fashion-MNIST and the ViT-B recipes alike) found 9 graphs, 8 breaks.
+Upstream: mmcv 2.2.0's ``drop_path`` tests ``drop_prob == 0.``, and
+mmpretrain 1.2.0's ViTs pass ``numpy.float64`` rates, which TorchDynamo
+traces as tensors: ``torch.compile`` breaks the graph at every encoder
+DropPath (the loss of MAE / M-MAE: 9 graphs, 8 breaks).
 
 What this changes: ``DropPath.__init__`` runs mmcv's, then replaces a numpy
-scalar ``drop_prob`` by the Python float of the same value
-(``numpy.float64`` is a subclass of ``float``; every use of the value,
-``1 - drop_prob``, ``x.div(keep_prob)``, gives the same result bit for
-bit). Any other value is kept as given. Dynamo then reads the rate as a
-constant and the whole loss is one graph
-(``tests/test_compile_whole_loss.py``). Every ``DropPath`` built after the
-plugin is imported is reached, whether built from a config
-(``build_dropout``) or by class (``from mmcv.cnn.bricks import
-DropPath``); modules built before keep their numpy value. A value assigned
-to ``drop_prob`` later is not converted.
+scalar ``drop_prob`` by the Python float of the same value (same results
+bit for bit); the loss is then one graph. ``DropPath`` modules built before
+the plugin is imported, and rates assigned later, are not converted.
 
-Opt-out: ``MMAE_NO_DROP_PATH_FLOAT=1`` (read once, at import) leaves mmcv's
-``__init__`` in place: nothing changes in eager training, but a compiled
-loss of a ViT recipe breaks its graph at every encoder DropPath.
+Opt-out: ``MMAE_NO_DROP_PATH_FLOAT=1`` (read once, at import); eager
+training is unchanged, a compiled ViT loss breaks its graph again.
+Details: docs/upstream_workarounds.md#drop_path_float-droppath-and-torchcompile
 """
 from typing import Callable, Dict
 

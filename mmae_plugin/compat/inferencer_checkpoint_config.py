@@ -1,38 +1,17 @@
 """mmengine's inferencers never execute the config text of a checkpoint.
 
-Upstream: mmengine 0.10.7 ``BaseInferencer._init_model``
-(``mmengine/infer/infer.py`` line 476), reached by
-``SomeInferencer(model=None, weights=PATH)`` (any inferencer built on
-mmengine's ``BaseInferencer``, e.g. mmdet's or mmseg's, and user
-subclasses), takes ``checkpoint['message_hub']['runtime_info']['cfg']`` (or
-``checkpoint['meta']['cfg']``) and passes it to
-``Config.fromstring(..., file_format='.py')``, which writes the string to a
-file and executes it as a Python config (``custom_imports`` included). A
-checkpoint holding nothing but strings, which ``weights_only`` lets through,
-therefore ran arbitrary code when opened for inference. Not fixed in any
-mmengine release as of 0.10.7.
+Upstream: mmengine 0.10.7's ``BaseInferencer._init_model``
+(``SomeInferencer(model=None, weights=PATH)``) executes the config text
+stored in the checkpoint, so a checkpoint of plain strings ran code.
 
-A config cannot be taken from a checkpoint safely even without executing
-the text: building ``cfg.model`` resolves every ``type`` through the
-registries, which fall back to importing any dotted path
-(``type='os.system'``), so the config itself is code. mmpretrain 1.2.0's
-inferencers (``mmpretrain.apis``) are not affected: their ``get_model``
-accepts only a model name, a ``.py`` config or a ``Config``, and refuses a
-checkpoint path before loading it.
+What changes: built with ``weights`` and no config, it raises a
+``ValueError`` naming the checkpoint and what to pass as ``model=``, before
+reading it; with a config, upstream's method runs unchanged.
 
-What changes: ``BaseInferencer._init_model`` called without a config and
-with ``weights`` raises a ``ValueError`` naming the checkpoint and what to
-pass instead (the config file the checkpoint was trained with, as
-``model=``), before the checkpoint is read. With a config (``model=`` a
-file, a ``Config``/dict or a metafile model name) the upstream method runs
-unchanged and loads the weights with ``weights_only=True``
-(``weights_only_load``); the runner's own resume path is
-``safe_resume_config``.
-
-Opt-out: ``MMAE_UNSAFE_INFERENCER_CONFIG=1`` (read once, at import) leaves
-``BaseInferencer._init_model`` as it is: an inferencer built with
-``weights`` and no config executes the config text stored in the
-checkpoint, so the checkpoint can run code.
+Opt-out: ``MMAE_UNSAFE_INFERENCER_CONFIG=1`` (read once, at import); a
+checkpoint opened for inference can then run code. Why even a parsed config
+is code: the ``inferencer_checkpoint_config`` section of
+docs/upstream_workarounds.md.
 """
 import functools
 from typing import Any, Optional

@@ -1,32 +1,18 @@
 """``mmpretrain::`` config bases need ``pkg_resources``.
 
-Upstream: mmengine 0.10.7 resolves ``package::`` bases (``Config`` calls
-``is_installed`` and ``get_installed_path`` of ``mmengine.utils``) through
-``pkg_resources``, which it imports lazily, inside those functions.
-setuptools 82 removed ``pkg_resources``; setuptools 81 warns on its import
-("pkg_resources is deprecated as an API"). Fixed on mmengine's main branch
-(importlib.metadata), not in a release as of 0.10.7. Our ``setup.py`` pins
-``setuptools<82``.
+Upstream: mmengine 0.10.7 resolves ``package::`` bases through
+``pkg_resources`` (removed in setuptools 82; ``setup.py`` pins
+``setuptools<82``). Nothing here patches anything, and importing the plugin
+never imports ``pkg_resources``:
 
-Nothing here patches anything, and importing the plugin never imports
-``pkg_resources`` (so it never causes that warning):
-
-* :func:`pkg_resources_problem` looks for ``pkg_resources`` with
-  ``importlib.util.find_spec`` (which does not import it) and returns a
-  message saying what to install; the plugin's ``tools/train.py`` and
-  ``tools/test.py`` (``tools/_cli.py``) print it instead of mmengine's
-  ``ModuleNotFoundError`` traceback.
+* :func:`pkg_resources_problem` says what to install when it is missing
+  (the plugin's ``tools/train.py`` and ``tools/test.py`` print it);
 * :func:`quiet_pkg_resources_deprecation` ignores exactly setuptools'
-  deprecation warning as mmengine raises it (its text, ``UserWarning``, and
-  the module it is attributed to: ``mmengine.utils.package_utils`` for the
-  first import, ``importlib`` for mmengine's ``importlib.reload``), only
-  where the plugin itself has mmengine resolve its configs' ``mmpretrain::``
-  bases (the plugin's tools, through
-  :mod:`~mmae_plugin.compat.cli_warnings`). The warning is harmless there
-  (the pin keeps ``pkg_resources`` installed) and would otherwise be the
-  first lines of every run. Everywhere else, including a user's own
-  ``Config.fromfile`` of the plugin's configs, the warning is shown as
-  upstream shows it; a script of the user's can enter the same block.
+  deprecation warning as mmengine raises it, only where the plugin's tools
+  load configs (through :mod:`~mmae_plugin.compat.cli_warnings`).
+
+Details:
+docs/upstream_workarounds.md#pkg_resources_check-mmpretrain-bases-need-pkg_resources
 """
 import contextlib
 import importlib.util

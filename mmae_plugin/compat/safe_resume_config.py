@@ -1,44 +1,19 @@
 """Resume reads a checkpoint's ``meta.config`` without executing it.
 
-Upstream: mmengine 0.10.7 ``Runner.resume`` (``runner.py`` line 2027) and
-``FlexibleRunner.resume`` (``_flexible_runner.py`` line 1469) pass
-``checkpoint['meta']['config']`` to ``Config.fromstring(..., '.py')``, which
-writes the string to a file and executes it as a Python config, including
-its ``custom_imports`` (any module imported) and ``_base_`` files. A
-checkpoint holding nothing but strings (so ``weights_only`` lets it through)
-therefore ran arbitrary code on every resume, local, URL or automatic. Not
-fixed in any mmengine release as of 0.10.7.
-
-What resume needs from that text is one value: ``gpu_ids``, whose length
-both runners compare with the current world size (raising, or only logging
-when ``auto_scale_lr`` is enabled). mmengine itself no longer writes
-``meta.config`` (it stores ``meta.cfg``, which resume never reads); the key
-comes from MMCV-era training scripts, which stored ``cfg.pretty_text`` with
-``gpu_ids = range(0, N)`` or ``gpu_ids = [0, 1, ...]``.
+Upstream: mmengine 0.10.7's ``Runner.resume`` and ``FlexibleRunner.resume``
+execute ``meta.config`` as a Python config, so a checkpoint of plain
+strings ran code on every resume.
 
 What this changes: in ``mmengine.runner.runner`` and
-``mmengine.runner._flexible_runner`` only, the global name ``mmengine`` is a
-view of the package whose ``Config`` is :class:`LiteralConfigText`. Its
-``fromstring`` parses the text with :mod:`ast` (never compiles or executes
-it) and returns a ``Config`` holding ``gpu_ids`` when the text assigns it a
-literal (a list/tuple of ints, or ``range`` of int literals), so the
-GPU-count check behaves as upstream for every genuine text. Nothing else of
-the text is read: other statements, ``custom_imports`` and ``_base_`` are
-ignored. A text that does not parse, or assigns ``gpu_ids`` something that is
-not a literal, skips the check with a warning (upstream would have executed
-it). Those two modules use ``mmengine.Config`` for this call only; every
-other attribute of the view is the real package's, and the real
-``mmengine.Config`` is untouched for everyone else.
+``mmengine.runner._flexible_runner`` only, ``mmengine.Config`` is
+:class:`LiteralConfigText`, which parses the text with :mod:`ast` and keeps
+only a literal ``gpu_ids``; anything else, or a text above
+:data:`MAX_CONFIG_TEXT_CHARS`, skips the GPU-count check with a
+:class:`ConfigTextWarning`.
 
-Size: parsing costs about 600 bytes of memory per character of text (4 MB
-of ``a=1`` lines took 2.4 GB and 42 s), so a text longer than
-:data:`MAX_CONFIG_TEXT_CHARS` (256 KiB; the largest resolved config of this
-repository is 14 KB) is refused by name before it is parsed: the GPU-count
-check is skipped with a :class:`ConfigTextWarning`, at once.
-
-Opt-out: ``MMAE_UNSAFE_RESUME_CONFIG=1`` (read once, at import) leaves both
-runner modules as they are: resume executes ``meta.config`` as a Python
-config, so a checkpoint can run code.
+Opt-out: ``MMAE_UNSAFE_RESUME_CONFIG=1`` (read once, at import); a resumed
+checkpoint can then run code. Why and the size limit:
+docs/upstream_workarounds.md#safe_resume_config-resume-never-executes-metaconfig
 """
 import ast
 import types

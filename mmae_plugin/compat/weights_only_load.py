@@ -1,20 +1,15 @@
 """Checkpoints from URLs unpickled in full.
 
-Upstream: mmengine 0.10.7 ``load_from_http`` (used by ``http(s)://``,
-``torchvision://``, ``modelzoo://``, ``open-mmlab://``, ``openmmlab://``,
-``mmcls://`` and so by ``load_from``, ``--resume``, ``Pretrained`` init and
-``mmpretrain.get_model``) calls ``torch.hub.load_state_dict_from_url``,
-whose ``weights_only`` defaults to False: any downloaded or cached
-checkpoint could run code. Its ``torch.load`` calls for local files rely on
-torch's default, which ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns off.
-Not fixed in any mmengine release as of 0.10.7. The URL loader gets
-``weights_only=True`` and the checkpoint module's ``torch.load`` passes it
-explicitly (an explicit argument is not overridden by that variable).
+Upstream: mmengine 0.10.7 ``load_from_http`` (every URL scheme, so
+``load_from``, ``--resume``, ``Pretrained`` init and ``get_model``) calls
+``torch.hub.load_state_dict_from_url`` with ``weights_only=False``, and its
+local ``torch.load`` relies on torch's default, which
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns off. Here both pass
+``weights_only=True`` explicitly.
 
-Opt-out: ``MMAE_UNSAFE_PICKLE_LOAD=1`` (read once, at import) leaves
-mmengine's loaders as they are: checkpoints from URLs, and local ones under
-``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, are unpickled in full and can run
-code.
+Opt-out: ``MMAE_UNSAFE_PICKLE_LOAD=1`` (read once, at import); such
+checkpoints can then run code. See
+docs/upstream_workarounds.md#weights_only_load-checkpoints-from-urls-unpickled-in-full
 """
 import functools
 import types

@@ -86,14 +86,10 @@ def read_idx_ubyte(path: str, ndim: int) -> np.ndarray:
 class GzipFashionMNIST(FashionMNIST):
     """mmpretrain's ``FashionMNIST`` that also reads the ``.gz`` files.
 
-    mmpretrain's class wants decompressed files (and downloads by default);
-    this one finds each IDX file decompressed or gzipped in ``data_root``,
-    never writes there (so a read-only system folder works), honours
-    ``split`` and, when the files are missing, says how to get them.
-
-    Every argument is checked when the dataset is built; a data file that
-    is empty, truncated, not gzip, has a bad IDX header, or holds labels
-    outside 0..9, is refused with an error naming the file and the problem.
+    Finds each IDX file decompressed or gzipped in ``data_root``, never writes
+    there (a read-only folder works), honours ``split`` and says how to get
+    missing files. A data file that is empty, truncated, not gzip, has a bad
+    IDX header or labels outside 0..9 is refused, naming the file.
 
     Args:
         data_root: Folder with the four IDX files (``.gz`` or not).
@@ -101,10 +97,8 @@ class GzipFashionMNIST(FashionMNIST):
         download: Download with mmpretrain's downloader when missing (a
             bool).
         indices: ``None`` (all), a count ``n >= 1`` (the first ``n``), or a
-            non-empty sequence of indices in ``[0, len)``. As in mmengine's
-            ``BaseDataset``, a count means the first ``n`` samples, so ``0``
-            (or ``[]``) would select none: it is refused here instead of
-            failing later in mmengine's serialisation.
+            non-empty sequence of indices in ``[0, len)`` (``0`` and ``[]``
+            are refused).
         **kwargs: Other arguments of mmpretrain's ``BaseDataset``
             (``pipeline``, ``test_mode``...).
     """

@@ -59,16 +59,10 @@ class FashionMNISTMosaic(BaseDataset):
     """``grid x grid`` mosaics of independent Fashion-MNIST items.
 
     Mosaic ``i`` holds ``grid ** 2`` items of ``split`` drawn uniformly with
-    replacement by a generator of ``(seed, split)`` (so training mosaics
-    are made of training items, test mosaics of test items), fixed per
-    index: any two builds with the same arguments give the same mosaics.
-    Its ``gt_label`` is one class per cell, row-major (shape
-    ``(grid ** 2,)``); ``cell_items`` names the items. The image is
-    ``(28 grid, 28 grid)`` uint8, composed when a sample is read (nothing
-    but the split's items is held in memory). A ViT sees whole cells when
-    its patch size divides 28 (7 or 14 on the default 56 x 56).
-
-    Example::
+    replacement by a generator of ``(seed, split)``, fixed per index. Its
+    ``gt_label`` is one class per cell, row-major; ``cell_items`` names the
+    items. The ``(28 grid, 28 grid)`` uint8 image is composed when a sample is
+    read. See docs/mosaic.md. Example::
 
         train_dataloader = dict(dataset=dict(
             type='FashionMNISTMosaic', split='train', grid=2,
@@ -79,8 +73,7 @@ class FashionMNISTMosaic(BaseDataset):
         split: ``'train'`` or ``'test'``.
         grid: Cells per side (>= 1).
         num_mosaics: Mosaics in the dataset (>= 1); default the number of
-            items in the split (60,000 / 10,000), so each item appears
-            ``grid ** 2`` times on average.
+            items in the split (60,000 / 10,000).
         seed: Seed of the item table (>= 0).
         indices: As in :class:`~.GzipFashionMNIST` (a count >= 1 or a
             non-empty sequence of mosaic indices).

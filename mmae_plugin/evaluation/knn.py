@@ -4,40 +4,14 @@ The protocol of InstDisc (Wu et al., 2018) and DINO (Caron et al., 2021):
 cosine similarity to every training feature, the ``k`` most similar
 neighbours vote for their class with weight ``exp(similarity / T)``.
 
-Precision: the neighbours, similarities, votes and scores are float64's
-(:data:`KNN_DTYPE`) with autocast off, whatever the features' dtype. On
-near-collinear features (an MAE CLS token's cosines crowd near 1) float32
-rounding decides which neighbours tie at the k-th place: the shipped M-MAE
-encoder's kNN accuracy was 76.52 with float32 similarities and is 76.65 in
-float64. Autocast must be off too: under ``tools/test.py --amp`` the matrix
-product would otherwise run in half precision whatever the inputs' dtype
-(``.float()`` alone is undone by autocast), and in bfloat16 the top-20
-neighbour sets changed for about a quarter of the queries.
-
-float64 is used only where it decides something. :class:`NeighbourBank`
-prepares the bank once (its rows' float64 norms; the rows themselves are
-not copied), searches it in float32 (IEEE float32 matrix products, TF32
-off) for ``2 k + 16`` candidates per query, and re-ranks those in float64.
-The float32 cosines are within :func:`search_error_bound` of the exact
-ones, so a query whose k-th float64 similarity exceeds the last candidate's
-float32 one by more than that bound has exactly float64's neighbours; the
-other queries (ties or near-ties at float32's resolution beyond the
-candidates) are searched again in float64 over the whole bank. Equal
-float64 similarities are ordered by bank index.
-
-Memory, beyond the bank itself and the outputs: 12 bytes per bank row
-(norms), plus blocks that do not grow with the bank: the float32 search
-block ``QUERY_CHUNK x BANK_CHUNK`` (256 MiB, reused for every chunk of the
-bank), the re-ranked candidates ``RERANK_ROWS x d`` (float32 gather, two
-float64 copies: 240 MiB at d = 768) and, for the queries searched again,
-``EXACT_BANK_CHUNK x d`` float64 bank rows (twice) and a ``QUERY_CHUNK x
-EXACT_BANK_CHUNK`` float64 block (320 MiB at d = 768). Measured on a CPU
-(``dev/benchmarks/knn_memory.py``, 1024 queries, d = 768): 273, 274 and
-277 MiB beyond the inputs for banks of 100k, 200k and 400k rows, against
-1179 and 2352 MiB before (a float64 copy of the bank and its normalised
-copy, 16 bytes per entry, made again for every chunk of queries). At
-ImageNet scale (1.28M x 768 float32 bank, 3.7 GiB): about 0.3 GiB (15 MiB
-of it the norms), where the float64 copies were 14.6 GiB.
+Neighbours, similarities, votes and scores are float64's
+(:data:`KNN_DTYPE`) with autocast off. :class:`NeighbourBank` searches the
+bank in float32 for ``2 k + 16`` candidates per query, re-ranks them in
+float64 and searches again in float64 only the queries whose neighbours the
+float32 bound (:func:`search_error_bound`) cannot prove; equal similarities
+are ordered by bank index. Memory beyond the bank is about 0.3 GiB at any
+bank size. Why float64, the bound and measured memory:
+docs/evaluation.md#knn-memory-and-precision.
 """
 import contextlib
 import math

@@ -1,22 +1,12 @@
 """Linear classifier on cached frozen features (pure torch).
 
-The linear-probe configs train BatchNorm(affine=False) + Linear on the frozen
-CLS token with LARS for many epochs over images. On features computed once,
-the same classifier family is a convex problem: standardise each feature
-with the training-set mean and variance (what the affine-free BatchNorm
-uses at test time) and fit l2-regularised multinomial logistic regression
-with L-BFGS to convergence. Seconds instead of minutes, and deterministic.
-
-Memory: the problem is full-batch (every L-BFGS step sees every feature),
-but its loss and gradient are summed over chunks of :data:`PROBE_CHUNK`
-rows, standardised and converted to float64 one chunk at a time, so beyond
-the caller's features (N, d) the fit holds about ``PROBE_CHUNK (16 d +
-24 C)`` bytes (a chunk in float64 and standardised; its logits, their log
-softmax and gradient) plus L-BFGS's ``2 x 20`` history vectors of the
-``(d + 1) C`` parameters: at ImageNet scale (N = 1.28M, d = 768,
-C = 1000) about 0.55 GiB + 0.23 GiB, where the whole batch in float64
-(standardised copy, logits, log softmax and gradient, ``N (16 d + 24 C)``
-bytes) was about 43 GiB.
+The linear-probe configs' classifier (affine-free BatchNorm + Linear) fitted
+on features computed once: standardise each feature with the training-set
+mean and variance, then fit l2-regularised multinomial logistic regression
+with L-BFGS to convergence (seconds, deterministic). Loss and gradient are
+summed over chunks of :data:`PROBE_CHUNK` rows, so memory beyond the
+features stays below 1 GiB at ImageNet scale. See
+docs/evaluation.md#cached-feature-linear-probe-and-statistics.
 """
 from typing import NamedTuple, Optional, Tuple
 

@@ -1,18 +1,11 @@
-"""Probes of frozen mosaic features: per cell, per principal subspace,
-and of the whole mosaic (pure torch and numpy).
+"""Probes of frozen mosaic features (pure torch and numpy).
 
-A mosaic has ``cells`` items, each with its class (see
-:class:`~mmae_plugin.datasets.FashionMNISTMosaic`). On features of the
-training and test mosaics (one vector per mosaic), this module measures:
-
-* **local** reading, per cell: a 10-way linear probe of that cell's class
-  (the full-label probe of :mod:`.linear_probe`), and low-shot probes on
-  ``shots`` labels per class averaged over several draws;
-* **rank** reading: the same per-cell probes on the top-``k`` principal
-  components of the training features (each component standardised by the
-  probe, so ``k = d`` is the probe of the fully whitened features);
-* **global** reading, of the whole mosaic: which classes it contains, one
-  binary probe per class (its balanced accuracy; chance is 50 %).
+On one feature vector per mosaic
+(:class:`~mmae_plugin.datasets.FashionMNISTMosaic`): the **local** reading
+(per cell, a full-label and low-shot linear probe of the cell's class), the
+**rank** reading (the same on the top-``k`` principal components) and the
+**global** reading (which classes the mosaic contains, one binary probe per
+class, balanced accuracy). The study: docs/mosaic.md.
 """
 from typing import Dict, Sequence, Tuple
 

@@ -14,13 +14,10 @@ def representation_statistics(
         kernels: Optional[tuple] = None) -> Dict[str, float]:
     """Entropies, effective ranks, RankMe and TCR of features (N, d).
 
-    The definitions and keys of
-    :mod:`mmae_plugin.matrix_info.representation`, the same
-    ``MatrixInfoHook`` logs: with the defaults, ``entropy_gram``,
-    ``erank_gram`` (uncentred Gram kernel of the unit rows),
-    ``entropy_cov``, ``erank_cov`` (centred: the features' correlation
-    matrix), ``rankme_raw`` (RankMe of the raw features) and
-    ``tcr_reference_mu1`` (``logdet(I + mu/d zn^T zn)`` of all N rows).
+    The keys and definitions of :mod:`mmae_plugin.matrix_info.representation`
+    (those ``MatrixInfoHook`` logs); with the defaults ``entropy_gram``,
+    ``erank_gram``, ``entropy_cov``, ``erank_cov``, ``rankme_raw`` and
+    ``tcr_reference_mu1``.
 
     Args:
         features: (N, d) features, N >= 2.

@@ -1,14 +1,10 @@
 """Total coding rate (TCR) of a batch of representations.
 
-Pure PyTorch; no framework imports. Rows of ``z`` are samples, so in the
-paper's notation ``Z = z.T`` and ``TCR_mu(Z) = logdet(mu I_d + Z Z^T)``
-(information-flow paper, eq. 8) becomes ``logdet(mu I_d + z^T z)``.
-
-:func:`coding_rate` is the one definition of the coding rate of a batch of
-features that ``TCRLoss`` maximises, ``MatrixInfoHook`` logs and
-``RepresentationStatistics`` reports: rows l2-normalised, optionally
-centred over the batch, then one of the two :data:`TCR_FORMS`. Its logged
-name, :func:`coding_rate_key`, spells all three settings.
+Rows of ``z`` are samples, so the paper's ``TCR_mu(Z) = logdet(mu I_d +
+Z Z^T)`` (eq. 8, ``Z = z.T``) is ``logdet(mu I_d + z^T z)``.
+:func:`coding_rate` is the one definition ``TCRLoss`` maximises,
+``MatrixInfoHook`` logs and ``RepresentationStatistics`` reports, named by
+:func:`coding_rate_key`. Pure PyTorch.
 """
 import math
 
@@ -174,21 +170,15 @@ def total_coding_rate_sync_free(z: Tensor,
                                 frobenius_sq: float,
                                 scale: float = 1.0,
                                 sign: float = 1.0) -> Tensor:
-    """``sign *`` :func:`total_coding_rate` of finite ``scale * z`` without
-    any host read.
+    """``sign *`` :func:`total_coding_rate` of ``scale * z``, no host read.
 
-    For the training step: no input scan and no check of the factorisation
-    on the host. Whether Cholesky can fail is decided from the shapes and
-    ``frobenius_sq`` (:func:`~.gram_logdet.cholesky_cannot_fail`); where it
-    provably cannot, the value is the Cholesky one, bit for bit that of
-    :func:`total_coding_rate`, computed with its scale and sign in one
-    autograd node (:func:`~.gram_logdet.signed_ridge_gram_logdet`: no
-    failure masks, 17 aten ops per forward + backward instead of 28).
-    Otherwise (paper form with a tiny ``mu``) the clamped eigenvalues are
-    used, whose kernel still checks its convergence on the host (one sync in
-    torch's ``eigvalsh``). Runs in ``z``'s dtype, except that float32 ``z``
-    is computed in float64 where only float64 is proven to factorise (the
-    result is then float64); the caller disables autocast.
+    For the training step. Where Cholesky provably cannot fail
+    (:func:`~.gram_logdet.cholesky_cannot_fail`) the value is bit for bit
+    :func:`total_coding_rate`'s, in one autograd node
+    (:func:`~.gram_logdet.signed_ridge_gram_logdet`); otherwise (paper form
+    with a tiny ``mu``) clamped eigenvalues are used (one sync in
+    ``eigvalsh``). float32 ``z`` is computed in float64 where only float64 is
+    proven to factorise. The caller disables autocast.
 
     Args:
         z: Finite features (B, d) in float32 or float64.
@@ -198,7 +188,8 @@ def total_coding_rate_sync_free(z: Tensor,
         sign: ``1.0``, or ``-1.0`` for the negative rate (a loss).
 
     Returns:
-        Scalar tensor; NaN if the factorisation failed after all.
+        Scalar tensor in ``z``'s dtype (float64 when promoted); NaN if the
+        factorisation failed after all.
     """
     num_samples, dim = z.shape
     samples_side = num_samples < dim

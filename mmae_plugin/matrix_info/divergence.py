@@ -1,19 +1,13 @@
 """Matrix KL and Jensen-Shannon divergences (paper Definition 4, appendix B).
 
-Conventions (all logarithms natural):
-
-* The zero matrix (trace 0) has no density matrix and is refused with a
-  ``ValueError`` naming the argument.
-* Inputs with a non-unit diagonal are normalised by their trace. For the KL
-  divergence, whose value depends on the scale, they are rescaled to trace n
-  (``n K / tr K``, the trace of a unit-diagonal matrix), so Proposition 3,
-  ``H_1(K) = log n - KL(K, I_n) / n``, holds for every PSD ``K``. The JS
-  divergences use the density matrices ``K / tr K``.
-* ``KL(K1 || K2) = tr[K1 (log(K1 + eps I) - log(K2 + eps I))]``. The ridge
-  makes the divergence finite when ``K2`` is singular (always the case for a
-  B x B Gram matrix with B > d); ``KL(K, K) = 0`` exactly for every eps, and
-  the value tends to the paper's definition as eps -> 0 whenever the support
-  of ``K1`` lies in that of ``K2``.
+The zero matrix (no density matrix) is refused with a ``ValueError``.
+Inputs with a non-unit diagonal are normalised by their trace: for the KL
+divergence rescaled to trace n (so ``H_1(K) = log n - KL(K, I_n) / n``,
+Proposition 3, holds for every PSD ``K``), for the JS divergences to
+``K / tr K``. ``KL(K1 || K2) = tr[K1 (log(K1 + eps I) - log(K2 + eps I))]``:
+the ridge keeps it finite for singular ``K2``, ``KL(K, K) = 0`` for every
+eps, and it tends to the paper's value as eps -> 0 when the support of
+``K1`` lies in that of ``K2``. Natural logarithms.
 """
 import math
 from typing import Optional, Tuple

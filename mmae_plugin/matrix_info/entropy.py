@@ -1,16 +1,12 @@
 """Matrix-based Renyi entropy, joint entropy and mutual information.
 
-Definitions 1-3 of the information-flow paper, for PSD matrices ``K`` with
-unit diagonal: ``H_a(K) = log tr((K / n)^a) / (1 - a)``, von Neumann at
-``a = 1``; ``H_a(K1, K2) = H_a(K1 o K2)`` (Hadamard product) and
-``I_a(K1; K2) = H_a(K1) + H_a(K2) - H_a(K1 o K2)``.
-
-A matrix whose diagonal is not 1 is normalised by its trace, i.e. ``K / n`` is
-replaced by the density matrix ``K / tr K``; both agree on unit-diagonal
-input. Every argument named ``K`` may be a dense (n, n) tensor or a
-:class:`~mmae_plugin.matrix_info.kernels.FactoredPSD` (from the builders with
-``factored=True``), in which case the eigendecomposition runs on the cheaper
-side of the Gram/covariance duality. All logarithms are natural.
+Definitions 1-3 of the information-flow paper, for PSD ``K`` with unit
+diagonal: ``H_a(K) = log tr((K / n)^a) / (1 - a)`` (von Neumann at
+``a = 1``), ``H_a(K1, K2) = H_a(K1 o K2)`` (Hadamard product) and
+``I_a(K1; K2) = H_a(K1) + H_a(K2) - H_a(K1 o K2)``. Other diagonals are
+normalised by the trace. ``K`` may be dense or a
+:class:`~mmae_plugin.matrix_info.kernels.FactoredPSD` (computed on the
+cheaper side). Natural logarithms.
 """
 from typing import Optional
 

@@ -1,18 +1,10 @@
 """``logdet(mu I + Gram(z))`` with a hand-written gradient.
 
-Autograd through ``z.T @ z`` and a Cholesky factorisation runs two matrix
-products for the Gram's backward and the Cholesky backward's triangular
-solves; the closed-form gradient ``d/dz logdet(mu I + z^T z) = 2 z S^-1``
-(``S = mu I + z^T z``) needs one product's worth of work on the factor
-already computed. On the Fashion-MNIST M-MAE step (256 x 128 features) this
-halves the regulariser's cost. The value is bit for bit the one of the
-autograd version (same Gram, same Cholesky); gradients agree to rounding.
-
-Nothing here reads a device value on the host: ``torch.linalg.cholesky_ex``
-reports failure in a tensor (``torch.linalg.cholesky`` would check it on the
-host), and the backward uses triangular solves, which have no error check
-(``torch.cholesky_inverse`` checks LAPACK's ``info`` on the host, one sync
-per step on a GPU).
+The closed-form gradient ``2 z S^-1`` (``S = mu I + z^T z``) from the
+Cholesky factor costs one matrix product instead of autograd's two and its
+triangular solves; the value is bit for bit the autograd one. Nothing reads
+a device value on the host (``cholesky_ex``, triangular solves without
+error checks). Measured: docs/performance.md#the-components.
 """
 import math
 from typing import Optional, Tuple
@@ -179,23 +171,16 @@ def cholesky_cannot_fail(num_samples: int, dim: int, frobenius_sq: float,
                          mu: float, dtype: torch.dtype) -> bool:
     """Whether floating-point Cholesky of ``mu I + Gram(z)`` must succeed.
 
-    For ``z`` (N, d) with ``||z||_F^2 <= frobenius_sq`` (call it ``F``), the
-    matrix of size ``n = min(N, d)`` is built from ``m = max(N, d)``-term
-    dot products. Its computed version has every eigenvalue at least
-    ``lo = mu - gamma_m F - u (mu + F)`` (the Gram's rounding is at most
-    ``gamma_m |z|^T |z|`` entrywise, whose 2-norm is at most its Frobenius
-    norm, at most ``gamma_m F``; then the ridge's addition), and every
-    diagonal entry at most ``mu + F``. By Demmel's theorem (Higham, Accuracy
-    and Stability of Numerical Algorithms, 2nd ed., Thm 10.7) Cholesky runs
-    to completion when the smallest eigenvalue of the unit-diagonal scaled
-    matrix, at least ``lo / (mu + F)``, exceeds
-    ``n gamma_{n+1} / (1 - gamma_{n+1})``. We ask for twice that, which
-    also covers the rounding of the rows' normalisation and centering.
-
-    Decided from shapes and settings only, so it costs no device sync. For
-    unit rows in float64 it holds unless ``mu`` is below about
-    ``1e-16 n^2 N`` (``1e-7`` at 1024 x 768): never for the published
-    reference form (ridge 1), only for the paper form with a tiny ``mu``.
+    For ``z`` (N, d) with ``||z||_F^2 <= F``, the computed matrix of size
+    ``n = min(N, d)`` has every eigenvalue at least ``lo = mu - gamma_m F -
+    u (mu + F)`` (``m = max(N, d)``) and every diagonal entry at most
+    ``mu + F``. By Demmel's theorem (Higham, Accuracy and Stability of
+    Numerical Algorithms, 2nd ed., Thm 10.7) Cholesky completes when
+    ``lo / (mu + F)`` exceeds ``n gamma_{n+1} / (1 - gamma_{n+1})``; we ask
+    for twice that (covering the normalisation's and centering's rounding).
+    Decided from shapes only, no device sync. For unit rows in float64 it
+    fails only for ``mu`` below about ``1e-16 n^2 N`` (the paper form with a
+    tiny ``mu``, never the reference form).
 
     Args:
         num_samples: N, rows of ``z``.

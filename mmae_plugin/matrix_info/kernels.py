@@ -1,20 +1,14 @@
 """Builders of the unit-diagonal PSD matrices the paper analyses.
 
-Notation: ``z`` is a batch of features of shape (B, d), rows are samples.
-
-* :func:`normalized_covariance` is the batch-normalised covariance
-  ``K = zb^T zb / B`` (d x d) the information-flow paper uses for Siamese
-  branches (section 3): every feature is standardised over the batch, so the
-  diagonal is 1.
-* :func:`normalized_gram` is the Gram matrix ``zn zn^T`` (B x B) of the
-  l2-normalised rows, the matrix of spectral contrastive learning and M-MAE.
-
-Both matrices are ``F F^T`` for a thin factor ``F``. With ``factored=True`` the
-builders return a :class:`FactoredPSD` instead of the dense matrix, and every
-function of the toolbox then works on the cheaper side of the Gram/covariance
-duality: ``F F^T`` (n x n) and ``F^T F`` (r x r) share their non-zero
-eigenvalues, so a d x d covariance of a batch with B < d costs a B x B
-eigendecomposition.
+``z`` is a batch of features (B, d), rows are samples.
+:func:`normalized_covariance` is the batch-normalised covariance
+``zb^T zb / B`` (d x d, every feature standardised over the batch; the
+information-flow paper's matrix for Siamese branches);
+:func:`normalized_gram` is the Gram matrix ``zn zn^T`` (B x B) of the
+l2-normalised rows. With ``factored=True`` both return a
+:class:`FactoredPSD` ``F F^T``, on which every toolbox function works on
+the cheaper side of the Gram/covariance duality
+(docs/matrix_info.md#the-cheaper-side-of-the-gramcovariance-duality).
 """
 from typing import Optional, Union
 

@@ -1,18 +1,12 @@
 """One feature per image from a ViT's output tokens: the one vocabulary.
 
-Every part of the plugin that pools tokens (``MMAE``'s regularised
-feature, ``MatrixInfoHook``, ``TokenPoolingNeck``, ``KNNClassifier``) calls
-:func:`pool_token_sequence` with one of :data:`POOLINGS`:
-
-* ``'cls'``: the CLS token (token 0), the MAE paper's linear-probe feature;
-* ``'mean'``: the mean of the patch tokens the encoder returned, i.e. of the
-  tokens after the ``num_extra_tokens`` leading ones. In MAE's masked
-  pretraining pass those are the visible patches only (what ``MMAE`` called
-  ``'mean_visible'`` before); on an unmasked image, all of them;
-* ``'cls+mean'``: both concatenated, (B, 2C), the linear-evaluation feature
-  of DINO's ViT-B (Caron et al., 2021, App. D).
-
-Pure PyTorch, no framework import.
+Every part of the plugin that pools tokens (``MMAE``, ``MatrixInfoHook``,
+``TokenPoolingNeck``, ``KNNClassifier``) calls :func:`pool_token_sequence`
+with one of :data:`POOLINGS`: ``'cls'`` (token 0, the MAE paper's
+linear-probe feature), ``'mean'`` (the mean of the patch tokens after the
+``num_extra_tokens`` leading ones: in MAE's masked pass the visible
+patches, formerly ``'mean_visible'``) or ``'cls+mean'`` (both
+concatenated, (B, 2C), DINO's ViT-B linear feature). Pure PyTorch.
 """
 import torch
 from torch import Tensor

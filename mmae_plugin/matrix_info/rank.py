@@ -1,18 +1,11 @@
 """Effective rank and RankMe of a matrix or a batch of representations.
 
-Both are ``exp`` of the Shannon entropy of the l1-normalised singular values:
-the effective rank of Roy & Vetterli (2007) and RankMe (Garrido et al.,
-ICML 2023), which adds ``eps`` to every probability to be robust to tiny
-singular values. Both are 0 for the zero matrix, its rank (RankMe's ``eps``
-alone would give a number near 1, the value of a rank-one matrix). Singular
-values of a (B, d) matrix cost ``O(B d min(B, d))``: the cheaper side is
-automatic.
-
-Which matrix they are applied to is part of the definition: on raw
-features (B, d) they measure the spread of the uncentred, unnormalised
-rows (RankMe's definition, logged as ``rankme_raw``); the kernel-named
-effective ranks of :mod:`.representation` (``erank_gram``, ``erank_cov``)
-are ``exp`` of the von Neumann entropy of a unit-diagonal kernel.
+Both are ``exp`` of the Shannon entropy of the l1-normalised singular
+values: the effective rank of Roy & Vetterli (2007) and RankMe (Garrido et
+al., ICML 2023, which adds ``eps`` to every probability). Both are 0 for
+the zero matrix. On raw features (B, d) they give ``rankme_raw``; the
+kernel-named effective ranks (``erank_gram``, ``erank_cov``) are in
+:mod:`.representation`.
 """
 from typing import Optional
 

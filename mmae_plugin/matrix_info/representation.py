@@ -1,36 +1,22 @@
 """The named statistics of a batch of representations: one definition each.
 
-``MatrixInfoHook`` (training batches) and ``RepresentationStatistics``
-(frozen test features) both take their numbers from here, under the same
-keys, so a key has one value on the same features wherever it is logged.
-A key names the matrix its number is a function of:
+``MatrixInfoHook`` and ``RepresentationStatistics`` both take their
+numbers from here, so a key has one value on the same features wherever it
+is logged. A key names its matrix:
 
 * ``entropy_gram`` / ``erank_gram``: von Neumann entropy (nats) and its
-  ``exp``, the paper's effective rank (Definition 6), of the **uncentred**
-  Gram kernel of the l2-normalised rows (``normalized_gram``; its spectrum
-  is that of ``zn^T zn / N``). It measures how many directions the unit
-  features spread over *around the origin*: features in a narrow cone give
-  about 1 even when they vary a lot around their mean.
-* ``entropy_cov`` / ``erank_cov``: the same of the **centred** kernel, the
-  batch-normalised covariance (``normalized_covariance``: every feature
-  standardised over the batch, i.e. the correlation matrix; the paper's
-  matrix for Siamese branches). It measures the spread around the mean.
-* ``entropy_<kernel>_alpha<a>``: Renyi entropy of order ``a != 1``.
-* ``rankme_raw``: RankMe (Garrido et al., eps 1e-7) of the raw features,
-  uncentred and unnormalised, as the RankMe paper defines it.
-* ``tcr_<form>[_centered]_mu<mu>``: the coding rate of
-  :func:`~.coding_rate.coding_rate` (the one ``TCRLoss`` maximises).
-* A statistic of a zero kernel (every feature constant over the batch for
-  ``cov``, all-zero features for ``gram``) is undefined: the toolbox
-  raises :class:`~.spectrum.ZeroMatrixError`; with ``undefined='nan'``
-  these functions return NaN for it instead (the ranks and the coding
-  rate are still computed), which is what the hook and the metric log.
-* Two branches: ``entropy_1_<kernel>``, ``entropy_2_<kernel>``,
-  ``mutual_info_<kernel>``, ``joint_entropy_<kernel>`` (these with the
-  ``_alpha<a>`` suffix for ``a != 1``), ``matrix_js_<kernel>`` and
-  ``spectrum_js_<kernel>``.
+  ``exp`` (effective rank, Definition 6) of the uncentred Gram kernel of
+  the l2-normalised rows; ``entropy_cov`` / ``erank_cov``: the same of the
+  centred correlation matrix; ``_alpha<a>``: Renyi order ``a != 1``;
+* ``rankme_raw``: RankMe (eps 1e-7) of the raw features;
+* ``tcr_<form>[_centered]_mu<mu>``: :func:`~.coding_rate.coding_rate`;
+* two branches: ``entropy_1_<kernel>``, ``entropy_2_<kernel>``,
+  ``mutual_info_<kernel>``, ``joint_entropy_<kernel>``,
+  ``matrix_js_<kernel>``, ``spectrum_js_<kernel>``.
 
-Pure PyTorch, no framework import.
+A statistic of a zero kernel is NaN with ``undefined='nan'`` (what the
+hook and the metric log), else :class:`~.spectrum.ZeroMatrixError`. What
+each kernel measures: docs/matrix_info.md. Pure PyTorch.
 """
 from typing import Dict, Optional, Sequence
 

@@ -1,18 +1,12 @@
 """Normalised spectra of PSD matrices and entropies of distributions.
 
-The matrix quantities of the paper are functions of the eigenvalues of the
-*density matrix* ``rho = K / tr K`` (for a unit-diagonal n x n matrix,
-``tr K = n`` and ``rho = K / n`` as in Definition 1). This module turns a
-dense or factored PSD matrix into that spectrum, on the cheaper side of
-``F F^T`` / ``F^T F``, with the checks and the numerical guards shared by all
-quantities:
-
-* only eigenvalues are computed (``eigvalsh``), whose gradient
-  ``U diag(g) U^T`` stays finite at repeated eigenvalues;
-* eigenvalues are clamped at 0 (rounding makes them slightly negative);
-* probabilities below a noise floor ``n eps max(p)`` are treated as 0 inside
-  logarithms and negative powers, so values and gradients are finite at
-  singular matrices (the exact derivative of ``-p log p`` at 0 is infinite).
+Turns a dense or factored PSD matrix into the spectrum of its density
+matrix ``rho = K / tr K`` (on the cheaper side of ``F F^T`` / ``F^T F``),
+with the guards every quantity shares: only eigenvalues are computed
+(finite gradients at repeated eigenvalues), they are clamped at 0, and
+probabilities below a noise floor ``n eps max(p)`` count as 0 inside
+logarithms and negative powers (finite values and gradients at singular
+matrices).
 """
 import math
 from typing import Optional, Tuple

@@ -1,17 +1,11 @@
 """Input checks and dtype handling of the matrix-information functions.
 
-Every public function of :mod:`mmae_plugin.matrix_info` calls these first so
-that bad input fails with a message naming the parameter, what was received
-and what is allowed, instead of a cryptic LAPACK error or a silent NaN deep
-inside an eigendecomposition.
-
-What belongs here: checks whose meaning is matrix-information math (the
-order alpha of a Renyi entropy, finite 2-D feature matrices, square,
-symmetric and positive semi-definite kernel matrices and their sizes, finite
-results) and the choice of the compute dtype. General argument checks
-(bools, real numbers, integers, choices among strings, registry configs,
-``init_cfg``) live in :mod:`mmae_plugin.utils.validation`, which this
-module and the rest of the plugin import them from.
+Every public function of :mod:`mmae_plugin.matrix_info` calls these first,
+so bad input fails with a message naming the parameter, the value and what
+is allowed, not a LAPACK error or a silent NaN. Checks whose meaning is
+matrix-information math (Renyi order, finite 2-D features, square PSD
+kernels, finite results) and the compute dtype live here; general argument
+checks in :mod:`mmae_plugin.utils.validation`.
 """
 import math
 from typing import Optional

@@ -1,19 +1,13 @@
 """Statistics of attention maps: locality, collapse and entropy.
 
-All functions take attention probabilities ``attn`` of shape
-``(..., N_q, N_k)`` whose last axis sums to 1 and reduce the last two axes,
-keeping the leading (batch, head) axes.
+Functions take attention probabilities ``attn`` (..., N_q, N_k), last axis
+summing to 1, and reduce the last two axes:
 
-* Mean attention distance (Dosovitskiy et al. 2021; Park et al. 2023):
-  ``1/N_q sum_q sum_k a_qk * dist(q, k)`` with ``dist`` the Euclidean pixel
-  distance between patch centres. 0 for identity attention.
-* Query-key normalised mutual information (Park et al., "What do
-  self-supervised vision transformers learn?", ICLR 2023): the attention map
-  read as a joint distribution ``p(q, k) = a_qk / N_q`` (uniform queries),
-  ``NMI = I(Q; K) / sqrt(H(Q) H(K))``. 1 for identity attention (each query
-  has its own key), 0 when every query attends the same way ("attention
-  collapse", e.g. uniform attention or all queries on one token).
-* Attention entropy: mean over queries of ``-sum_k a_qk log a_qk`` (nats).
+* mean attention distance ``1/N_q sum_q sum_k a_qk dist(q, k)`` in pixels
+  between patch centres (Dosovitskiy et al. 2021; Park et al. 2023);
+* query-key NMI ``I(Q; K) / sqrt(H(Q) H(K))`` of ``p(q, k) = a_qk / N_q``
+  (Park et al., ICLR 2023): 1 for identity attention, 0 for collapse;
+* attention entropy: mean over queries of ``-sum_k a_qk log a_qk`` (nats).
 """
 from typing import Sequence, Union
 

@@ -1,33 +1,17 @@
 """Synthetic images: one dominant global area and several small local areas.
 
-This module generates data for the setting analysed in "A Theoretical Analysis
-of Self-Supervised Learning for Vision Transformers" (ICLR 2025 submission,
-abstract in ``shared/papers``): an image is a sequence of ``P`` patches that
-is partitioned into *areas*. One *global* area covers most patches, ``K - 1``
-*local* areas are small. Every area ``k`` owns a feature vector ``v_k``; the
-features of different areas are orthonormal. A sample draws one random weight
-``z_k`` per area and every patch ``p`` of area ``k`` carries ``z_k * v_k``
-(plus optional isotropic Gaussian noise)::
+The setting of "A Theoretical Analysis of Self-Supervised Learning for
+Vision Transformers" (ICLR 2025 submission): ``P`` patches partitioned into
+one global area and ``K - 1`` local areas of ``round(P ** local_exponent)``
+patches each (contiguous, global first; smaller exponent = stronger
+imbalance). Area ``k`` owns a feature ``v_k`` (orthonormal across areas)::
 
     x_p = z_{k(p)} * v_{k(p)} + xi_p,   z_k ~ N(mu, s_k^2) independent,
     xi_p ~ N(0, noise_std^2 / d * I_d)
 
-so ``E ||xi_p||^2 = noise_std^2``. By default ``mu = 0`` and ``s_k = 1``:
-every area's weight is equally informative. ``global_weight_std`` (the
-global area's ``s_0``) makes the global feature the dominant one, an
-information gap between global and local features; ``weight_mean``
-(``mu``) gives every weight a common non-zero mean. A patch is therefore
-predictable from the other patches of its own area and from nothing else,
-which is what makes "attend to your own area" the optimal reconstruction
-strategy.
-
-Imbalance. Each local area has ``round(P ** local_exponent)`` patches (the
-exponent is the imbalance parameter: small exponent means tiny local areas,
-i.e. strong imbalance), and the global area gets the rest. Areas are
-contiguous ranges of patch indices: global first, then the local areas in
-order. The layout does not matter to the one-layer model in
-:mod:`mmae_plugin.theory.model`, whose positional embeddings are orthonormal
-(the model is equivariant to a permutation of patch indices).
+By default ``mu = 0`` (``weight_mean``) and ``s_k = 1``;
+``global_weight_std`` (``s_0``) makes the global feature dominant. A patch
+is predictable only from its own area. See docs/theory.md#1-the-theory-lab.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Tuple

@@ -1,29 +1,18 @@
 """Quantities tracked while training the one-layer ViT.
 
-* Area attention mass: for a masked query ``p`` of area ``k`` and every area
-  ``j``, the attention mass ``p`` puts on the visible patches of area ``j``.
-  The masses over ``j`` sum to 1 (only visible patches are keys). The
-  diagonal ``j = k`` is the *own-area attention* ("attention correlation"
-  of the paper); at zero init it equals ``|visible patches of k| / |visible|``
-  whose expectation is ``(|D_k| - 1) / (P - 1)`` for uniform masking.
+* Area attention mass ``[k, j]``: the attention mass masked queries of area
+  ``k`` put on visible patches of area ``j`` (rows sum to 1); its diagonal
+  is the own-area attention (the paper's attention correlation).
 * Reconstruction error: the MAE loss on a fixed evaluation batch.
-* Feature coefficient of area ``k``: the least-squares coefficient of the
-  output of masked queries in area ``k`` on their own feature,
-  ``beta_k = sum <y_p, v_k> z_k / sum z_k^2``. It is 1 when the area's feature
-  is fully reconstructed and 0 when it is absent from the output.
-* Feature-position (FP) correlation ``[k, j]``: mean over query positions
-  ``p`` of area ``k`` of ``e_p^T Q [v_j; 0]``, the score a masked query at
-  ``p`` gives a key that carries ``v_j`` with unit weight (the paper's
-  attention correlation between a position and a feature). Position
-  correlation ``[k, j]``: mean of ``e_p^T Q e_q`` over ``p`` in area ``k``,
-  ``q != p`` in area ``j`` (what a fixed area layout lets the model use).
-* Own-area ceiling: a masked query can only put own-area mass on *visible*
-  own-area patches, so with probability
-  ``C(P - |D_k|, V) / C(P - 1, V)`` (no other patch of its area among the
-  ``V`` visible ones) its own-area attention is 0 whatever ``Q`` is. The
-  expected own-area attention is at most ``1 - C(P - |D_k|, V) / C(P - 1, V)``,
-  which is far below 1 for tiny areas (0.254 for a 2-patch area, P = 64,
-  V = 16).
+* Feature coefficient ``beta_k = sum <y_p, v_k> z_k / sum z_k^2`` of the
+  masked queries' outputs in area ``k`` (1: feature fully reconstructed).
+* Feature-position correlation ``[k, j]``: mean over positions ``p`` of area
+  ``k`` of ``e_p^T Q [v_j; 0]``; position correlation ``[k, j]``: mean of
+  ``e_p^T Q e_q`` over ``p`` in area ``k``, ``q != p`` in area ``j``.
+* Own-area ceiling: ``1 - C(P - |D_k|, V) / C(P - 1, V)``, the best
+  expected own-area attention with ``V`` visible patches.
+
+Definitions and why: docs/theory.md#tracked-quantities-metricspy.
 """
 from math import comb
 from typing import Dict

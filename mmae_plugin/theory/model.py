@@ -1,20 +1,11 @@
 """One-layer softmax-attention ViT with a merged query-key matrix.
 
-The model of the theory paper: a token is the patch content plus a positional
-embedding, attention scores are the bilinear form ``u_p^T Q u_q`` of one
-merged query-key matrix ``Q`` (``W_Q^T W_K`` folded into a single trainable
-matrix), and the value map is the identity on patch content, so the output of
-a query is a convex combination of the visible patches. ``Q`` starts at zero,
-hence every query starts with uniform attention over the visible patches.
-
-Embedding. Content lives in the first ``d`` coordinates and the positional
-embedding ``e_p`` is the ``p``-th unit vector of ``P`` extra coordinates,
-i.e. ``u_p = [x_p, 0] + [0, e_p]``. Content and positions are therefore
-orthonormal to each other by construction, as the theory assumes. A masked
-patch has zero content, so its token is its position alone.
-
-Masking. As in MAE's encoder, only visible patches are keys/values: the
-softmax of every query runs over the visible patches only.
+The theory paper's model: token ``u_p = [x_p, 0] + [0, e_p]`` (content plus
+a one-hot position, orthonormal by construction; a masked patch keeps only
+its position), scores ``u_p^T Q u_q`` with one merged, zero-initialised
+query-key matrix ``Q``, softmax over the visible patches only, and the
+identity on content as the value map. See
+docs/theory.md#model-mmae_plugintheorymodelonelayerattention.
 """
 from typing import Tuple
 

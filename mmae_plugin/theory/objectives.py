@@ -1,18 +1,13 @@
 """MAE and contrastive (InfoNCE) objectives for the one-layer ViT.
 
-Written objectives (``B`` samples, ``M_b`` the masked patches of sample ``b``,
-``y_bp`` the model output of query ``p``):
+* MAE: ``L = 1/B sum_b 1/|M_b| sum_{p in M_b} ||y_bp - x_bp||^2`` over the
+  masked patches ``M_b``.
+* CL: two views per sample, representation ``f`` the mean of the output
+  tokens (``pooling``: all, masked or visible queries), ``s_ij =
+  sim(f_i^(1), f_j^(2)) / tau`` with ``sim`` the dot product (default) or
+  cosine, ``L = -1/B sum_i log softmax_j(s_ij)[i]``.
 
-* MAE: ``L = 1/B sum_b 1/|M_b| sum_{p in M_b} ||y_bp - x_bp||^2``: squared
-  reconstruction of the masked patches from the visible ones.
-* CL: two views of each sample (how they are masked is the caller's
-  choice); the representation of a view is, by default, the mean of its
-  ``P`` output tokens, ``f = 1/P sum_p y_p`` (average pooling; ``pooling``
-  can restrict it to the masked or to the visible queries); with
-  ``s_ij = sim(f_i^(1), f_j^(2)) / tau``,
-  ``L = -1/B sum_i log softmax_j(s_ij)[i]``: the other ``B - 1`` samples'
-  second views are the negatives. ``sim`` is the dot product (default) or
-  the cosine similarity.
+See docs/theory.md#objectives-and-training-objectivespy-trainingpy.
 """
 import torch
 import torch.nn.functional as F

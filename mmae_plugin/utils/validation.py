@@ -1,25 +1,12 @@
 """General argument checks shared by every part of the plugin.
 
-What belongs here: checks of plain Python arguments that mean the same
-thing wherever they are met (a flag is a bool, a size an integer >= some
-minimum, a threshold a finite real number within bounds, a mode one of a
-few strings, a registry config a dict with a ``'type'`` key, an
-``init_cfg`` what mmengine's ``BaseModule`` accepts). Models, hooks,
-datasets, the feature gather and the matrix-information functions all call
-them, so that a bad argument fails at construction with a message naming
-the parameter, what was received and what is allowed.
-
-What does not: checks whose meaning is matrix-information math (the order
-alpha of a Renyi entropy, 2-D feature matrices, square symmetric PSD
-kernels, the compute dtype) live in :mod:`mmae_plugin.matrix_info.validation`,
-next to the functions they guard; checks specific to one component live in
-that component's module.
-
-This module imports only the standard library and ``torch`` (to refuse
-tensors where a Python number is expected), never mmengine, mmpretrain or
-another plugin module, so that the framework-free subpackages
-(:mod:`mmae_plugin.matrix_info`, :mod:`mmae_plugin.theory`) can use it, and
-no import cycle can form through it.
+Checks of plain Python arguments that mean the same thing wherever they are
+met (a bool flag, an integer size, a bounded finite real, one of a few
+strings, a registry config, an ``init_cfg``), so that a bad argument fails
+at construction naming the parameter, the value and what is allowed.
+Matrix-information checks live in :mod:`mmae_plugin.matrix_info.validation`;
+component-specific ones in their component. Imports only the standard
+library and ``torch``, so the framework-free subpackages can use it.
 """
 import math
 from typing import Any, Optional, Sequence

@@ -1,21 +1,12 @@
 """Attention locality and collapse of mmpretrain ViT backbones.
 
-How attention probabilities are captured. mmpretrain's
-:class:`~mmpretrain.models.utils.MultiheadAttention` never materialises its
-attention matrix (it calls a fused ``scaled_dot_product_attention``). The
-hook registers a forward *pre*-hook on every encoder layer's ``attn`` module
-to capture the module's own input, then recomputes, with the module's own
-``qkv`` projection, ``softmax(q k^T * s)`` where ``s`` is the logit scale the
-module really applies (``head_dims ** -0.5`` by default; see
-:func:`effective_logit_scale` for the ``qk_scale`` code path). The ViT itself
-runs unmodified; tests check the recomputed probabilities reproduce the
-module's output.
-
-Statistics (:mod:`mmae_plugin.theory.attention_stats`) are computed on the
-patch-to-patch block of each head's attention, renormalised over patch keys
-(the CLS token has no pixel position), averaged over the probe images:
-mean attention distance in pixels, Park et al.'s query-key normalised mutual
-information (low = attention collapse) and attention entropy (nats).
+mmpretrain's ``MultiheadAttention`` never materialises its attention
+matrix, so a forward pre-hook on every layer's ``attn`` keeps its input and
+the hook recomputes ``softmax(q k^T * s)`` with the module's own ``qkv``
+and the scale it really applies (:func:`effective_logit_scale`); the ViT
+runs unmodified. Statistics (:mod:`mmae_plugin.theory.attention_stats`) are
+on the patch-to-patch block renormalised over patch keys, averaged over the
+probe images. See docs/theory.md#attentionlocalityhook.
 """
 import copy
 import functools
@@ -122,33 +113,31 @@ def attention_statistics(attn: torch.Tensor,
 class AttentionLocalityHook(Hook):
     """Log attention distance, collapse (NMI) and entropy of a ViT backbone.
 
-    On a fixed probe batch (the first ``num_probe_images`` samples of the
-    training set, run through the training pipeline once with a fixed seed
-    and cached), every ``interval`` epochs (or iterations), the hook runs the
-    model's backbone in eval mode on the *unmasked* path and logs, for every
-    layer ``i`` and head ``h``, ``attn_locality/{stat}_l{i}_h{h}`` and the
-    head average ``attn_locality/{stat}_l{i}`` for ``stat`` in
-    ``distance`` (pixels), ``nmi`` and ``entropy``. Values go to the message
-    hub, to ``vis_data/scalars.json`` (and the run's ``<timestamp>.json``)
-    with ``step`` = current iteration and an ``epoch`` field, and a per-layer
-    summary goes to the text log.
+    On a fixed, cached probe batch, every ``interval`` epochs (or iterations),
+    runs the backbone in eval mode on the unmasked path and logs
+    ``attn_locality/{stat}_l{i}_h{h}`` and the head average
+    ``attn_locality/{stat}_l{i}`` for ``stat`` in ``distance`` (pixels),
+    ``nmi`` and ``entropy``. Use::
+
+        custom_hooks = [dict(type='AttentionLocalityHook', interval=1,
+                             probe_pipeline=[dict(type='PackInputs')])]
 
     Args:
         interval (int): Probe every ``interval`` epochs (iterations if
             ``by_epoch=False``). The last epoch is always probed.
         by_epoch (bool): Count ``interval`` in epochs. Defaults to True.
-        num_probe_images (int): Size of the probe batch. Defaults to 64.
+        num_probe_images (int): Size of the probe batch (the first training
+            samples). Defaults to 64.
         probe_at_start (bool): Also probe before training (epoch 0).
             Defaults to True.
         probe_seed (int): Seed of the pipeline's random transforms while the
             probe batch is built (global RNG states are restored after).
         probe_view (int): Which view to probe when the pipeline produces
             several (contrastive methods). Defaults to 0.
-        probe_pipeline (list[dict], optional): Transforms (mmpretrain
-            ``TRANSFORMS`` configs) applied to the raw samples instead of
-            the training pipeline, e.g. ``[dict(type='PackInputs')]`` so
-            that MAE and contrastive runs are probed on the same
-            un-augmented images. Defaults to None (training pipeline).
+        probe_pipeline (list[dict], optional): Transforms applied to the raw
+            samples instead of the training pipeline, e.g.
+            ``[dict(type='PackInputs')]`` to probe MAE and contrastive runs on
+            the same un-augmented images. Defaults to None (training pipeline).
     """
 
     priority = 'LOW'

@@ -1,50 +1,21 @@
 """A ``CheckpointHook`` that never leaves a run without a usable checkpoint.
 
-mmengine 0.10.7's ``CheckpointHook`` writes a checkpoint in place (a kill
-mid-save leaves a truncated file), deletes the oldest kept checkpoint
-*before* writing the new one (with ``max_keep_ckpts=1`` a kill leaves
-none), records nothing to verify a file by, and saves whatever the
-parameters hold, NaN included. :class:`SafeCheckpointHook` keeps upstream's
-schedule, naming, ``keep_ckpt_ids`` and best-checkpoint rules and changes
-how each save is done:
-
-1. **Only finite states are saved.** Before a save every rank reduces the
-   finiteness of its parameters, floating-point buffers and optimizer state
-   on the device to one flag; one all-reduce (MIN) and one host read per
-   save make every rank decide the same. A non-finite state raises
-   :class:`NonFiniteCheckpointError` on every rank with the same text
-   (iteration, the non-finite tensors of all ranks, the newest checkpoint
-   saved finite) and nothing is written. Logged values a
-   :class:`~.deferred_runtime_info_hook.DeferredRuntimeInfoHook` still
-   holds are put in the message hub (which the checkpoint holds) first.
-2. **Atomic, recorded saves.** The checkpoint (a file, or an FSDP
-   folder of ``rank<i>.pth``) is written under a hidden partial name,
-   fsync'ed and renamed into place; then its name, epoch, global
-   iteration, size, SHA-256, layout, run id and launch are appended to the
-   run record (:mod:`mmae_plugin.checkpoint.run_record`), and only then is
-   ``last_checkpoint`` (for mmengine's tools; it decides nothing) replaced.
-   The SHA-256 is taken from the bytes as ``torch.save`` writes them
-   (:mod:`mmae_plugin.checkpoint.digest_write`), streamed into the file,
-   not from reading the file back; each rank hashes its own rank file.
-   The run id is created when the run first starts and written, with the
-   config's digest, into every checkpoint's ``meta``.
-3. **Retention from the record.** ``max_keep_ckpts`` keeps the run's
-   newest checkpoints by global iteration, whatever their kind (epoch or
-   iteration checkpoints, before and after a switch); only entries older
-   than the kept set are retired, never the file just finalized, each
-   marked removed in the record before its file goes, and only a file
-   that is still the one the run wrote
-   (:mod:`mmae_plugin.checkpoint.retention`).
-
-The record lives in the checkpoint folder (``out_dir``'s, or the work
-folder) and names files of that folder only.
-
-Saves to other backends (``backend_args`` naming object storage) keep
-upstream's writes; the finiteness check and the removal order apply there
-too. Select it in a config::
+:class:`SafeCheckpointHook` keeps mmengine's schedule, naming,
+``keep_ckpt_ids`` and best-checkpoint rules and changes each save: only
+finite states are saved (else :class:`NonFiniteCheckpointError` on every
+rank), the file is written atomically and recorded, with its SHA-256, in
+the run record (:mod:`mmae_plugin.checkpoint.run_record`), and
+``max_keep_ckpts`` retires old checkpoints from the record, only after the
+new one is on disk (:mod:`mmae_plugin.checkpoint.retention`). Saves to
+other backends (``backend_args`` naming object storage) keep upstream's
+writes; the finiteness check and the removal order apply there too.
+Select it in a config::
 
     default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook',
                                          interval=1, max_keep_ckpts=2))
+
+The contract and why: docs/reliability.md (Checkpoints: finite, whole,
+verified, and the run's own).
 """
 import os
 import os.path as osp

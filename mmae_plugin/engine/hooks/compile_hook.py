@@ -1,20 +1,11 @@
 """Compile the model's loss with ``torch.compile``, selected by a config.
 
-mmengine's own ``compile`` config key compiles ``train_step`` (``Runner``
-always; ``FlexibleRunner`` unless ``compile.target`` names another method
-of the wrapped model): the data preprocessor, autocast, ``backward`` and
-the optimizer step, which Dynamo splits into several graphs. This hook
-compiles only the model's forward pass and losses (``loss``, or
-``forward``), on the model inside any wrapper, after the first training
-iteration, and puts the eager method back after training.
-
-The first iteration runs eagerly so that state set up once settles before
-Dynamo traces: the regulariser's gather agrees its layout across ranks at
-its first step with a host read, which would split the traced graph there
-and leave the later steps with that split. Traced after it, M-MAE's loss
-on 2 gloo ranks is one graph that nothing recompiles
-(``tests/test_compile_whole_loss.py``). ``docs/gpu_clusters.md``
-("Compiling the loss") says when it pays.
+Unlike mmengine's ``compile`` key (which compiles ``train_step``, split
+into several graphs), this hook compiles only the model's ``loss`` (or
+``forward``), on the model inside any wrapper, after one eager training
+iteration (so the regulariser's gather agrees its layout first), and puts
+the eager method back after training. M-MAE's loss is then one graph. When
+it pays and how to turn it on: docs/gpu_clusters.md#compiling-the-loss.
 """
 import inspect
 from typing import Optional

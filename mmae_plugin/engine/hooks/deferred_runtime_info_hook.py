@@ -1,40 +1,19 @@
 """Log a step's values one step late, so the host never waits for it.
 
-mmengine 0.10.7's ``RuntimeInfoHook.after_train_iter`` hands every value of
-the step's ``log_vars`` to ``MessageHub.update_scalar``, which converts it
-with ``.item()`` (``mmengine/logging/message_hub.py``, ``update_scalar`` ->
-``_get_valid_value``). On a GPU the first ``.item()`` waits for the whole
-step just queued (M-MAE logs four values: loss, loss_rec, loss_tcr,
-reg_skipped), so the host never runs ahead of the device: the data
-preprocessing and the Python of the next step are paid on the critical path.
-
-:class:`DeferredRuntimeInfoHook` is that hook with ``after_train_iter``
-changed: the step's values are put in one float64 tensor on the device
-(:class:`ValueTable`; exact for every floating-point value) and copied to
-pinned host memory with ``non_blocking=True``, once per step (on the CPU
-simply detached), and the values of the *previous* step, whose copy
-finished while this step ran, are put into the message hub, with the same
-keys, numbers, counts and order as upstream. A wait for a copy not yet
-done blocks the thread (``torch.cuda.Event(blocking=True)``) instead of
-spinning a CPU core the dataloader workers could use. A step's values are
-settled (put in the hub at once) wherever anything reads the hub: at the
-iterations at which a ``LoggerHook`` writes a line or an epoch ends (so
-the log, ``scalars.json`` and the history averaged for each line are those
-of upstream), before validation, before any checkpoint save (the message
-hub is in the checkpoint; :class:`~.checkpoint_hook.SafeCheckpointHook`
-settles before it checks the state) and at the end of training. Between
-two log lines the host reads nothing of the step it just queued.
-
-Hooks that act on the logged values (:class:`~.divergence_hook.
-DivergenceHook`, :class:`~.regularizer_skip_hook.RegularizerSkipHook`)
-:meth:`~DeferredRuntimeInfoHook.subscribe`: they are called with each step
-as it is settled (one step late, or at once at a settling iteration), and
-may ask for every rank's values: the table then has a row per rank, summed
-over ranks by one all-reduce before the copy, and the hub's values are
-read from this rank's row, so each value still crosses to the host once.
-Select it in a config (mmengine's extension point)::
+:class:`DeferredRuntimeInfoHook` is mmengine's ``RuntimeInfoHook`` whose
+``after_train_iter`` puts the step's values in one float64 device tensor
+(:class:`ValueTable`), copies it to pinned host memory without blocking,
+and puts the *previous* step's values in the message hub (same keys,
+numbers and order as upstream). A step is settled at once wherever the hub
+is read: a ``LoggerHook`` line, an epoch's end, validation, a checkpoint
+save, the end of training. Hooks acting on the values (``DivergenceHook``,
+``RegularizerSkipHook``) :meth:`~DeferredRuntimeInfoHook.subscribe`, and
+may ask for every rank's values (one all-reduce before the copy). Select
+it in a config (mmengine's extension point)::
 
     default_hooks = dict(runtime_info=dict(type='DeferredRuntimeInfoHook'))
+
+Why: docs/gpu_clusters.md#no-host-sync-in-the-training-step.
 """
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Union

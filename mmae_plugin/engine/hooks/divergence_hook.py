@@ -1,33 +1,17 @@
 """Stop training at the first iteration whose total loss is not finite.
 
-mmengine 0.10.7 trains on through ``loss: nan`` to the last epoch, exits 0
-and saves checkpoints full of NaN; M-MAE fails a few iterations later deep
-in its matrix code, naming neither the diverging term nor the divergence.
-:class:`DivergenceHook` raises :class:`TrainingDivergedError` in
-``after_train_iter`` of the first iteration whose total loss is NaN or
-infinite, with every loss term and its value. It runs before
-``CheckpointHook`` (priority ``VERY_LOW``) and ``LoggerHook``, so no
-checkpoint of that iteration, or of any later one, is written. A state
-that turns non-finite in an update whose loss was still finite is kept
-off disk by ``SafeCheckpointHook``, which checks the parameters and the
-optimizer state themselves at every save.
+:class:`DivergenceHook` raises :class:`TrainingDivergedError`, naming every
+loss term and its value, after the first iteration whose total loss is NaN
+or infinite, before any checkpoint of it is written. Every rank stops in
+the same iteration: the step's logged values of all ranks are summed in one
+device all-reduce (:func:`~.deferred_runtime_info_hook.value_table`), read
+on the host with :class:`~.deferred_runtime_info_hook.
+DeferredRuntimeInfoHook`'s one copy per step (one step late), so no host
+read is added. Use::
 
-Every rank stops in the same iteration with the same message. After each
-``train_step`` the step's logged values of every rank are put into one
-(world size, terms) tensor on the device, summed over ranks with one
-all-reduce (each rank fills its own row: the sum is exact,
-:func:`~.deferred_runtime_info_hook.value_table`); that tensor is read on
-the host, so no rank decides from its local loss alone and a diverged rank
-does not leave the others waiting in the next collective until its
-timeout.
+    custom_hooks = [dict(type='DivergenceHook')]
 
-No host read is added: with :class:`~.deferred_runtime_info_hook.
-DeferredRuntimeInfoHook` (the plugin's configs select it) that table *is*
-the step's one copy to the host (the message hub's values are read from
-this rank's row), read one step later, when the values are (or at once at
-an iteration the log or a checkpoint needs them, before the save); the
-hook then raises there. With upstream's ``RuntimeInfoHook``, which has
-already waited for the step with ``.item()``, it is read at once.
+Why: docs/reliability.md#diverging-runs-stop-at-the-first-non-finite-loss.
 """
 import math
 from dataclasses import replace

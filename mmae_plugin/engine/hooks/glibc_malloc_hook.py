@@ -1,21 +1,10 @@
 """Keep freed host memory in the process: fixed glibc malloc thresholds.
 
-glibc serves a large allocation with its own ``mmap`` and unmaps it on
-``free``; its *dynamic* thresholds adapt to the program, but in a training
-process they settle where many activation-sized tensors still come fresh
-from the kernel every iteration, and each first touch of a page is a minor
-page fault (the kernel zero-fills it). Measured on the Fashion-MNIST M-MAE
-config on 2 CPU cores: ~36,000 faults per iteration under the Runner
-against ~19,000 in a bare loop, which is where the Runner lost 10-20 % of
-its throughput (docs/performance.md). Fixed thresholds (``mallopt``) keep
-tensors below ``mmap_threshold`` in the heap and freed memory in the
-process for the next iteration: 13-394 faults per iteration in every
-round measured (docs/performance.md, its table of minor faults).
-
-This is what PyTorch's CPU tuning guide reaches by swapping in jemalloc or
-tcmalloc with ``LD_PRELOAD``; the hook does it in-process for glibc, the C
-library of the Linux distributions our users run, and changes nothing
-elsewhere (musl, macOS, a preloaded allocator).
+Fixed ``mallopt`` thresholds keep activation-sized tensors in the heap and
+freed memory in the process, instead of fresh zero-filled ``mmap`` pages
+every iteration (what jemalloc or tcmalloc with ``LD_PRELOAD`` would do);
+nothing changes on other C libraries. Measurements (the runner's lost
+10-20 % of CPU throughput): docs/performance.md.
 """
 import ctypes
 import os

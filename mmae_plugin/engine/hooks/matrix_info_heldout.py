@@ -1,15 +1,11 @@
 """The held-out pass of :class:`~.MatrixInfoHook`, on the training model.
 
-A fixed set of images the model never trains on, each turned into its
-augmented views once with a fixed seed, so that every measurement sees the
-same inputs and the curves over epochs show the network changing, not the
-batch. Each measurement runs the model's own training forward under the
-run's autocast on the training model itself: the loss forward has side
-effects (BatchNorm statistics, BYOL's momentum step, a regulariser's skip
-code and gather layout) that must not reach training, so they are undone
-after the pass (:func:`training_state_kept`) instead of confined to a deep
-copy as before, which doubled the model's memory and, under FSDP, copied
-each rank's shards instead of the network.
+A fixed set of images, each turned into its augmented views once with a
+fixed seed, measured with the model's own training forward under the run's
+autocast on the training model itself; the forward's side effects
+(BatchNorm statistics, momentum steps, a regulariser's state) are undone
+after the pass (:func:`training_state_kept`). See
+docs/matrix_info.md#2-matrixinfohook.
 """
 import contextlib
 import copy
@@ -262,13 +258,11 @@ def averaged_models_frozen(model: nn.Module) -> Iterator[None]:
 def training_state_kept(model: nn.Module) -> Iterator[None]:
     """Undo, on exit, what a loss forward did to ``model`` besides outputs.
 
-    What the deep copy of the held-out pass used to isolate, without the
-    copy (which doubled the model's memory and, under FSDP, copied shards):
-    each module's train/eval mode, every buffer's values (BatchNorm running
-    statistics and counts), the modules' own attributes (a regulariser's
-    skip code, its gatherer's agreed layout) and the momentum networks
-    (frozen inside). FSDP's own wrapper state is left to FSDP. Parameters
-    need nothing: the pass runs under ``torch.no_grad()``.
+    Restores each module's train/eval mode, every buffer (BatchNorm
+    statistics), the modules' own attributes (a regulariser's skip code and
+    gather layout) and freezes the momentum networks inside; FSDP's own
+    wrapper state is left to FSDP. Parameters need nothing (the pass runs under
+    ``torch.no_grad()``).
 
     Args:
         model: The module the held-out forward runs on.

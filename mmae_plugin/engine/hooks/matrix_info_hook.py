@@ -1,27 +1,12 @@
 """Log matrix-information quantities of the representations during training.
 
-How the representations are obtained (exact and cheap): the hook registers
-PyTorch forward hooks on the submodules that produce the embeddings the loss
-uses (a projector, a predictor, a target network, the MAE encoder). On the
-iterations it samples, those forward hooks keep a detached reference to the
-outputs of the training forward pass itself. So the quantities describe
-exactly the batch, augmentations, masks and train-mode BatchNorm statistics
-the loss saw, no second forward pass is run (recomputing features would also
-update BatchNorm running statistics, a side effect on training), and on the
-other iterations the forward hooks return after one attribute check. The
-features are then gathered over ranks and the quantities computed in float64
-under ``torch.no_grad()`` with autocast disabled.
-
-Optionally (``heldout=``) the hook also measures, once per epoch, a fixed
-held-out set: images the model never trains on, each turned into its
-augmented views once, with a fixed seed, so that every epoch sees exactly
-the same inputs and the curves over epochs show the network changing, not
-the batch (see :class:`MatrixInfoHook`).
-
-The parts live beside this file: what to tap per algorithm
-(:mod:`.matrix_info_branches`) and how (:mod:`.matrix_info_taps`), the
-measurement (:mod:`.matrix_info_measure`) and the held-out pass
-(:mod:`.matrix_info_heldout`).
+Forward hooks on the branches the loss uses keep the training forward pass's
+own outputs on sampled iterations (no second forward pass); the quantities are
+computed in float64 after a gather over ranks. Optionally (``heldout=``) a
+fixed held-out set is measured once per epoch. The parts live beside this
+file: what to tap (:mod:`.matrix_info_branches`), how
+(:mod:`.matrix_info_taps`), the measurement (:mod:`.matrix_info_measure`) and
+the held-out pass (:mod:`.matrix_info_heldout`). Design: docs/matrix_info.md.
 """
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -51,75 +36,22 @@ from .matrix_info_taps import (BranchTaps, check_row_pairing, checked_branch,
 class MatrixInfoHook(Hook):
     """Log matrix entropies, mutual information and divergences of features.
 
-    Every ``interval`` training iterations the hook takes the embeddings the
-    training forward pass produced (see the module docstring), gathers them
-    over ranks, and puts them in the message hub as ``train/<prefix>/<name>``
-    scalars; the ``LoggerHook`` drops the ``train/`` mode prefix, so the text
-    log, ``vis_data/scalars.json`` and TensorBoard show ``<prefix>/<name>``
-    (``minfo/erank_cov``). Every key names the matrix it is computed on
-    (``<k>`` is ``cov`` for ``kernel='covariance'``, ``gram`` for
-    ``kernel='gram'``); the definitions are those of
-    :mod:`mmae_plugin.matrix_info.representation`, so a key has the value
-    ``RepresentationStatistics`` gives the same features:
+    Every ``interval`` training iterations the hook takes the embeddings of the
+    training forward pass, gathers them over ranks and logs them as
+    ``<prefix>/<name>`` (``minfo/erank_cov``): the two-branch (Siamese) or
+    one-branch (masked modelling) keys of
+    :mod:`mmae_plugin.matrix_info.representation`. With ``heldout`` the same
+    keys are logged under ``<prefix>_heldout`` for a fixed held-out set,
+    before training and after every ``interval``-th epoch.
 
-    * two branches (Siamese methods: SimCLR, BYOL, Barlow Twins, MoCo,
-      SimSiam, SwAV, DenseCL): ``entropy_1_<k>``, ``entropy_2_<k>``,
-      ``mutual_info_<k>``, ``joint_entropy_<k>``, ``matrix_js_<k>``,
-      ``spectrum_js_<k>`` (paper figures 1-3 with the default covariance
-      kernel); the order-dependent ones end in ``_alpha<a>`` when
-      ``alpha != 1``;
-    * one branch (masked modelling and distillation: MAE, MMAE, BEiT,
-      SimMIM, ...): ``entropy_<k>`` (von Neumann; Renyi order ``alpha``
-      as ``entropy_<k>_alpha<a>``), ``erank_<k>`` (the paper's
-      effective rank, Definition 6: ``exp`` of the von Neumann entropy of
-      the unit-diagonal kernel), ``rankme_raw`` (RankMe, eps 1e-7, of the
-      raw, uncentred embeddings) and ``tcr_<form>[_centered]_mu<mu>``, the
-      total coding rate of the l2-normalised embeddings. By default
-      (``tcr='objective'``) it is the one the model's ``TCRLoss``
-      maximises, with its form, ``mu`` and centering (so
-      ``tcr_reference_mu1`` for the published objective); a model without
-      one gets the published M-MAE objective ``logdet(I + (1/d) zn^T zn)``.
+    Example::
 
-    The values are written by the ``LoggerHook`` at its own interval, which
-    should divide ``interval`` (a warning says otherwise).
+        custom_hooks = [dict(type='MatrixInfoHook', interval=50,
+                             heldout=dict(dataset=test_set_with_train_pipeline))]
 
-    **Held-out set** (``heldout=dict(dataset=..., ...)``, off by default).
-    Training-batch values mix two changes, the network's and the batch's.
-    With ``heldout`` the hook also measures, before training
-    (``at_start``) and after every ``interval``-th epoch (always after the
-    last), the same quantities, under the same keys with the prefix
-    ``<prefix>_heldout`` (``minfo_heldout/mutual_info_cov``), on a fixed
-    held-out set:
-
-    * ``num_batches`` batches of ``batch_size`` images (default: the global
-      training batch, ranks x per-rank batch, the batch the training values
-      are computed on, so both estimators see the same number of rows) are
-      drawn without replacement from ``dataset``, an mmpretrain dataset
-      config, e.g. the test split with the training pipeline;
-    * each image goes through the dataset's pipeline once, with python,
-      numpy and torch seeded by ``seed`` (the training random streams are
-      restored after), and the collated batches are kept on the host: every
-      measurement sees the same images and the same two views;
-    * each batch is run through the model's own training forward
-      (``mode='loss'``) under ``torch.no_grad()`` and the run's autocast
-      (the optimizer wrapper's, as in a training step), with the forward
-      hooks tapping the same branches as on the training batches, on the
-      training model itself (under FSDP through the FSDP root, which
-      gathers the full parameters; no copy, so no extra memory) with its
-      momentum networks frozen (BYOL's target branch is the target network
-      as training left it, not one momentum step further), in ``mode``
-      ``'eval'`` (BatchNorm running statistics) or ``'train'`` (batch
-      statistics), and with torch's generator seeded by ``seed`` (the same
-      MAE masks every epoch). What the loss forward changes besides its
-      outputs (modes, BatchNorm statistics, the modules' own attributes,
-      random states) is restored after the pass;
-    * the quantities of each batch are averaged over the batches. Every rank
-      measures the same batches (no gather), so all ranks log the same.
-
-    The values go to the message hub (``<prefix>_heldout/<name>``), to
-    ``vis_data/scalars.json`` and the run's ``<timestamp>.json`` (one row
-    per measurement, with an ``epoch`` field, step = iterations done) and
-    to the text log.
+    The ``LoggerHook`` interval should divide ``interval`` (warned otherwise).
+    The default taps per algorithm, every key, the held-out protocol and the
+    costs: docs/matrix_info.md#2-matrixinfohook.
 
     Args:
         interval: Sample every ``interval`` iterations (of the epoch, as the
@@ -138,8 +70,9 @@ class MatrixInfoHook(Hook):
             ``'cls'``, ``'mean'`` or ``'cls+mean'``; ``None`` follows the
             algorithm (see :func:`~.matrix_info_branches.default_branches`).
         tcr: Which coding rate is logged: ``'objective'`` (the model's
-            ``TCRLoss``), ``'reference'`` (``logdet(I + (mu/d) zn^T zn)``) or
-            ``'paper'`` (``logdet(mu I + zn^T zn)``).
+            ``TCRLoss``; without one the published M-MAE objective),
+            ``'reference'`` (``logdet(I + (mu/d) zn^T zn)``) or ``'paper'``
+            (``logdet(mu I + zn^T zn)``).
         mu: Coding-rate parameter (in ``(0, 1e300]``) for
             ``tcr='reference'``/``'paper'`` (default 1); must be None with
             ``'objective'``.
@@ -148,16 +81,13 @@ class MatrixInfoHook(Hook):
             with ``'objective'``.
         prefix: Non-empty name prefix of the logged scalars.
         cpu_threads: Torch threads while computing on CPU tensors (restored
-            afterwards); ``None`` keeps the training setting. One thread is
-            the default because eigendecompositions of these sizes gain
-            little from threads, and multi-threaded LAPACK eigensolvers can
-            stall for about a second at OpenMP barriers when the cores are
-            shared with dataloader workers.
+            afterwards); ``None`` keeps the training setting. Default 1
+            (why: docs/matrix_info.md#2-matrixinfohook).
         heldout: ``None`` (default: training batches only) or a dict with
             ``dataset`` (required: an mmpretrain dataset config),
             ``num_batches`` (4), ``batch_size`` (None: the global training
-            batch), ``seed`` (0), ``mode`` (``'eval'``), ``interval`` (1
-            epoch) and ``at_start`` (True); see above.
+            batch), ``seed`` (0), ``mode`` (``'eval'`` or ``'train'``),
+            ``interval`` (1 epoch) and ``at_start`` (True).
     """
 
     priority = 'NORMAL'  # before LoggerHook (BELOW_NORMAL) writes the logs

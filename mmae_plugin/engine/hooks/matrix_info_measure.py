@@ -88,12 +88,9 @@ def one_branch_quantities(z: Tensor, kernel: str, alpha: float,
 
     Returns:
         The keys of :func:`~mmae_plugin.matrix_info.representation.
-        one_branch_statistics` for ``kernel``: ``entropy_<k>`` (order
-        ``alpha``), ``erank_<k>`` (the paper's effective rank, Definition 6,
-        of the unit-diagonal kernel), ``rankme_raw`` (RankMe of the raw
-        embeddings) and ``tcr_<form>[_centered]_mu<mu>``; ``<k>`` is
-        ``cov`` or ``gram``. The entropy and effective rank of a zero
-        kernel (a fully collapsed batch) are NaN: undefined.
+        one_branch_statistics` for ``kernel`` (``entropy_<k>``, ``erank_<k>``,
+        ``rankme_raw``, ``tcr_...``); NaN entropy and effective rank for a
+        zero kernel (a fully collapsed batch).
     """
     return one_branch_statistics(
         z, kernels=(kernel, ), alpha=alpha, tcr=tcr, undefined='nan')

@@ -1,17 +1,8 @@
 """Report the steps in which M-MAE / U-MAE's regulariser was skipped.
 
-``MMAE`` logs its regulariser's ``skip_code`` every step as ``reg_skipped``
-(0: the term was applied). A step whose features were unusable (NaN/Inf on
-some rank) trained on the reconstruction alone; a step whose gather left
-some rank's features out means the ranks' batches no longer fit the layout
-agreed at the first step, which later steps cannot repair. This hook reads
-the code as a host number where the log has it: from
-:class:`~.deferred_runtime_info_hook.DeferredRuntimeInfoHook` (the
-plugin's configs) as each step's values are settled, one step late, or
-from the message hub after each iteration, where mmengine's
-``RuntimeInfoHook`` (priority ``VERY_HIGH``) has already put it. It adds
-no device sync and the model's forward depends only on its inputs and
-state.
+Reads ``MMAE``'s logged ``reg_skipped`` code as a host number where the log
+has it (from ``DeferredRuntimeInfoHook`` one step late, or from the
+message hub), so it adds no device sync.
 """
 import logging
 from typing import Optional, Union
@@ -32,21 +23,16 @@ class RegularizerSkipHook(Hook):
     """Warn about a skipped regulariser term; raise when a gather refused.
 
     After every training iteration of a model with a
-    :class:`~mmae_plugin.models.losses.FeatureRegularizer` (``MMAE`` with
-    ``TCRLoss`` or ``UniformityLoss``), the iteration's ``reg_skipped`` code
-    decides:
-
-    * 0: nothing to say;
-    * ``SKIP_GATHER_REFUSED``: a ``RuntimeError`` naming the iteration and
-      the reason. Every rank logged the same code from the same gathered
-      headers, so every rank raises, before the next step's collectives;
-    * any other code: one warning naming the iteration, the ranks concerned
-      and the reason (the step trained on the reconstruction alone).
-
-    A model without a regulariser logs no code; the hook then does nothing.
-    The shipped M-MAE / U-MAE configs select it as a default hook::
+    :class:`~mmae_plugin.models.losses.FeatureRegularizer`, the iteration's
+    ``reg_skipped`` code decides: 0, nothing; ``SKIP_GATHER_REFUSED``, a
+    ``RuntimeError`` on every rank before the next step's collectives; any
+    other code, one warning naming the iteration, ranks and reason. A model
+    without a regulariser logs no code. The shipped M-MAE / U-MAE configs
+    select it::
 
         default_hooks = dict(regularizer_skip=dict(type='RegularizerSkipHook'))
+
+    The codes: docs/reliability.md#no-host-sync-in-the-training-step.
     """
 
     # After RuntimeInfoHook (VERY_HIGH) has read the step's logged values,

@@ -57,10 +57,12 @@ def seed_cpu_streams(seed: int) -> None:
 def seeded_cpu_streams(seed: int) -> Iterator[None]:
     """Seed Python, numpy and torch's CPU generator; restore them on exit.
 
-    In the main process (``num_workers=0``) restoring keeps the draws of the
-    caller independent of how many samples were loaded. A dataloader worker
-    runs nothing but the pipeline, so there the (costly, ~0.15 ms) save and
+    In the main process restoring keeps the caller's draws independent of how
+    many samples were loaded; in a dataloader worker the (~0.15 ms) save and
     restore is skipped.
+
+    Args:
+        seed: The seed of the three generators.
     """
     if get_worker_info() is not None:
         seed_cpu_streams(seed)
@@ -132,51 +134,18 @@ def leaf_datasets(dataset) -> List:
 class ReseedHook(Hook):
     """Derive every random draw of training from the training position.
 
-    mmengine 0.10.7 seeds once at start-up and stores no generator states in
-    checkpoints, and it seeds dataloader workers from (seed, rank, worker id)
-    with no epoch: persistent workers carry one stream across epochs (which a
-    resumed run restarts), non-persistent ones draw the same augmentations
-    by position every epoch. This hook makes every draw a function of the
-    position instead, with nothing added to checkpoints and no collective
-    communication:
+    The main process (MAE's masks, batched augmentations) is re-seeded from
+    (seed, rank, epoch) before each epoch and (seed, rank, iteration) before
+    each iteration; the training dataset's pipeline before each sample from
+    (seed, epoch, sample index), in whichever worker or rank loads it. So every
+    epoch draws fresh augmentations and a resumed run draws exactly what an
+    unbroken run drew. Nothing is added to checkpoints. Use::
 
-    * the main process (MAE's masks, batched augmentations in a data
-      preprocessor) is re-seeded from (seed, rank, epoch) before each epoch
-      and from (seed, rank, iteration) before each iteration;
-    * the training dataset's pipeline (in the workers or, with
-      ``num_workers=0``, in the main process) is re-seeded before each sample
-      from (seed, epoch, sample index), whichever worker or rank loads it.
+        custom_hooks = [dict(type='ReseedHook')]
 
-    So every epoch draws fresh augmentations, a resumed run draws exactly
-    what an unbroken run drew, and this holds for any ``num_workers``,
-    persistent or not, any world size, and any pipeline (Fashion-MNIST's,
-    mmpretrain's ImageNet ``RandomResizedCrop``...). Ranks get different main
-    process streams when the config's ``randomness.diff_rank_seed`` is true.
-
-    Remaining limits:
-
-    * Only Python's ``random``, numpy's global generator and torch's CPU
-      default generator are seeded per sample; a transform with a private
-      generator (e.g. its own ``np.random.default_rng()``) is not covered.
-    * Under ``RepeatDataset`` / ``ClassBalancedDataset`` a sample shown
-      several times in one epoch gets the same augmentation each time (the
-      key is the index in the wrapped dataset).
-    * ``IterBasedTrainLoop`` builds its dataloader iterator, and so its
-      workers, before any hook runs: with ``num_workers > 0`` the first pass
-      uses mmengine's worker seeds, and all passes share epoch 0 of the key
-      (iteration-based resume replays the loader, which stays exact).
-    * The key uses ``sample_idx`` from mmengine's ``BaseDataset``; a dataset
-      without it is refused when training starts.
-    * A run resumed from a checkpoint written mid-epoch continues with the
-      epoch's next batch under the plugin's runners
-      (:mod:`~mmae_plugin.engine.runners.exact_resume`); mmengine's own
-      epoch loop restarts that epoch.
-    * Cost: about 30 microseconds per sample in a worker (seed mixing and
-      three generator seeds), ~370 with ``num_workers=0``, where the main
-      process's generator states are saved and restored around each sample.
-      A pipeline made only of transforms that draw nothing at random
-      (:data:`DETERMINISTIC_TRANSFORMS`, e.g. Fashion-MNIST pretraining's
-      ``Collect`` + ``PackInputs``) is left as it is.
+    Why, the limits (private generators, ``RepeatDataset``,
+    ``IterBasedTrainLoop``, datasets without ``sample_idx``) and the cost:
+    docs/reliability.md#exact-resume.
 
     Args:
         reseed_pipeline: Also re-seed the training dataset's pipeline per

@@ -1,19 +1,15 @@
 """Optimizer-wrapper constructors that merge identical parameter groups.
 
-mmengine's ``DefaultOptimWrapperConstructor`` with a ``paramwise_cfg`` (and
-mmpretrain's layer-wise lr-decay constructor) put every parameter tensor in a
-group of its own: 84 groups for the 86 tensors of the Fashion-MNIST ViT, 150
-or more for a ViT-B. The optimizer then loops over groups in Python and
-cannot batch its update: ``torch.optim.AdamW``'s multi-tensor (``foreach``)
-and fused kernels work per group, so on a GPU one group per tensor means one
-kernel launch per tensor and operation.
+mmengine's constructor with a ``paramwise_cfg`` (and mmpretrain's
+layer-wise lr-decay one) put every parameter tensor in a group of its own;
+these build exactly that optimizer, then merge the groups whose settings
+are all equal, which is exact (bit-identical training under every param
+scheduler). Use::
 
-Groups whose hyperparameters are all equal are interchangeable: the
-optimizer update of a parameter depends only on its group's settings, and a
-param scheduler rescales every group by the same rule from the group's own
-values (``initial_lr`` included), so identical groups stay identical for the
-whole run. Merging them is therefore exact; ``tests/test_optim_merge.py``
-checks bit-identical parameters after several scheduled steps.
+    optim_wrapper = dict(constructor='MergedGroupsOptimWrapperConstructor',
+                         ...)
+
+Why merging is exact and what it saves: docs/performance.md#the-components.
 """
 from typing import Any, List
 

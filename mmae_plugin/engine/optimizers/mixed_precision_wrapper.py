@@ -1,21 +1,15 @@
 """Mixed precision without a loss scaler where the dtype does not need one.
 
-mmengine's ``AmpOptimWrapper`` always builds a ``GradScaler`` (dynamic
-scaling unless told a fixed scale), also for ``dtype='bfloat16'``. bfloat16
-has float32's exponent range, so scaling the loss buys nothing there, and
-the scaler still costs every step a multi-tensor unscale / inf check and,
-in ``GradScaler.step``, one host-device sync (``found_inf.item()``): on a
-GPU the CPU waits for the whole backward before it can queue the
-optimizer step. mmpretrain's MAE recipes inherit ``loss_scale='dynamic'``,
-so a bf16 run pays that sync for nothing.
+:class:`MixedPrecisionOptimWrapper` is mmengine's ``AmpOptimWrapper`` with
+``loss_scale='auto'`` (its default): no ``GradScaler`` for bfloat16 (which
+saves its per-step host sync), dynamic scaling for float16 and
+``dtype=None``. ``loss_scale=None`` with float16 is refused. It resumes
+from checkpoints written with a scaler. Use::
 
-:class:`MixedPrecisionOptimWrapper` is ``AmpOptimWrapper`` with one more
-choice, ``loss_scale='auto'`` (its default): no scaler for bfloat16, dynamic
-scaling for float16 (and for ``dtype=None``, which autocasts to float16 on
-GPUs). ``loss_scale=None`` asks for no scaler and is refused for float16,
-whose gradients underflow without one. A run without a scaler saves the
-state of a plain ``OptimWrapper``, and resumes from checkpoints written
-with a scaler (the ``loss_scaler`` entry is dropped).
+    optim_wrapper = dict(type='MixedPrecisionOptimWrapper', dtype='bfloat16',
+                         optimizer=...)
+
+Why: docs/gpu_clusters.md#precision-bfloat16-recipes-float16-override.
 """
 from typing import Optional, Union
 

@@ -1,17 +1,12 @@
 """``_scope_`` reaching ``collate_fn``.
 
-Upstream (mmengine 0.10.7, no release fixes it): configs inherited through
-``mmpretrain::`` get a ``_scope_`` key in every typed dict; mmengine's
-``Runner.build_dataloader`` and ``FlexibleRunner.build_dataloader`` forward
-all remaining keys of ``collate_fn`` to the function, which fails with
-"default_collate() got an unexpected keyword argument '_scope_'".
-
-:class:`CollateScopeMixin` (before ``Runner`` or ``FlexibleRunner`` in the
-bases) drops that one key before mmengine reads the config; everything else
-is mmengine's. mmengine's own ``Runner.build_dataloader``, called by other
-code (mmpretrain's retrievers and tools), is unchanged. Without the plugin's
-runner, a config can drop the key itself:
-``collate_fn=dict(_delete_=True, type='default_collate')``.
+Configs inherited through ``mmpretrain::`` carry ``_scope_`` in every typed
+dict, and mmengine 0.10.7's ``build_dataloader`` forwards it to the collate
+function ("unexpected keyword argument '_scope_'").
+:class:`CollateScopeMixin` (before ``Runner`` or ``FlexibleRunner``) drops
+that key; without the plugin's runner, write
+``collate_fn=dict(_delete_=True, type='default_collate')``. See
+docs/upstream_workarounds.md#runners-_scope_-reaching-collate_fn.
 """
 from typing import Any, Union
 

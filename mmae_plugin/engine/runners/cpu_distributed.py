@@ -1,39 +1,18 @@
 """Multi-process training on a machine without any accelerator.
 
-Upstream (mmengine 0.10.7, no release fixes it): ``_init_dist_pytorch``
-calls ``torch.cuda.set_device`` whenever no NPU/MLU/MUSA is found, which
-fails without CUDA, and the default dist backend is NCCL, which needs CUDA;
-``Runner.wrap_model`` and ``DDPStrategy._wrap_model`` pass
-``device_ids=[LOCAL_RANK]`` to DDP, which DDP rejects for CPU modules.
-
-Two mixins give the plugin's runners what mmengine's extension points
-allow, without changing mmengine:
+mmengine 0.10.7's ``_init_dist_pytorch`` needs CUDA, and its DDP wrappers
+pass ``device_ids=[LOCAL_RANK]``, which DDP rejects for CPU modules.
 
 * :class:`CpuDistributedRunnerMixin` (before ``Runner``): ``setup_env``
-  first initialises the process group itself (gloo for NCCL, any other
-  backend as requested, mmengine's ``dist_cfg`` otherwise), so mmengine's
-  own ``setup_env`` finds it initialised and skips ``init_dist``;
-  ``wrap_model`` passes ``device_ids=None`` in the wrapper config, which
-  mmengine honours because config keys override its ``default_args``.
+  initialises the process group first (gloo for NCCL), so mmengine skips
+  ``init_dist``; ``wrap_model`` gives the DDP wrapper ``device_ids=None``.
 * :class:`CpuDistributedFlexibleRunnerMixin` (before ``FlexibleRunner``):
-  ``build_strategy`` does the same for ``DDPStrategy`` and its subclasses
-  (``FSDPStrategy`` included) before the strategy sets its environment up,
-  and gives ``DDPStrategy``'s ``model_wrapper`` ``device_ids=None``.
+  ``build_strategy`` does the same for ``DDPStrategy`` and its subclasses.
 
-Both act only with ``launcher='pytorch'`` and when there is no CUDA, NPU,
-MLU or MUSA device (the probes upstream dispatches on). ``device_ids`` (or
-``output_device``) written in the config reach torch as given, and torch
-refuses them for a CPU module with its own message. With an accelerator,
-another launcher, an already initialised group, DeepSpeed or ColossalAI,
-upstream's code runs untouched.
-
-Without the plugin's runner the same is a config choice: initialise gloo
-before building the runner (``torch.distributed.init_process_group('gloo')``)
-and set ``model_wrapper_cfg = dict(type='MMDistributedDataParallel',
-device_ids=None, broadcast_buffers=False)`` (``Runner``) or
-``strategy = dict(type='DDPStrategy', model_wrapper=dict(
-type='MMDistributedDataParallel', device_ids=None, broadcast_buffers=False))``
-(``FlexibleRunner``).
+Both act only with ``launcher='pytorch'`` and no CUDA, NPU, MLU or MUSA
+device; otherwise upstream's code runs untouched. Without the plugin's
+runner, the config choice that does the same:
+docs/upstream_workarounds.md#runners-multi-process-training-without-an-accelerator
 """
 import datetime
 from typing import Any, Dict, Optional

@@ -1,39 +1,23 @@
 """Resume inside an epoch where the checkpoint was written.
 
-Upstream (mmengine 0.10.7): ``EpochBasedTrainLoop`` restarts the current
-epoch's dataloader from its first batch, so resuming an iteration checkpoint
-written inside an epoch (``CheckpointHook(by_epoch=False)``) trains the
-epoch's first batches again: more iterations than configured, the
-checkpoint after it rewritten from already-seen batches, the final state not
-saved at ``max_iters`` and weights that differ from the unbroken run's.
+mmengine 0.10.7's ``EpochBasedTrainLoop`` restarts the current epoch from
+its first batch, so a mid-epoch iteration checkpoint trained the epoch's
+first batches again. :class:`ExactResumeEpochBasedTrainLoop` (``LOOPS``)
+is mmengine's loop, except that the first epoch a resumed run trains skips,
+at the sampler (:class:`SkipFirstIndices`), the ``iter - epoch *
+len(dataloader)`` batches it had consumed, on every rank alike, and passes
+hooks the true batch index; nothing is added to checkpoints. With
+mmengine's own ``Runner``::
 
-:class:`ExactResumeEpochBasedTrainLoop` (``LOOPS``: ``type=
-'ExactResumeEpochBasedTrainLoop'``) is mmengine's loop, except that the
-first epoch a resumed run trains skips the batches that epoch had consumed
-when the checkpoint was written: ``iter - epoch * len(dataloader)``, from
-the counters mmengine's ``resume`` restores (a checkpoint of mmengine's own
-hook is enough; nothing is added to it). The skip happens at the sampler:
-for that one epoch the batch sampler draws its indices from a
-:class:`SkipFirstIndices` view of its sampler, which drops the consumed
-``batches x batch_size`` indices of this rank's shard before any reaches a
-worker, so no skipped sample is loaded, on every rank alike; the epoch's
-order is the sampler's own (``DefaultSampler``: seed + epoch), so the
-remaining batches are the unbroken run's, ``drop_last`` or not, with any
-``num_workers``, persistent or not. The batch index passed to hooks is the
-position inside the epoch, so ``LoggerHook`` and iteration checkpoints fire
-at the unbroken run's iterations, and the run ends (and saves) at
-``max_iters``. A checkpoint written after the epoch's last batch but before
-its end (its epoch counter not yet advanced) resumes into an empty epoch:
-the epoch-end hooks (epoch checkpoint, validation, schedulers) run once.
+    train_cfg = dict(type='ExactResumeEpochBasedTrainLoop', max_epochs=...)
 
-:class:`ExactResumeMixin` (in the plugin's runners) builds that loop where
-the config asks for mmengine's ``EpochBasedTrainLoop`` (``by_epoch=True``
-or ``type='EpochBasedTrainLoop'``); any other loop is built as configured,
-and a custom epoch loop resumed inside an epoch gets a warning that it
-restarts the epoch. Refused (:class:`InexactResumeError`, before anything
-trains): a mid-epoch resume with a batch sampler other than torch's
-``BatchSampler`` (e.g. an aspect-ratio grouping one, whose batches are not
-consecutive runs of sampler indices) or without one.
+:class:`ExactResumeMixin` (in the plugin's runners) builds that loop
+wherever the config asks for mmengine's ``EpochBasedTrainLoop``; other
+loops are built as configured (a custom epoch loop gets a warning that it
+restarts the epoch). A mid-epoch resume with a batch sampler other than
+torch's ``BatchSampler``, or none, raises :class:`InexactResumeError`
+before anything trains. Details and limits:
+docs/reliability.md#resuming-inside-an-epoch.
 """
 import logging
 from contextlib import contextmanager

@@ -1,28 +1,19 @@
 """Resume refuses a launch it cannot continue unchanged.
 
-mmengine restores the parameter schedulers' ``begin`` / ``end`` /
-``T_max`` in iterations, so a run resumed on another number of GPUs (or
-with another per-GPU batch) no longer ends its schedule at ``max_epochs``;
-with ``gather='global'`` the regularised batch is GPUs x per-GPU batch, so
-the objective changes too; and FSDP's local shards load only at the world
-size they were written with. mmengine resumes all of these silently.
-
 :class:`~.resume_gate.ResumeGateMixin` writes ``meta['launch']`` (world
 size, per-GPU batch, iterations per epoch, FSDP sharding) into every
-checkpoint and, on resume, compares it with the current launch
-(:func:`check_launch`). A difference raises
-:class:`LaunchChangedError` naming both launches and what would change,
-unless the config says ``resume_launch_change = 'rescale'``: then the
-schedulers' iteration counts and the loop's iteration are rescaled to the
-new iterations per epoch (the epochs trained and the schedule's shape in
-epochs stay the same; the regularised batch is what the new launch gives),
-and the change is logged; ``'accept'`` continues unchanged, logged (for a
-launch you know to be the same, or a checkpoint without a launch record).
-A checkpoint without a launch record (mmengine's hook, plugin 0.2) is
-refused unless ``'rescale'`` or ``'accept'`` says so, since its launch
-cannot be compared; a malformed record is refused in one line naming it.
-FSDP's local state dict cannot be rescaled across world sizes and is
-always refused.
+checkpoint and on resume compares it with the current launch
+(:func:`check_launch`): a difference, or a checkpoint without a launch
+record, raises :class:`LaunchChangedError` naming both launches and what
+would change, unless the config sets::
+
+    resume_launch_change = 'rescale'  # or 'accept'
+
+``'rescale'`` rescales the schedulers' and the loop's iteration counts to
+the new iterations per epoch; ``'accept'`` continues unchanged (both
+logged). FSDP local shards at another world size are always refused. Why:
+docs/reliability.md#checkpoints-finite-whole-verified-and-the-runs-own
+(the launch is recorded).
 """
 from typing import Any, Dict, Optional, Tuple
 

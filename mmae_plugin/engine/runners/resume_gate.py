@@ -4,27 +4,18 @@
 ``FlexibleRunner`` (see :mod:`.runners`); every decision about resuming is
 taken here, in this order, before anything loaded is applied:
 
-1. **Which checkpoint.** Auto-resume (``resume=True`` without
-   ``load_from``) continues from the newest intact checkpoint of the
-   checkpoint folder's run record
-   (:func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`);
-   fallbacks, with what they cost, go to the run's log file.
-2. **Integrity.** Every local checkpoint the runner resumes or loads
-   (``--resume``, ``load_from``, the ``Pretrained`` ``init_cfg`` of any
-   module), file or FSDP folder, is verified while mmengine loads it; a
-   damaged one raises ``CorruptCheckpointError``.
-3. **Meta and run identity.** A resumed checkpoint must say its epoch and
-   iteration; one that is not the current run's recorded checkpoint must
-   be this run's (or the folder's first) and this model config's, unless
-   the config sets ``resume_other_run = True``.
-4. **Nothing saved over.** No launch starts when it would save over a
-   checkpoint file its run did not write
-   (:class:`~mmae_plugin.checkpoint.discovery.CheckpointsInTheWay`).
-5. **Launch.** The launch the checkpoint was written with
-   (:mod:`.launch_record`) must be this one, unless
-   ``resume_launch_change`` says to rescale or accept.
+1. which checkpoint (auto-resume: the newest intact entry of the run
+   record, :func:`~mmae_plugin.checkpoint.discovery.choose_resume_checkpoint`);
+2. integrity of every local checkpoint resumed or loaded
+   (``CorruptCheckpointError``);
+3. meta and run identity (another run's or config's checkpoint needs
+   ``resume_other_run = True``);
+4. nothing saved over another run's files
+   (:class:`~mmae_plugin.checkpoint.discovery.CheckpointsInTheWay`);
+5. the launch (:mod:`.launch_record`, ``resume_launch_change``).
 
-Every refusal is written to the run's log file as well as raised.
+Every refusal is written to the run's log file as well as raised. The contract:
+docs/reliability.md#checkpoints-finite-whole-verified-and-the-runs-own.
 """
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple

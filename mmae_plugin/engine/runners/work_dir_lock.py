@@ -1,21 +1,13 @@
 """One live training run per work folder.
 
-:class:`WorkDirLockMixin` goes before mmengine's ``Runner`` or
-``FlexibleRunner`` (see :mod:`.runners`). When training starts, before
-anything is resumed or saved, rank 0 takes an exclusive POSIX record lock
-(``fcntl``) on ``work_dir/.mmae_run.lock`` and holds it until training
-ends; the operating system releases it when the process dies, so a
-SIGKILL, an out-of-memory kill or a lost node never leaves a stale lock.
-A POSIX lock belongs to the process, not to forked children, so
-dataloader workers (persistent or not) never keep it alive after their
-trainer. The file
-names the holder (host, process id, start time, command line). A second
-launch into the same folder while the first still trains (a job
-submitted twice, a Slurm requeue while the old job is still running, a
-resume started beside orphaned ``torchrun`` workers) stops on every rank
-with :class:`WorkDirLockedError` naming the live run. On a filesystem
-that cannot lock, training stops with :class:`WorkDirLockError` saying
-so; the config key ``work_dir_lock = False`` accepts training unlocked.
+:class:`WorkDirLockMixin` (before mmengine's ``Runner`` or
+``FlexibleRunner``): when training starts, rank 0 takes an exclusive POSIX
+lock (``fcntl``) on ``work_dir/.mmae_run.lock``, naming the holder, until
+training ends; the system releases it when the process dies. A second
+launch into the folder stops on every rank with
+:class:`WorkDirLockedError` naming the live run; a filesystem that cannot
+lock raises :class:`WorkDirLockError` (``work_dir_lock = False`` in the
+config trains unlocked). Why: docs/reliability.md#one-live-run-per-work-folder.
 """
 import errno
 import fcntl

@@ -1,51 +1,19 @@
 """``MMAEFSDPStrategy``: mmengine's FSDP strategy with three fixes.
 
-Selected in a config with ``strategy = dict(type='MMAEFSDPStrategy', ...)``
-under a ``FlexibleRunner`` (the plugin's ``MMAEFlexibleRunner`` or
-mmengine's own); registered in mmengine's ``STRATEGIES``, which
-``FlexibleRunner.build_strategy`` builds from. Every fix acts only inside
-this strategy's own methods: mmengine's ``FSDPStrategy``, torch's FSDP and
-every other run in the process are left as they are.
+Selected under a ``FlexibleRunner`` (e.g. ``MMAEFlexibleRunner``) with
+``strategy = dict(type='MMAEFSDPStrategy', model_wrapper=dict(...))``
+(mmengine's ``STRATEGIES``). Each fix acts only inside its own methods:
+``load_optim_state_dict`` passes arguments by keyword (mmengine 0.10.7
+used the pre-torch-2.1 order); ``load_checkpoint`` takes the rank offset
+out of a per-rank ``meta.seed`` under ``diff_rank_seed``; and
+``optim_state_dict()`` runs inside
+:func:`~.fsdp_optim_state_copy.gathered_states_copied` (CPU full
+optimizer state). Building the optimizer wrapper refuses a
+``mixed_precision.param_dtype`` other than the autocast dtype, and
+``cast_root_forward_inputs=False`` without autocast.
 
-1. **Optimizer state load** (mmengine 0.10.7): ``FSDPStrategy.
-   load_optim_state_dict`` calls ``FSDP.optim_state_dict_to_load(
-   state_dict, model, optimizer)``, the argument order before pytorch#96534
-   (torch 2.1) made it ``(model, optim, optim_state_dict)``: every FSDP
-   resume failed with "TypeError: unhashable type: 'dict'". Here the
-   arguments go by keyword (right under both orders). Delete once mmengine
-   passes them by keyword.
-2. **Per-rank seed on resume** (mmengine 0.10.7): ``FlexibleRunner.
-   save_checkpoint`` stores ``meta.seed = strategy.seed``, which under
-   ``randomness.diff_rank_seed`` already includes the rank offset. FSDP's
-   ``local`` / ``sharded`` state dicts write one file per rank, each with
-   ``seed + i``; on resume each rank re-seeds with that plus its rank again,
-   so rank ``i`` continued with ``seed + 2i`` and drew other masks and
-   augmentations after a preemption. Here the rank is subtracted from the
-   ``meta.seed`` a rank reads from its own file under ``diff_rank_seed``;
-   full checkpoints, runs without ``diff_rank_seed`` and ``load_from`` are
-   unchanged. Delete once mmengine stores the seed without the offset.
-3. **Full optimizer state on CPU** (torch, every release to 2.14.1):
-   ``optim_state_dict()`` runs inside
-   :func:`~.fsdp_optim_state_copy.gathered_states_copied`, so a
-   ``state_dict_cfg='full'`` checkpoint written on CPU hosts keeps Adam's
-   ``exp_avg`` instead of a copy of ``exp_avg_sq`` (see that module).
-
-And two checks, when the optimizer wrapper is built, before any step:
-FSDP's ``mixed_precision`` policy (``model_wrapper.mixed_precision.
-param_dtype``, the dtype each unit's parameters are gathered and computed
-in) must be the dtype the optimizer wrapper autocasts to
-(``optim_wrapper.dtype``), so a float16 override of one without the other
-is refused; and a policy that leaves the images float32
-(``cast_root_forward_inputs=False``, the recipe's: MAE's normalised-pixel
-target is then built from float32 pixels) needs that autocast, without
-which the images would meet the policy's weights in another dtype.
-
-Initial weights need no fix: ``BaseStrategy._init_model_weights``
-broadcasts rank 0's weights after ``init_weights`` and before the FSDP
-wrap, so under ``randomness.diff_rank_seed`` (rank ``i`` seeded ``seed +
-i``) every world size starts from the weights of ``seed`` (tested on 1 and
-2 processes). FSDP's ``sync_module_states`` would broadcast them a second
-time, and refuses CPU modules.
+Upstream bugs: the three "FSDP" sections of docs/upstream_workarounds.md;
+the precision checks and initial weights: docs/gpu_clusters.md#fsdp.
 """
 from typing import Any, Optional
 

@@ -1,42 +1,21 @@
 """FSDP full optimizer state dict on CPU: each state gets its own memory.
 
-Upstream (torch): ``_allgather_orig_param_states``
-(``torch/distributed/fsdp/_optim_utils.py``, the ``use_orig_params=True``
-path of ``FSDP.optim_state_dict``) all-gathers every tensor state of a
-FlatParameter (Adam's ``exp_avg``, then ``exp_avg_sq``) into *one* buffer
-allocated once per FlatParameter, and hands views of it to
-``_unflatten_orig_param_states``. That function copies the views out of the
-buffer by ``.clone()`` when ``offload_to_cpu`` is off and by ``.cpu()`` when
-it is on. ``.cpu()`` copies only from an accelerator: when FSDP computes on
-the CPU (gloo), it returns the view itself, the next state's all-gather
-overwrites the buffer, and every state but the last ends up holding the
-last one's values (``exp_avg`` is saved as a copy of ``exp_avg_sq``).
-mmengine's ``FSDPStrategy(state_dict_cfg='full')`` uses
-``offload_to_cpu=True``, so on CPU hosts its checkpoints resumed with wrong
-Adam moments, silently. On CUDA/NCCL ``.cpu()`` is a device-to-host copy and
-the result is right. The same code is in torch 2.4.1, 2.11 and 2.14.1: no
-torch release as of 2.14.1 fixes it. Delete this module once
-``tests/fsdp_full_optim_state_probe.py`` passes on unpatched torch (its
-strict xfail in ``tests/test_tools_fsdp.py`` then fails and says so).
+Upstream (torch, every release to 2.14.1): with ``use_orig_params=True``
+and ``offload_to_cpu=True`` (mmengine's ``state_dict_cfg='full'``),
+``_unflatten_orig_param_states`` returns views of one all-gather buffer
+when FSDP computes on the CPU, so ``exp_avg`` is saved as a copy of
+``exp_avg_sq``.
 
-What changes, and where: :func:`gathered_states_copied` is a context manager
-that replaces torch's private ``_unflatten_orig_param_states`` by
-:func:`copy_out_of_gather_buffer` of it *only while it is active*, and puts
-torch's function back when it exits (also on an error).
-:class:`~mmae_plugin.engine.strategies.MMAEFSDPStrategy` enters it only
-around its own ``optim_state_dict()``, so FSDP used by anyone else, and
-everything outside that call, runs torch's code untouched. Because the
-function is a module attribute, another thread calling
-``FSDP.optim_state_dict`` *during* that call would also get the copy (which
-is value-identical to torch's result); mmengine saves from the training
-thread only. Inside, after torch's function returns on a rank that keeps the
-result (``to_save``), a state value that is a plain tensor still sharing
-storage with the all-gather buffer it was given is replaced by a copy
-(``clone``). Where torch already copied (accelerators,
-``offload_to_cpu=False``, sharded state dicts, DTensors) nothing is touched.
-If the function's signature differs from the one this was written against,
-nothing is swapped (torch changed that code; the probe says whether it still
-needs a fix).
+:func:`gathered_states_copied` is a context manager that replaces torch's
+private ``_unflatten_orig_param_states`` by
+:func:`copy_out_of_gather_buffer` of it only while active (restored on exit
+and on error); :class:`~mmae_plugin.engine.strategies.MMAEFSDPStrategy`
+enters it only around its own ``optim_state_dict()``. A state still sharing
+storage with the buffer is cloned; where torch already copied nothing is
+touched, and under another signature nothing is swapped. Delete this module
+once ``tests/fsdp_full_optim_state_probe.py`` passes on unpatched torch.
+Details:
+docs/upstream_workarounds.md#fsdp-mmaefsdpstrategy-full-optimizer-state-dicts-on-cpu
 """
 import contextlib
 import functools

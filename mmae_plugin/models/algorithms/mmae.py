@@ -24,26 +24,14 @@ SKIP_KEY = 'reg_skipped'
 class MMAE(MAE):
     """MAE whose loss adds a regulariser of the encoder representations.
 
-    With ``regularizer=dict(type='TCRLoss')`` this is M-MAE (Zhang et al.,
-    matrix information theory for SSL); with ``UniformityLoss`` it is U-MAE;
-    with ``None`` it computes mmpretrain's ``MAE`` loss (the same value and
-    gradients, so the same training), logged under another key: the
-    reconstruction is returned as ``loss_rec``, not MAE's ``loss``, and the
-    regulariser as its ``loss_name``, so logs show both terms; mmengine
-    sums every ``loss*`` key into the ``loss`` it optimises and logs. With a
-    regulariser, ``reg_skipped`` is logged too: the regulariser's
-    :attr:`~FeatureRegularizer.skip_code`, 0 when the term was applied. A
-    step whose features were unusable (NaN/Inf on any rank) gets a zero term
-    on every rank. The model only logs the code; ``RegularizerSkipHook``
-    (:mod:`mmae_plugin.engine.hooks.regularizer_skip_hook`), which the
-    shipped M-MAE / U-MAE configs select, warns about such a step and raises
-    when a gather left some rank's features out (they no longer fit the
-    layout agreed at the first step).
+    ``regularizer=dict(type='TCRLoss')`` gives M-MAE, ``UniformityLoss`` U-MAE,
+    ``None`` mmpretrain's ``MAE`` loss (same value and gradients). It logs
+    ``loss_rec``, the regulariser's ``loss_name`` and ``reg_skipped`` (for
+    ``RegularizerSkipHook``). ``backbone.mask_ratio`` must mask at least one
+    patch and leave one visible. Use (more: docs/usage.md#components)::
 
-    The encoder's ``mask_ratio`` (a parameter of mmpretrain's ``MAEViT``,
-    which accepts any value) is checked at build: it must mask at least one
-    patch and leave at least one visible, else the reconstruction loss has
-    no patch to average (NaN) or the encoder sees no patch.
+        model = dict(type='MMAE', backbone=..., neck=..., head=...,
+                     regularizer=dict(type='TCRLoss', loss_weight=0.01))
 
     Args:
         backbone: Config of the encoder (``MAEViT``).
@@ -52,19 +40,13 @@ class MMAE(MAE):
         regularizer: Config of a :class:`FeatureRegularizer` (``TCRLoss``,
             ``UniformityLoss``), or ``None``.
         feature: Which representation is regularised, a pooling of the
-            masked encoder pass's tokens
-            (:mod:`mmae_plugin.matrix_info.pooling`): ``'cls'``, the CLS
-            token (as the reference code); ``'mean'``, the mean of the patch
-            tokens the encoder returns, i.e. the visible ones (needs at
-            least one visible patch; formerly ``'mean_visible'``); or
-            ``'cls+mean'``, both concatenated. Taken after the encoder's
-            final norm.
-        final_norm_twice: Apply the encoder's final LayerNorm (the same
-            module, same weights) a second time to the pooled feature before
-            the regulariser, as the published M-MAE / U-MAE code does to the
-            CLS token. Every shipped config keeps the default ``False``: the
-            feature is normed once, as mmpretrain's ``MAEViT`` returns it.
-            The reconstruction path is the same either way.
+            masked encoder pass's tokens after the encoder's final norm
+            (:mod:`mmae_plugin.matrix_info.pooling`): ``'cls'`` (the CLS
+            token, as the reference code), ``'mean'`` (the mean of the visible
+            patch tokens; formerly ``'mean_visible'``) or ``'cls+mean'``.
+        final_norm_twice: Apply the encoder's final LayerNorm a second time to
+            the pooled feature, as the published M-MAE / U-MAE code does.
+            Every shipped config keeps the default ``False`` (normed once).
         init_cfg: mmengine initialisation config.
         **kwargs: Other arguments of :class:`mmpretrain.models.MAE`.
     """

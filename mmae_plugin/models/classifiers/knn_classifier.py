@@ -15,21 +15,16 @@ from ..necks import check_pooling, pool_tokens
 class KNNClassifier(ImageToImageRetriever):
     """Weighted kNN classifier over the frozen features of a backbone.
 
-    mmpretrain's :class:`ImageToImageRetriever` extracts the features of the
-    ``prototype`` dataset (the training set), split across ranks and summed
-    with ``all_reduce``, before the first test batch. Each test image then
-    takes the ``k`` most cosine-similar training images, which vote for
-    their class with weight ``exp(cos / temperature)`` (InstDisc / DINO).
-    The bank is prepared once (:class:`~mmae_plugin.evaluation.knn.
-    NeighbourBank`: float32 search, float64 re-rank, bounded memory).
-    Predictions are class scores, so mmpretrain's ``Accuracy`` evaluates
-    them, and each sample also carries its feature as ``frozen_feature`` for
-    :class:`~mmae_plugin.evaluation.RepresentationStatistics`.
-
-    A checkpoint of a pretraining algorithm (``MAE``, ``MMAE``) or of an
-    ``ImageClassifier`` loads as it is: its ``backbone.*`` weights go to the
-    encoder, everything else is ignored. So ``tools/test.py KNN_CONFIG
-    PRETRAINED.pth`` evaluates a pretrained encoder.
+    mmpretrain's :class:`ImageToImageRetriever` extracts the ``prototype``
+    (training set) features before the first test batch; each test image's
+    ``k`` most cosine-similar ones vote with weight ``exp(cos / temperature)``
+    (:class:`~mmae_plugin.evaluation.knn.NeighbourBank`). Predictions are class
+    scores for mmpretrain's ``Accuracy``; each sample also carries
+    ``frozen_feature`` for
+    :class:`~mmae_plugin.evaluation.RepresentationStatistics`. A pretraining or
+    classifier checkpoint loads as it is (``backbone.*`` weights), so
+    ``tools/test.py KNN_CONFIG PRETRAINED.pth`` evaluates an encoder. See
+    docs/evaluation.md#knn-knnclassifier.
 
     Args:
         backbone: Config of the encoder, e.g. ``VisionTransformer`` with
@@ -40,9 +35,8 @@ class KNNClassifier(ImageToImageRetriever):
         k: Neighbours that vote (20 as in DINO).
         temperature: Vote temperature T (0.07 as in InstDisc / DINO).
         pooling: ``'cls'``, ``'mean'`` (of the patch tokens) or
-            ``'cls+mean'`` (both concatenated, DINO's ViT-B linear
-            evaluation), checked against the backbone's ``out_type`` when
-            the model is built (see
+            ``'cls+mean'`` (both concatenated), checked against the
+            backbone's ``out_type`` when the model is built (see
             :func:`~mmae_plugin.models.necks.pool_tokens`).
         data_preprocessor: Config of the preprocessor
             (``ClsDataPreprocessor`` by default).

@@ -15,24 +15,13 @@ FLIP_DIRECTIONS = {'horizontal': -1, 'vertical': -2}
 class BatchFlipDataPreprocessor(NonBlockingSelfSupDataPreprocessor):
     """``SelfSupDataPreprocessor`` that also flips images at random.
 
-    Replaces the per-sample ``RandomFlip`` transform of the dataloader
-    pipeline with one batched torch operation on the main process: each
-    image of a training batch is flipped with probability ``flip_prob``, drawn
-    from torch's global generator (which :class:`~mmae_plugin.engine.hooks.
-    ReseedHook` reseeds every iteration, so resumed runs draw the same
-    flips). Evaluation batches (``training=False``) are not flipped. The flip
-    is applied after normalisation, with which it commutes exactly.
-
-    The normalisation is :class:`NonBlockingSelfSupDataPreprocessor`'s
-    (mmpretrain's ``SelfSupDataPreprocessor`` bit for bit, the BGR/RGB swap
-    on the device), with its non-blocking batch copy. The flip draw is
-    made on the CPU as before (the same generator and numbers, so resumed
-    runs draw the same flips) and copied to the device from pinned memory
-    without blocking (:func:`~.non_blocking.copy_to_device`).
-
-    On the CPU the data samples are passed through as they come: moving a
-    CPU data element to the CPU returns an equal copy, and building 256 of
-    them per batch costs milliseconds per iteration.
+    Replaces the per-sample ``RandomFlip`` of the pipeline by one batched
+    ``torch.where`` after normalisation (with which it commutes exactly): each
+    training image is flipped with probability ``flip_prob``, drawn on the CPU
+    from torch's generator (reseeded by ``ReseedHook``, so resume stays exact)
+    and copied to the device without blocking. Evaluation batches are not
+    flipped; on the CPU the data samples are passed through as they come.
+    See docs/performance.md#the-components.
 
     Args:
         flip_prob: Probability in [0, 1] of flipping each image.

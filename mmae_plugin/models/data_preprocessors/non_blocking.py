@@ -1,30 +1,16 @@
 """Data preprocessors whose batch copy does not block the host.
 
-mmpretrain's preprocessors copy each batch to the GPU with a blocking
-``Tensor.to`` (``non_blocking=False``: the host waits for the copy), and
-``SelfSupDataPreprocessor`` swaps BGR to RGB with a Python index list
-(``batch[:, [2, 1, 0]]``), which builds an index tensor on the host and
-copies it to the device every step: one more small blocking copy. The two
-classes here give the same output bit for bit, with
+:class:`NonBlockingSelfSupDataPreprocessor` and
+:class:`NonBlockingClsDataPreprocessor` give mmpretrain's output bit for
+bit, with a ``non_blocking=True`` batch copy (effective with the
+dataloader's ``pin_memory=True``), the BGR -> RGB swap as a ``torch.flip``
+on the device, the self-supervised data samples left where they are, and
+the labels and Mixup / CutMix permutation copied in one pinned,
+non-blocking copy. The ImageNet recipes use them::
 
-* ``non_blocking=True`` by default: with the dataloader's
-  ``pin_memory=True`` the copy is queued and the host goes on to the
-  forward pass (from pageable memory CUDA still stages it synchronously,
-  so the result is the same either way);
-* the channel swap as ``torch.flip`` on the device (no host-side index);
-* for self-supervised pretraining, the data samples left where the
-  dataloader put them (``move_data_samples=False``): MAE, M-MAE, U-MAE and
-  the siamese methods never read them in ``loss()``, and moving each one
-  (a new ``DataSample`` per image, 128 per batch in the recipes) costs
-  Python time on the host every step;
-* for classification, the labels copied to the device as one pinned,
-  non-blocking copy before mmpretrain's code runs (its own
-  ``batch_label.to(device)`` then has nothing to copy), so the one-hot is
-  made on the device, and Mixup / CutMix's permutation, still drawn on the
-  CPU from the same generator, copied the same way (where mmpretrain
-  indexes the device batch with the CPU permutation: a blocking copy).
+    data_preprocessor = dict(type='NonBlockingSelfSupDataPreprocessor', ...)
 
-The ImageNet recipes (``configs/*vit*.py``) use them.
+Why: docs/gpu_clusters.md#feeding-the-gpu-workers-pinned-memory-cores-per-gpu
 """
 from typing import List, Optional, Sequence, Union
 
@@ -209,18 +195,11 @@ class NonBlockingSelfSupDataPreprocessor(SelfSupDataPreprocessor):
 class NonBlockingClsDataPreprocessor(ClsDataPreprocessor):
     """``ClsDataPreprocessor`` whose image copy does not block the host.
 
-    mmpretrain's class already swaps channels with ``flip``; it copies
-    with ``non_blocking=False``, the labels too, and Mixup / CutMix index
-    the device batch with a permutation drawn on the CPU. Here the images
-    are copied with ``non_blocking``; the labels (B integers gathered from
-    the data samples on the host) go to the device in one pinned,
-    non-blocking copy before mmpretrain's code runs, which then finds them
-    there (its ``batch_label.to(device)`` copies nothing and the one-hot is
-    made on the device); and during a training batch with batch
-    augmentations the permutation, drawn on the CPU from the same
-    generator, is copied the same way (:class:`HostDrawsToDevice`).
-    Everything else (normalisation, padding, one-hot, Mixup / CutMix) is
-    mmpretrain's, so the output is the same bit for bit.
+    The images are copied with ``non_blocking``; the labels, and in training
+    batches the Mixup / CutMix permutation drawn on the CPU, go to the device
+    in one pinned, non-blocking copy before mmpretrain's code runs
+    (:class:`HostDrawsToDevice`). Everything else is mmpretrain's, so the
+    output is the same bit for bit.
 
     Args:
         non_blocking: Copy the images without blocking the host (default

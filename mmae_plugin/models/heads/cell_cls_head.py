@@ -14,14 +14,11 @@ from mmae_plugin.utils.validation import check_int
 class CellClsHead(ClsHead):
     """Classify every cell of a mosaic from one pooled feature.
 
-    A linear layer maps the backbone's last output (the CLS token of a ViT)
-    to ``num_cells x num_classes`` scores; the loss is the classification
-    loss of each cell against the sample's ``gt_label`` of ``num_cells``
-    classes (row-major, as :class:`~mmae_plugin.datasets.FashionMNISTMosaic`
-    gives them), averaged over the cells. The supervised control of the
-    mosaic study.
-
-    Example::
+    A linear layer maps the backbone's last output (a ViT's CLS token) to
+    ``num_cells x num_classes`` scores; the loss is each cell's classification
+    loss against the row-major ``gt_label`` of
+    :class:`~mmae_plugin.datasets.FashionMNISTMosaic`, averaged over cells
+    (the supervised control of docs/mosaic.md). Example::
 
         head=dict(type='CellClsHead', num_cells=4, num_classes=10,
                   in_channels=128, loss=dict(type='CrossEntropyLoss'))

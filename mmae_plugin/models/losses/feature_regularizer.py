@@ -1,17 +1,12 @@
 """Shared parts of the batch-level feature regularisers (TCR, uniformity).
 
-The forward pass reads nothing on the host (on a GPU each read waits for the
-device): the checks of the values run on the device and their outcome is a
-code tensor, :attr:`FeatureRegularizer.skip_code`. A step whose (gathered)
-features are not usable contributes a zero, with zero gradient, instead of
-raising on one rank while the others wait in a collective.
-
-Under a process group (``gather='global'`` or ``'reference'``) the features
-of every rank arrive padded to a per-rank capacity with a device-side mask
-of the valid rows (:class:`~mmae_plugin.models.utils.gather.RowGatherer`,
-one collective per step): the terms are computed on the padded rows with
-the padding set to zero, which changes neither the coding rate nor the
-uniformity sum, and divided by the valid-row count held on the device.
+The forward pass reads nothing on the host: unusable features give a zero
+term and a device-side :attr:`FeatureRegularizer.skip_code`. Under a process
+group the features arrive padded to a per-rank capacity with a device-side
+mask of the valid rows (:class:`~mmae_plugin.models.utils.gather.RowGatherer`);
+padding rows are zero, which changes neither term. Why and how:
+docs/reliability.md#no-host-sync-in-the-training-step and
+docs/reliability.md#distributed-regularisers-agree-across-ranks.
 """
 import logging
 from abc import abstractmethod
@@ -48,47 +43,13 @@ class FeatureRegularizer(BaseModule):
 
     Subclasses implement :meth:`value` on the normalised, gathered features;
     this class validates arguments and input, gathers across ranks and runs
-    the arithmetic in ``compute_dtype`` (float64 by default) with autocast
-    disabled (the reference runs took the Gram matrix under fp16 autocast;
-    we do not). Rows are normalised at any scale
-    (:func:`~mmae_plugin.matrix_info.coding_rate.unit_rows`).
-
-    Why float64 stays the default: it is what every published and recorded
-    run of this plugin computed, so their logged ``loss_tcr`` and their
-    resumed trajectories stay bit for bit the same, and on data-centre GPUs
-    (A100, H100, H200: float64 at half the float32 rate) the term costs a
-    negligible part of a ViT-B step. ``compute_dtype='float32'`` is for cards
-    with slow float64 (L40S, RTX 4090 / 3090: 1/64 rate). On the ViT-B
-    recipe's shapes (1024 x 768 CLS features, reference form, mu 1) float32
-    differs from float64 by about 1.1e-5 relative in the value and 6.8e-7
-    in the gradient, but up to 1.2e-4 in the gradient of isotropic rows
-    (``docs/gpu_clusters.md``, ``dev/benchmarks/regulariser_dtype_error.py``),
-    and its Cholesky factorisation provably cannot fail there
-    (:func:`~mmae_plugin.matrix_info.gram_logdet.cholesky_cannot_fail`,
-    decided from the shapes, no host read); where float32 cannot be proven
-    safe the TCR's log-determinant runs in float64 for that step.
-
-    Unusable values do not raise in the forward pass, which reads nothing on
-    the host: when the gathered features contain NaN or Inf (fp16 overflow),
-    an all-zero row, or the weighted term is not finite in float32, the
-    returned loss is a zero with zero gradient and :attr:`skip_code` says why
-    (:data:`SKIP_NON_FINITE`, :data:`SKIP_ZERO_ROW`,
-    :data:`SKIP_NON_FINITE_RESULT`; 0 when the term was applied). The
-    decision is taken on the gathered features, so with ``gather='global'``
-    or ``'reference'`` every rank takes it identically in the same step.
-    :class:`~mmae_plugin.models.MMAE` logs the code and warns;
-    :meth:`raise_if_skipped` turns it into the error for direct use.
-
-    A batch of fewer than 2 samples (after the gather), e.g. the last batch
-    of an epoch with ``drop_last=False``, has no batch statistics: the term
-    is skipped for that step and a zero that keeps the autograd graph (and,
-    under DDP, the gather's collectives) is returned; without a gather a
-    warning is logged at once, with one the count is only known on the
-    device and :attr:`skip_code` is :data:`SKIP_TOO_FEW_ROWS`. A rank whose
-    features no longer fit the gather's layout (more rows than the
-    capacity, another width or dtype) gives :data:`SKIP_GATHER_REFUSED` on
-    every rank, which :class:`~mmae_plugin.models.MMAE` turns into an error
-    on every rank at the next step.
+    the arithmetic in ``compute_dtype`` with autocast disabled. Unusable
+    features (NaN or Inf, an all-zero row, a non-finite term, fewer than 2
+    rows, rows that no longer fit the gather's layout) give a zero loss with
+    zero gradient and a non-zero :attr:`skip_code` (the ``SKIP_*`` constants),
+    decided identically on every rank; :meth:`raise_if_skipped` turns it into
+    an error for direct use. The codes:
+    docs/reliability.md#no-host-sync-in-the-training-step.
 
     Args:
         gather: How features of other ranks enter the loss: ``'global'``,
@@ -100,9 +61,10 @@ class FeatureRegularizer(BaseModule):
         gather_capacity: Rows every rank's slot of the gather holds, at
             least the per-GPU batch size; ``None`` (default): the largest
             per-rank batch of the first gathered step.
-        compute_dtype: ``'float64'`` (default, see above) or ``'float32'``,
-            the dtype of the normalisation and the term's arithmetic; the
-            returned loss is float32 either way.
+        compute_dtype: ``'float64'`` (default) or ``'float32'`` (for cards
+            with slow float64), the dtype of the normalisation and the term's
+            arithmetic; the returned loss is float32 either way. Errors and
+            costs: docs/gpu_clusters.md#the-regularisers-compute-dtype.
     """
 
     #: key under which :class:`~mmae_plugin.models.MMAE` logs the term.

@@ -1,34 +1,20 @@
 """Spectral contrastive loss (HaoChen, Wei, Gaidon and Ma, NeurIPS 2021).
 
-The population loss of the paper (its equation (5)) is, for an embedding
-``f`` and the augmentation distribution ``p``,
+Population loss (the paper's equation (5)), for an embedding ``f``:
 
     L(f) = -2 E_{(x, x+)} [f(x)^T f(x+)] + E_{x, x' iid p} [(f(x)^T f(x'))^2]
 
-where ``(x, x+)`` are two augmentations of one natural image and
-``x, x'`` are augmentations of two independent natural images.
-
-Empirical estimator implemented here (that of the authors' code,
-``models/spectral.py`` of jhaochenz96/spectral_contrastive_learning), for a
-batch of ``B`` positive pairs ``(z1_i, z2_i)`` of dimension ``d``:
+Estimator (the authors' ``models/spectral.py``) for ``B`` positive pairs
+``(z1_i, z2_i)``, unbiased for i.i.d. images (the off-diagonal cross-view
+pairs are independent ones):
 
     L_hat = -(2 / B) sum_i z1_i . z2_i
             + 1 / (B (B - 1)) sum_{i != j} (z1_i . z2_j)^2
 
-The first term averages the ``B`` positive pairs; the second averages the
-``B (B - 1)`` off-diagonal *cross-view* pairs, whose two images are
-independent, so both terms are unbiased for the population expectations
-when the ``B`` images are drawn i.i.d. (the diagonal ``i = j`` is a positive
-pair, not an independent one, and is left out). Both views come from the
-same augmentation distribution, so ``z1_i`` and ``z2_j`` have the marginal
-``p`` the second expectation asks for. The estimator is symmetric in the
-two views.
-
-As in the authors' code, with ``mu`` set every embedding whose norm is at
-least ``sqrt(mu)`` is first scaled onto the sphere of radius ``sqrt(mu)``
-(``f`` is the network followed by that projection onto the ball, which
-keeps the quartic term from blowing up early in training) and the loss is
-divided by ``mu``. ``mu=None`` applies the estimator to the raw embeddings.
+With ``mu`` set, every embedding of norm at least ``sqrt(mu)`` is first
+scaled onto the sphere of radius ``sqrt(mu)`` and the loss is divided by
+``mu``, as in the authors' code; ``mu=None`` uses the raw embeddings. See
+docs/matrix_info.md (configs reproducing figures 1-3).
 """
 import math
 from typing import Optional

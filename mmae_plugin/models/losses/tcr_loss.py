@@ -18,23 +18,15 @@ __all__ = ['TCRLoss', 'TCR_FORMS']
 class TCRLoss(FeatureRegularizer):
     """Negative total coding rate of the l2-normalised batch features.
 
-    ``loss = -loss_weight * TCR`` with ``TCR`` the plugin's one definition,
+    ``loss = -loss_weight * TCR`` with ``TCR`` from
     :func:`mmae_plugin.matrix_info.coding_rate.coding_rate`; for unit rows
-    ``zn`` (B, d):
+    ``zn`` (B, d), ``form='reference'`` (the published M-MAE code) is
+    ``logdet(I_d + (mu / d) zn^T zn)`` and ``form='paper'`` (eq. 8, 13) is
+    ``logdet(mu I_d + zn^T zn)``: the same ``mu`` is not the same regulariser.
+    ``MatrixInfoHook`` logs the same quantity as :attr:`key`. Use::
 
-    * ``form='reference'``: ``TCR = logdet(I_d + (mu / d) zn^T zn)``, what the
-      published M-MAE code computes;
-    * ``form='paper'``: ``TCR = logdet(mu I_d + zn^T zn)`` (paper eq. 8, 13).
-
-    The two differ by the scale of the ridge, so the same ``mu`` is not the
-    same regulariser. ``centering=True`` replaces ``zn^T zn`` by
-    ``zn^T J_B zn`` with ``J_B = I_B - 11^T / B``. The log-determinant runs in
-    ``compute_dtype`` (float64 by default; see
-    :class:`~mmae_plugin.models.losses.FeatureRegularizer` for when float32
-    serves) on the smaller of the d x d and B x B sides (Sylvester), which
-    is exact and stays finite on collapsed (rank-1) features.
-    ``MatrixInfoHook`` logs the same quantity as :attr:`key`
-    (``tcr_reference_mu1`` for the default).
+        model = dict(type='MMAE', ...,
+                     regularizer=dict(type='TCRLoss', loss_weight=0.01))
 
     Args:
         mu: Coding-rate parameter, a finite number in ``(0, 1e300]``

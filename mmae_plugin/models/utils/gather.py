@@ -3,44 +3,21 @@
 Three modes, chosen by the losses' ``gather`` argument:
 
 * ``'global'``: the backward sums every rank's gradient for the local slice
-  (what :func:`torch.distributed.nn.functional.all_gather` does). Under DDP
-  (which averages parameter gradients over ranks) the result equals the
-  gradient of the loss computed by one process on the whole global batch,
-  so the loss weight means the same thing for any number of GPUs.
-* ``'reference'``: the backward of mmpretrain's ``GatherLayer`` (the gather
-  of the published U-MAE / M-MAE code): this rank's gradient for its own
-  slice only. Under DDP the regulariser's gradient is ``1 / world_size`` of
-  the true one, i.e. the effective weight is ``loss_weight / world_size``.
+  (as :func:`torch.distributed.nn.functional.all_gather`), so under DDP the
+  gradient equals one process's on the whole global batch;
+* ``'reference'``: mmpretrain's ``GatherLayer`` (the published U-MAE / M-MAE
+  code): only this rank's gradient, an effective ``loss_weight /
+  world_size``;
 * ``'local'``: no gather; each rank regularises its own batch.
 
-**One collective per step.** Collectives need equal shapes on every rank
-(gloo aborts the process with "Received data size doesn't match expected
-size", NCCL returns garbage), but ranks may hold different numbers of rows
-(a sampler with ``round_up=False``, the last batch of an epoch with
-``drop_last=False``, an empty rank). :class:`RowGatherer` therefore sends
-every rank's rows in a fixed-size *slot*: a small int64 header (the rank's
-valid-row count, its shape and dtype, a status) followed by its rows padded
-with zeros to a per-rank *capacity*. One ``all_gather_into_tensor`` of the
-slots carries rows and counts together; the valid rows become a device-side
-mask, so nothing is read on the host and no rank waits for another's CPU.
-The backward is one ``reduce_scatter`` (NCCL) or ``all_reduce`` (other
-backends) for ``'global'`` and none for ``'reference'``; only each rank's
-own valid rows receive a gradient.
-
-The slot size must be the same on every rank before the first exchange, so
-the *layout* (capacity, row shape, dtype) is agreed once, on the first
-gathered call, by an all-gather of the headers alone (one host read, once
-per process group): the capacity is the configured one or the largest row
-count of that call. Rows of a different width or dtype on some rank are
-refused there with the same ``ValueError`` on every rank. A later call whose
-rows no longer fit the layout (more rows than the capacity, another width
-or dtype) cannot raise on its own rank alone (the others would wait in the
-collective): it sends an empty slot whose header says why, and every rank
-sees the same :attr:`GatheredRows.refused` flag.
-
-:func:`gather_rows` (used by ``MatrixInfoHook`` at its interval, where host
-reads are fine) returns the concatenated valid rows themselves: it agrees
-the layout every call (two collectives) and cuts the padding on the host.
+:class:`RowGatherer` sends each rank's rows padded to a per-rank capacity
+behind a small header, in one ``all_gather_into_tensor`` per step, with a
+device-side mask of the valid rows; the layout (capacity, row shape, dtype)
+is agreed on the first gathered call, and rows that later no longer fit it
+set :attr:`GatheredRows.refused` on every rank. :func:`gather_rows` (for
+``MatrixInfoHook``) returns the concatenated valid rows. Choosing a mode:
+docs/usage.md#choosing-gather-read-this-before-changing-gpu-counts; the
+slots and why: docs/reliability.md#distributed-regularisers-agree-across-ranks.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
