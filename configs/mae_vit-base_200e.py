@@ -17,11 +17,12 @@ default_hooks = dict(
     runtime_info=dict(type='DeferredRuntimeInfoHook'))
 
 # mmpretrain's MAE augmentation (RandomResizedCrop 224 of 20-100 % of the
-# area, bicubic; horizontal flip with probability 0.5) at 1.6-1.7 times the
+# area, bicubic; horizontal flip with probability 0.5) at 1.8 times the
 # images per second of a worker core (docs/gpu_clusters.md): the file read
 # as bytes; the box drawn by RandomResizedCrop's own sampler from the JPEG
-# header's size; OpenCV's decode (at 1/2-1/8 scale when the box keeps 224
-# pixels there); torch's antialiased uint8 bicubic resize of the crop; the
+# header's size; only the crop's rows and columns decoded (libjpeg-turbo;
+# else OpenCV's whole decode, the same pixels); torch's antialiased uint8
+# bicubic resize of the crop; the
 # flip drawn as RandomFlip(prob=0.5) draws it. Same draws, same boxes.
 train_pipeline = [
     dict(type='LoadImageBytes'),

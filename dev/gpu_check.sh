@@ -1,71 +1,124 @@
 #!/usr/bin/env bash
-# The prepared GPU check: one command, at most 560 s on one H200 with the
-# machine's own torch (2.11, Python 3.12) and no network.
+# The prepared GPU check: one command, at most 540 s on one H100 or H200
+# with the machine's own torch (2.11, Python 3.12) and no network.
 #
-# Device budget (/work/.library/device/README.md): 15 minutes of device time
-# per task, all calls together, counted from the machine's start (1-2 min)
-# to its return (30 s warm after a call), and at most 10 minutes a command.
-# 900 s - ~120 s start - ~40 s transfers and warm tail leaves ~740 s; one
-# call of this script, `run` with timeout_s=600, uses 560 s of it (the
-# stages' limits, 545 s, plus 15 s for the report), which leaves ~180 s for
-# an immediate rerun of one stage (GPU_CHECK_STAGES, same warm machine).
+# On the device (/work/.library/device/README.md), once dev/gpu_wheels.sh
+# has filled .whl/ here (a machine with network; .whl is ignored by git, so
+# it travels only when carried), the one call is
+#   run(command='bash dev/gpu_check.sh', carry=['.whl'], timeout_s=600)
+# `carry` needs .whl alone: the working tree travels by itself, the images
+# are written there, torch is the machine's, and .venv must not travel.
+# Rerun one stage on the same warm machine (within its 30 s warm period)
+# with the same carry, e.g.
+#   run(command="GPU_CHECK_STAGES='bench_gpu' bash dev/gpu_check.sh",
+#       carry=['.whl'], timeout_s=300)
+# it reuses what the earlier call left in the work folder (images) and in
+# GPU_CHECK_SITE (the installed wheels), and makes whatever is missing.
 #
-# Usage: bash dev/gpu_check.sh [--dry-run]
+# Device budget: 15 minutes of device time per task, all calls together,
+# counted from the machine's start (1-2 min) to its return (30 s warm after
+# a call), and at most 10 minutes a command. 900 s - ~120 s start - ~40 s
+# transfers and warm tail leaves ~740 s; one call of this script uses at
+# most 540 s of it (the stages' limits, 525 s, plus 15 s for the report),
+# which leaves ~200 s for an immediate rerun of one stage.
+#
+# Usage: bash dev/gpu_check.sh [--dry-run] [--plan]
 #   --dry-run (or GPU_CHECK_DRY_RUN=1): the same stages on the CPU with tiny
-#            settings (ViT-tiny at 32 x 32, a few images), in about a minute;
-#            the test suite runs it (tests/test_gpu_check.py)
+#            settings (ViT-tiny at 32 x 32, a few images), in 2 to 4
+#            minutes on a shared CPU; the test suite runs it, whole and
+#            stage by stage (tests/test_gpu_check.py)
+#   --plan   print the plan (which stages would run, and why, with their
+#            timeouts) and stop
 # Environment:
 #   OUT               where the results go (default: a new temporary folder,
 #                     printed at the end); at most 8 files, each <= 4 MiB
 #                     (the device tool brings back 8 files: the environment
-#                     is in gpu_check.json, not a file of its own)
+#                     and the two_ranks figures are in gpu_check.json)
 #   PYTHON            interpreter (default python3, the one holding torch)
+#   GPU_CHECK_DIR     the work folder, kept between calls: images, the
+#                     training runs, each stage's log and figures (default
+#                     <repo>/work_dirs/gpu_check, or work_dirs/gpu_check_dry
+#                     in a dry run; work_dirs/ is ignored by git, and the
+#                     device keeps ignored files between calls on one
+#                     machine). Each stage creates it if missing
 #   GPU_CHECK_WHEELS  wheel folder (default <repo>/.whl, filled on a machine
 #                     with network by dev/gpu_wheels.sh)
 #   GPU_CHECK_SITE    where the wheels are installed (default /tmp/site;
-#                     a temporary folder in a dry run)
-#   GPU_CHECK_STAGES  only these stages, e.g. 'install bench_gpu' for a rerun
-#                     (default: all; later stages need install and images)
-#   GPU_CHECK_BUDGET_S  seconds for everything (default 560, what the stage
+#                     <work folder>/site in a dry run); put first on the
+#                     path whenever it holds mmengine, from this call or an
+#                     earlier one
+#   GPU_CHECK_STAGES  only these stages, e.g. 'bench_gpu' or 'install
+#                     bench_gpu' (default: all). A stage that needs what
+#                     another makes runs that one first when its product is
+#                     missing, as a prerequisite: install when mmengine,
+#                     mmpretrain or mmcv cannot be imported, images when the
+#                     work folder has no labelled image folder of the
+#                     right size. So every stage passes on its own, also on
+#                     a fresh machine or checkout
+#   GPU_CHECK_BUDGET_S  seconds for everything (default 540, what the stage
 #                     limits sum to plus the report's 15 s; 3x in a dry run,
-#                     whose stage timeouts are 3x the device ones: no device
-#                     time is at stake and a shared CPU can be slow)
+#                     whose stage timeouts and minimums are 3x the device
+#                     ones: no device time is at stake and a shared CPU can
+#                     be slow)
 #   GPU_CHECK_TEST_TIMEOUT_S  per-test limit of the CUDA tests (default 45;
 #                     pytest-timeout's thread method, which also ends a hung
 #                     NCCL or CUDA call; without pytest-timeout, none)
 #
-# Stages in this order, each with its own timeout (seconds on the device;
-# cut to what is left of the budget); a stage that fails or times out is
-# recorded and the next one runs:
-#   environment  60: `import distutils.errors` first (mmengine's collect_env
+# Stages in this order (STAGE_TABLE below), each with its own timeout and
+# the minimum it needs (seconds on the device): the timeout is cut to what
+# is left of the budget, and a stage with less than its minimum left is
+# not started (not_run). The plan (what runs, why, its limit) is printed
+# first; a stage that fails or times out is recorded and the next one runs:
+#   environment  45: `import distutils.errors` first (mmengine's collect_env
 #                needs it; Python 3.12 has it only from setuptools in the
 #                interpreter's own site-packages, and the training runs would
 #                fail at start), then nvidia-smi, python, torch (a fresh VM's
 #                first import and CUDA init), the packages found
-#   install      45: pip install --no-index --no-deps the carried wheels into
+#   install      40: pip install --no-index --no-deps the carried wheels into
 #                GPU_CHECK_SITE; the plugin from the working tree (PYTHONPATH)
-#   images       30: a synthetic image folder (PIL-written JPEG and PNG)
+#   images       25: a synthetic image folder (PIL-written JPEG and PNG) in
+#                the work folder, labelled (meta/train.txt)
 #   cuda_tests   90: MMAE_TEST_CUDA=1 pytest -m cuda on the test files that
 #                carry the marker (tests/test_cuda.py, ...), each test
 #                limited to GPU_CHECK_TEST_TIMEOUT_S; in a dry run they are
 #                collected and skipped
-#   dist_train   150: tools/dist_train.sh configs/mmae_vit-base_200e.py 1 on the
-#                synthetic images, labelled (meta/train.txt) and with every
-#                default hook, as users run it: 1 epoch (25 iterations of
-#                128), then a resumed run to epoch 2 (50 iterations in all);
-#                checks that the second run resumed at iteration 25 and that
-#                every loss is finite with the regulariser applied, and counts
-#                the device waits of each steady-state step and where they
-#                come from (dev/gpu_check_hooks.py, torch's sync debug mode);
-#                before the benchmark, so that it always has its full limit.
-#                bench_gpu.py times the model's train_step alone
-#   bench_gpu    170: dev/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16
+#   dist_train   120: tools/dist_train.sh configs/mmae_vit-base_200e.py 1 on
+#                the synthetic images, labelled and with every default hook,
+#                as users run it: 1 epoch (25 iterations of 128), then a
+#                resumed run to epoch 2 (50 iterations in all); checks that
+#                the second run resumed at iteration 25 and that every loss
+#                is finite with the regulariser applied, and counts the
+#                device waits of each steady-state step two ways
+#                (dev/gpu_check_hooks.py): torch's sync debug mode, and the
+#                host waits it does not see (event, stream and device
+#                synchronisations: DeferredRuntimeInfoHook's wait on the
+#                previous step's copy), both per step; the first 2 counted
+#                steps also under torch.profiler (cudaEventSynchronize,
+#                cudaStreamSynchronize, cudaDeviceSynchronize and scalar
+#                reads per step); bench_gpu.py times the model's train_step
+#                alone
+#   two_ranks    60: 2 processes on the one GPU (torchrun --nproc_per_node 2,
+#                both ranks on cuda:0 over gloo, which takes CUDA tensors
+#                through host memory; NCCL refuses two ranks on one GPU):
+#                the recipe shrunk to ViT-tiny at 32 x 32, 8 iterations of 32
+#                per rank, dev/gpu_check_two_ranks.py; records the device of
+#                every collective (the regulariser's gather, its backward,
+#                the DivergenceHook's all-reduce; mmengine's collectives kept
+#                on the GPU under gloo, as under NCCL) and checks that both
+#                ranks agree (the regulariser's loss on the gathered batch,
+#                the all-reduced table of every rank's values, the
+#                parameters), then the gather backward's reduce_scatter
+#                (NCCL's branch) against its all_reduce (gloo's). In a dry
+#                run: 2 gloo ranks on the CPU
+#   bench_gpu    145: dev/benchmarks/bench_gpu.py: MAE and M-MAE ViT-B/16
 #                in bfloat16 and float16, alternating rounds in one process
 #                per dtype; last, as it saves its JSON after every case
 # Results in $OUT (8 files): gpu_check.json (every stage and its figures,
-# the environment stage's output), gpu_check.md (summary), bench_gpu.json,
-# dist_train.json (per-iteration figures) and the logs of install,
-# cuda_tests, bench_gpu and dist_train.
+# the environment stage's output, the two_ranks figures), gpu_check.md
+# (summary), bench_gpu.json, dist_train.json (per-iteration figures), the
+# logs of cuda_tests, bench_gpu and dist_train, and stages.log (the logs of
+# install, images and two_ranks). Only the stages run in this call report.
+# No `set -e`: a stage's failure is recorded and the next stage runs.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -76,16 +129,36 @@ if [ "${1:-}" = --stage ]; then
   STAGE="$2"
 else
   STAGE_MODE=0
-  case "${1:-}" in
-    --dry-run) GPU_CHECK_DRY_RUN=1 ;;
-    '') ;;
-    *) echo "usage: bash dev/gpu_check.sh [--dry-run] (got '$1')" >&2; exit 2 ;;
-  esac
+  PLAN_ONLY=0
+  for arg in "$@"; do
+    case "$arg" in
+      --dry-run) GPU_CHECK_DRY_RUN=1 ;;
+      --plan) PLAN_ONLY=1 ;;
+      *) echo "usage: bash dev/gpu_check.sh [--dry-run] [--plan] (got '$arg')" >&2; exit 2 ;;
+    esac
+  done
 fi
 
 # ------------------------------------------------------------- stage bodies
 # Run as `gpu_check.sh --stage NAME` under `timeout`, with the settings the
-# main part exported (GC_*).
+# main part exported (GC_*). Each writes into the work folder GC_WORK.
+
+free_port() {
+  "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# AmpOptimWrapper needs a GPU: in a dry run the recipe's optimizer in an
+# OptimWrapper (appended to a derived config).
+cpu_optim_wrapper() {
+  cat <<'EOF'
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    constructor={{_base_.optim_wrapper.constructor}},
+    optimizer={{_base_.optim_wrapper.optimizer}},
+    paramwise_cfg={{_base_.optim_wrapper.paramwise_cfg}})
+EOF
+}
 stage_environment() {
   # First, before anything slow: the training runs' first call
   # (mmengine's collect_env) imports distutils.
@@ -167,6 +240,8 @@ EOF
 }
 
 stage_images() {
+  # Afresh: a folder left by an interrupted call would hold a mix.
+  rm -rf "$GC_IMAGES"
   "$PYTHON" "$ROOT/dev/benchmarks/bench_gpu.py" --write-folder "$GC_IMAGES" \
     --folder-images "$GC_IMAGE_COUNT" || return
   # Labelled, as ImageNet is: meta/train.txt (mmpretrain's ImageNet reads it
@@ -189,6 +264,7 @@ EOF
 
 stage_cuda_tests() {
   local files
+  rm -f "$GC_WORK/cuda_tests.xml"
   files=$(cd "$ROOT" && grep -l -E 'pytest\.mark\.cuda|pytestmark = pytest\.mark\.cuda' tests/test_*.py)
   if [ -z "$files" ]; then echo "no test file carries the cuda marker"; exit 1; fi
   echo "files: $files"
@@ -207,18 +283,20 @@ stage_cuda_tests() {
   # shellcheck disable=SC2086
   (cd "$ROOT" && MMAE_TEST_CUDA=1 "$PYTHON" -m pytest -m cuda -v -rfEs \
     -p no:cacheprovider "${limits[@]}" \
-    --junitxml="$GC_TMP/cuda_tests.xml" $files)
+    --junitxml="$GC_WORK/cuda_tests.xml" $files)
 }
 
 stage_bench_gpu() {
-  local args=(--folder "$GC_IMAGES" --out "$GC_TMP/bench_gpu.json"
-              --markdown "$GC_TMP/bench_gpu.md")
+  local args=(--folder "$GC_IMAGES" --out "$GC_WORK/bench_gpu.json"
+              --markdown "$GC_WORK/bench_gpu.md")
   if [ "$GC_DRY" = 1 ]; then
     args+=(--device cpu --rounds 3 --iters 1 --warmup 1 --loader-iters 1
            --reg-reps 1 --image-size 32 --cfg-options "${GC_SHRINK[@]}")
   else
-    args+=(--dtypes bfloat16 float16 --rounds 3 --iters 100 --warmup 10
-           --loader-iters 15 --reg-reps 100 --case-timeout 80)
+    # Two dtype processes of at most 65 s each inside the stage's 145 s:
+    # 3 alternating rounds of 50 timed steps per model and dtype.
+    args+=(--dtypes bfloat16 float16 --rounds 3 --iters 50 --warmup 10
+           --loader-iters 10 --reg-reps 50 --case-timeout 65)
   fi
   (cd "$ROOT" && "$PYTHON" dev/benchmarks/bench_gpu.py "${args[@]}")
 }
@@ -226,7 +304,7 @@ stage_bench_gpu() {
 stage_dist_train() {
   # The recipe as users run it (all default hooks, labelled images), plus
   # dev/gpu_check_hooks.py counting the device waits of every step.
-  local config="$GC_TMP/mmae_vit-base_check.py" options=() per_epoch
+  local config="$GC_WORK/mmae_vit-base_check.py" options=() per_epoch
   options=(train_dataloader.dataset.data_root="$GC_IMAGES")
   cat > "$config" <<EOF
 _base_ = '$ROOT/configs/mmae_vit-base_200e.py'
@@ -241,14 +319,7 @@ EOF
   if [ "$GC_DRY" = 1 ]; then
     # AmpOptimWrapper needs a GPU: the same recipe with its optimizer in an
     # OptimWrapper, shrunk as the benchmark's dry run.
-    cat >> "$config" <<EOF
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    constructor={{_base_.optim_wrapper.constructor}},
-    optimizer={{_base_.optim_wrapper.optimizer}},
-    paramwise_cfg={{_base_.optim_wrapper.paramwise_cfg}})
-EOF
+    cpu_optim_wrapper >> "$config"
     options+=("${GC_SHRINK[@]}" train_dataloader.batch_size=2
               train_dataloader.num_workers=0
               train_dataloader.persistent_workers=False
@@ -260,8 +331,10 @@ EOF
     options+=(default_hooks.logger.interval=5)
     per_epoch=$((GC_IMAGE_COUNT / 128))
   fi
-  local work="$GC_TMP/dist_train" port rc1 rc2
-  port=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local work="$GC_WORK/dist_train" port rc1 rc2
+  # Afresh: the check reads exactly two runs (train, resume) from it.
+  rm -rf "$work"
+  port=$(free_port)
   cd "$ROOT" || exit 1
   echo "=== run 1: epoch 1 ($per_epoch iterations)"
   PORT=$port PYTHON="$PYTHON" bash tools/dist_train.sh "$config" 1 \
@@ -271,7 +344,7 @@ EOF
   PORT=$port PYTHON="$PYTHON" bash tools/dist_train.sh "$config" 1 \
     --work-dir "$work" --resume --cfg-options "${options[@]}" train_cfg.max_epochs=2
   rc2=$?
-  "$PYTHON" - "$work" "$per_epoch" "$rc1" "$rc2" "$GC_TMP/dist_train.json" <<'EOF'
+  "$PYTHON" - "$work" "$per_epoch" "$rc1" "$rc2" "$GC_WORK/dist_train.json" <<'EOF'
 import glob
 import json
 import math
@@ -346,6 +419,210 @@ sys.exit(0 if result['passed'] else 1)
 EOF
 }
 
+stage_two_ranks() {
+  # Two ranks on the one device over gloo (dev/gpu_check_two_ranks.py):
+  # the recipe shrunk to ViT-tiny at 32 x 32 (the point is the collectives,
+  # not the speed), with every default hook plus TwoRankRecord.
+  local config="$GC_WORK/mmae_vit-tiny_two_ranks.py" work="$GC_WORK/two_ranks"
+  local options=() batch iters workers port rc
+  rm -rf "$work"
+  mkdir -p "$work"
+  cat > "$config" <<EOF
+_base_ = '$ROOT/configs/mmae_vit-base_200e.py'
+custom_imports = dict(
+    imports=['mmae_plugin.registration', 'gpu_check_hooks'],
+    allow_failed_imports=False)
+custom_hooks = [
+    dict(type='ReseedHook'), dict(type='DivergenceHook'),
+    dict(type='TwoRankRecord')]
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+EOF
+  if [ "$GC_DRY" = 1 ]; then
+    cpu_optim_wrapper >> "$config"
+    batch=2 iters=2 workers=0
+    export CUDA_VISIBLE_DEVICES=''
+  else
+    batch=32 iters=8 workers=4
+  fi
+  # Both ranks read the same first images (each its half, the sampler's
+  # split), 1 epoch of `iters` iterations.
+  options=("${GC_SHRINK[@]}" train_dataloader.dataset.data_root="$GC_IMAGES"
+           train_dataloader.dataset.indices=$((2 * batch * iters))
+           train_dataloader.batch_size=$batch
+           train_dataloader.num_workers=$workers
+           train_dataloader.persistent_workers=False
+           train_dataloader.dataset.pipeline.1.scale=32
+           default_hooks.logger.interval=1 train_cfg.max_epochs=1)
+  port=$(free_port)
+  cd "$ROOT" || exit 1
+  echo "=== 2 ranks over gloo, $iters iterations of $batch per rank"
+  PYTHONPATH="$ROOT/dev:$ROOT:$PYTHONPATH" "$PYTHON" -m torch.distributed.run \
+    --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
+    --master_port "$port" "$ROOT/dev/gpu_check_two_ranks.py" \
+    "$work/rank" "$config" --launcher pytorch --work-dir "$work" \
+    --cfg-options "${options[@]}"
+  rc=$?
+  "$PYTHON" - "$work" "$rc" "$iters" "$GC_DRY" "$GC_WORK/two_ranks.json" <<'EOF'
+import json
+import math
+import os.path as osp
+import sys
+
+work, rc, iters, dry, out = sys.argv[1], int(sys.argv[2]), \
+    int(sys.argv[3]), sys.argv[4] == '1', sys.argv[5]
+device_type = 'cpu' if dry else 'cuda'
+ranks, problems = [], []
+for rank in (0, 1):
+    try:
+        with open(osp.join(work, f'rank{rank}.json')) as f:
+            ranks.append(json.load(f))
+    except (OSError, ValueError) as error:
+        problems.append(f'rank {rank} wrote no record: {error}')
+if rc != 0:
+    problems.append(f'torchrun returned {rc}')
+for record in ranks:
+    if record.get('error'):
+        problems.append(f'rank {record["rank"]}: {record["error"]}')
+
+result = dict(returncode=rc, iterations=iters, expected_device=device_type,
+              backend=None, devices=[], collectives=[], steps_compared=0)
+if len(ranks) == 2 and not any(r.get('error') for r in ranks):
+    first, second = ranks
+    result['backend'] = first.get('backend')
+    result['devices'] = [r.get('device') for r in ranks]
+    result['torchrun_local_ranks'] = [r.get('torchrun_local_rank')
+                                      for r in ranks]
+    result['comm_device_patched'] = [r.get('comm_device_patched')
+                                     for r in ranks]
+    if result['backend'] != 'gloo':
+        problems.append(f'backend {result["backend"]}, expected gloo')
+    for record in ranks:
+        if not str(record.get('device', '')).startswith(device_type):
+            problems.append(f'rank {record["rank"]} ran on '
+                            f'{record.get("device")}, expected {device_type}')
+    if not dry and not all(result['comm_device_patched']):
+        problems.append("mmengine's collectives were not kept on the GPU")
+    # The collectives of the training (rank 0's and rank 1's calls agree).
+    calls = first['collectives']
+    result['collectives'] = calls
+    result['setup_collectives'] = first.get('setup_collectives')
+    result['collectives_rank1'] = second['collectives']
+
+    def count(op, site_part):
+        return sum(c['count'] for c in calls
+                   if c['op'] == op and site_part in c['site'])
+
+    # (op, where, what it is): each must run once per iteration at least.
+    expected = [
+        ('all_gather_into_tensor', 'gather.py', 'forward',
+         "the regulariser's gather"),
+        ('all_reduce', 'gather.py', 'backward',
+         "the gather's backward (gloo: all_reduce; NCCL: reduce_scatter)"),
+        ('all_reduce', 'deferred_runtime_info_hook.py', 'value_table',
+         "DivergenceHook's table of every rank's values"),
+    ]
+    result['expected_collectives'] = []
+    for op, where, function, what in expected:
+        found = [c for c in calls if c['op'] == op and where in c['site']
+                 and c['site'].endswith(f' {function}')]
+        total = sum(c['count'] for c in found)
+        devices = sorted({c['device'] for c in found})
+        result['expected_collectives'].append(
+            dict(op=op, site=f'{where} {function}', what=what, count=total,
+                 devices=devices))
+        if total < iters:
+            problems.append(f'{what}: {op} in {where} {function} ran '
+                            f'{total} times, expected >= {iters}')
+        if devices and devices != [device_type]:
+            problems.append(f'{what} ran on {devices}, expected '
+                            f'{device_type} tensors')
+    # Every collective the plugin ran in the training, on the device.
+    off_device = [c for c in calls if c['site'].startswith('mmae_plugin/')
+                  and c['device'] != device_type]
+    if off_device:
+        problems.append(f'plugin collectives off {device_type}: {off_device}')
+    # Both ranks' values, step by step.
+    steps = [{s['iteration']: s for s in r['steps']} for r in ranks]
+    common = sorted(set(steps[0]) & set(steps[1]))
+    result['steps_compared'] = len(common)
+    if len(common) != iters:
+        problems.append(f'steps settled on both ranks: {common}, expected '
+                        f'1..{iters}')
+    tcr_diff, table_equal, own_rows = 0.0, True, True
+    losses = {0: [], 1: [], 'loss_tcr': []}
+    for it in common:
+        a, b = steps[0][it], steps[1][it]
+        for rank, step in ((0, a), (1, b)):
+            losses[rank].append(step['values'].get('loss'))
+            for key, column in step['every_rank'].items():
+                value = step['values'].get(key)
+                if value is not None and not (
+                        column[rank] == value or
+                        (math.isnan(column[rank]) and math.isnan(value))):
+                    own_rows = False
+        losses['loss_tcr'].append(
+            [a['values'].get('loss_tcr'), b['values'].get('loss_tcr')])
+        if a['every_rank'] != b['every_rank']:
+            table_equal = False
+        ta, tb = a['values'].get('loss_tcr'), b['values'].get('loss_tcr')
+        if ta is None or tb is None:
+            problems.append(f'iteration {it}: loss_tcr not logged')
+            continue
+        tcr_diff = max(tcr_diff, abs(ta - tb) / max(1.0, abs(ta)))
+        values = list(a['values'].values()) + list(b['values'].values())
+        if not all(math.isfinite(v) for v in values):
+            problems.append(f'iteration {it}: a value is not finite')
+        if a['values'].get('reg_skipped', 0) or \
+                b['values'].get('reg_skipped', 0):
+            problems.append(f'iteration {it}: the regulariser was skipped')
+    result.update(
+        losses=losses,
+        loss_tcr_max_rel_diff=tcr_diff,
+        every_rank_tables_equal=table_equal,
+        own_values_in_table=own_rows)
+    # The regulariser sees the gathered (global) batch on both ranks.
+    if tcr_diff > 1e-5:
+        problems.append(f'loss_tcr differs across ranks (max relative '
+                        f'{tcr_diff:.3g})')
+    if not table_equal:
+        problems.append('the all-reduced tables of every rank differ '
+                        'between the ranks')
+    if not own_rows:
+        problems.append("a rank's own values differ from its row of the "
+                        'all-reduced table')
+    digests = [r.get('params', {}).get('sha256') for r in ranks]
+    result['parameters_equal'] = digests[0] is not None and \
+        digests[0] == digests[1]
+    result['parameter_devices'] = [r.get('params', {}).get('devices')
+                                   for r in ranks]
+    if not result['parameters_equal']:
+        problems.append('the ranks ended with different parameters')
+    # The gather backward both ways (after training).
+    probes = [r.get('probe', {}) for r in ranks]
+    result['reduce_scatter_probe'] = probes
+    for rank, probe in enumerate(probes):
+        reduce_branch = probe.get('all_reduce', {})
+        if not reduce_branch.get('equals_expected'):
+            problems.append(f'rank {rank}: the all_reduce backward gave a '
+                            f'wrong gradient: {reduce_branch}')
+        scatter = probe.get('reduce_scatter_tensor', {})
+        # gloo may lack reduce_scatter (on CUDA tensors): reported, not a
+        # failure; a wrong gradient is.
+        if scatter.get('ran') and not scatter.get('equals_expected'):
+            problems.append(f'rank {rank}: the reduce_scatter backward '
+                            'gave a wrong gradient')
+result['problems'] = problems
+result['passed'] = not problems
+with open(out, 'w') as f:
+    json.dump(result, f, indent=2)
+print(json.dumps({k: v for k, v in result.items()
+                  if k not in ('collectives', 'collectives_rank1',
+                               'setup_collectives')},
+                 indent=2))
+sys.exit(0 if result['passed'] else 1)
+EOF
+}
+
 if [ "$STAGE_MODE" = 1 ]; then
   read -r -a GC_SHRINK <<< "$GC_SHRINK_TEXT"
   export PYTHONPATH="$GC_PYTHONPATH"
@@ -357,25 +634,23 @@ fi
 export GC_DRY="${GPU_CHECK_DRY_RUN:-0}"
 export PYTHON="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
-export GC_TMP; GC_TMP="$(mktemp -d /tmp/gpu_check.XXXXXX)"
-OUT="${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}"
-mkdir -p "$OUT"
-export GC_WHEELS="${GPU_CHECK_WHEELS:-$ROOT/.whl}"
-if [ "$GC_DRY" = 1 ]; then
-  export GC_SITE="${GPU_CHECK_SITE:-$GC_TMP/site}"
-  export GC_IMAGE_COUNT=8
-else
-  export GC_SITE="${GPU_CHECK_SITE:-/tmp/site}"
-  export GC_IMAGE_COUNT=3200  # 25 iterations of 128 per epoch
-fi
-export GC_TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT_S:-45}"
-export GC_IMAGES="$GC_TMP/images"
-# ViT-B/16 shrunk to ViT-tiny at 32 x 32 (4 patches), 1 decoder layer.
-export GC_SHRINK_TEXT="model.backbone.arch=deit-tiny model.backbone.img_size=32 model.neck.num_patches=4 model.neck.embed_dim=192 model.neck.decoder_embed_dim=32 model.neck.decoder_depth=1 model.neck.decoder_num_heads=2"
-export GC_PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-# The stage limits (run_stage below, device seconds) sum to 545 s; with
-# the report's 15 s that is the device budget of 560 s (see the top).
-DEVICE_BUDGET=560
+
+# name, timeout and minimum in device seconds (3x in a dry run). The
+# timeouts sum to 525 s; with the report's 15 s that is the device budget
+# of 540 s (see the top). A stage is not started with less than its minimum
+# left: dist_train needs both of its runs, two_ranks its start-up and
+# steps, bench_gpu one dtype's process (it saves after every case).
+STAGE_TABLE=(
+  "environment   45  15"
+  "install       40  15"
+  "images        25  10"
+  "cuda_tests    90  30"
+  "dist_train   120  80"
+  "two_ranks     60  40"
+  "bench_gpu    145  70"
+)
+DEVICE_BUDGET=540
+REPORT_RESERVE=15
 if [ "$GC_DRY" = 1 ]; then
   SCALE=3
 else
@@ -383,29 +658,161 @@ else
 fi
 BUDGET="${GPU_CHECK_BUDGET_S:-$((DEVICE_BUDGET * SCALE))}"
 START=$(date +%s)
-REPORT_RESERVE=15
-STAGES="$GC_TMP/stages.jsonl"
+
+STAGE_NAMES=()
+for row in "${STAGE_TABLE[@]}"; do
+  read -r name _ <<< "$row"
+  STAGE_NAMES+=("$name")
+done
+for name in ${GPU_CHECK_STAGES:-}; do
+  if ! [[ " ${STAGE_NAMES[*]} " == *" $name "* ]]; then
+    echo "GPU_CHECK_STAGES: unknown stage '$name' (stages: ${STAGE_NAMES[*]})" >&2
+    exit 2
+  fi
+done
+
+# The work folder, kept between calls (stages reuse what earlier ones made).
+if [ "$GC_DRY" = 1 ]; then
+  GC_WORK="${GPU_CHECK_DIR:-$ROOT/work_dirs/gpu_check_dry}"
+else
+  GC_WORK="${GPU_CHECK_DIR:-$ROOT/work_dirs/gpu_check}"
+fi
+mkdir -p "$GC_WORK" || exit 1
+export GC_WORK; GC_WORK="$(cd "$GC_WORK" && pwd)"
+export GC_WHEELS="${GPU_CHECK_WHEELS:-$ROOT/.whl}"
+if [ "$GC_DRY" = 1 ]; then
+  export GC_SITE="${GPU_CHECK_SITE:-$GC_WORK/site}"
+  export GC_IMAGE_COUNT=8
+else
+  export GC_SITE="${GPU_CHECK_SITE:-/tmp/site}"
+  export GC_IMAGE_COUNT=3200  # 25 iterations of 128 per epoch
+fi
+export GC_TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT_S:-45}"
+export GC_IMAGES="$GC_WORK/images"
+# ViT-B/16 shrunk to ViT-tiny at 32 x 32 (4 patches), 1 decoder layer.
+export GC_SHRINK_TEXT="model.backbone.arch=deit-tiny model.backbone.img_size=32 model.neck.num_patches=4 model.neck.embed_dim=192 model.neck.decoder_embed_dim=32 model.neck.decoder_depth=1 model.neck.decoder_num_heads=2"
+export GC_PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+selected() {
+  [ -z "${GPU_CHECK_STAGES:-}" ] || [[ " $GPU_CHECK_STAGES " == *" $1 "* ]]
+}
+
+# What a stage needs from earlier ones (their products, checked below).
+needs_of() {
+  case $1 in
+    cuda_tests) echo install ;;
+    dist_train|two_ranks|bench_gpu) echo install images ;;
+  esac
+}
+
+# The carried stack first on the path when GPU_CHECK_SITE holds it (from
+# this call's install stage or an earlier call's on this machine).
+use_site() {
+  if [ -d "$GC_SITE/mmengine" ] && [[ ":$GC_PYTHONPATH:" != *":$GC_SITE:"* ]]; then
+    export GC_PYTHONPATH="$GC_SITE:$GC_PYTHONPATH"
+  fi
+}
+
+# product_ready STAGE: what the stage makes is there already.
+product_ready() {
+  case $1 in
+    install)
+      PYTHONPATH="$GC_PYTHONPATH" "$PYTHON" -c 'import importlib.util as u, sys
+sys.exit(0 if all(u.find_spec(m) for m in ("mmengine", "mmpretrain", "mmcv")) else 1)' 2>/dev/null ;;
+    images)
+      [ -f "$GC_IMAGES/meta/train.txt" ] &&
+        [ "$(wc -l < "$GC_IMAGES/meta/train.txt")" -eq "$GC_IMAGE_COUNT" ] ;;
+    *) return 1 ;;
+  esac
+}
+
+# The plan: each stage runs because it was selected, or as a prerequisite
+# of a selected stage whose input is missing, or not at all.
+use_site
+declare -A ROLE WHY
+for name in "${STAGE_NAMES[@]}"; do
+  if selected "$name"; then
+    ROLE[$name]=selected; WHY[$name]=''
+    continue
+  fi
+  ROLE[$name]=not_selected; WHY[$name]=''
+  users=()
+  for other in "${STAGE_NAMES[@]}"; do
+    if selected "$other" && [[ " $(needs_of "$other") " == *" $name "* ]]; then
+      users+=("$other")
+    fi
+  done
+  if [ ${#users[@]} -gt 0 ]; then
+    if product_ready "$name"; then
+      WHY[$name]="reused by ${users[*]}"
+    else
+      ROLE[$name]=prerequisite; WHY[$name]="needed by ${users[*]}"
+    fi
+  fi
+done
+
+echo "[gpu_check] $([ "$GC_DRY" = 1 ] && echo 'dry run (CPU)' || echo device run), work folder $GC_WORK"
+echo "[gpu_check] budget ${BUDGET}s: stage timeout / minimum (s), the report ${REPORT_RESERVE}s"
+PLANNED=0
+for row in "${STAGE_TABLE[@]}"; do
+  read -r name limit minimum <<< "$row"
+  if [ "${ROLE[$name]}" = not_selected ]; then
+    printf '[gpu_check]   %-12s    -     -  not selected%s\n' "$name" "${WHY[$name]:+ (${WHY[$name]})}"
+  else
+    PLANNED=$((PLANNED + limit * SCALE))
+    printf '[gpu_check]   %-12s %4d / %3d  %s\n' "$name" $((limit * SCALE)) \
+      $((minimum * SCALE)) "${ROLE[$name]}${WHY[$name]:+ (${WHY[$name]})}"
+  fi
+done
+if [ $((PLANNED + REPORT_RESERVE)) -gt "$BUDGET" ]; then
+  echo "[gpu_check] the planned timeouts (${PLANNED}s + ${REPORT_RESERVE}s) exceed the budget: later stages get what is left, and none starts below its minimum"
+fi
+
+[ "$PLAN_ONLY" = 1 ] && exit 0
+
+OUT="${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}"
+mkdir -p "$OUT"
+STAGES="$GC_WORK/stages.jsonl"
 : > "$STAGES"
 
-# run_stage NAME TIMEOUT_S: the stage body under `timeout` (its own process
-# group, so torchrun's children die with it); log in $GC_TMP/NAME.log.
+# What a stage leaves in the work folder for the report (removed before
+# it runs, so that no call reports an earlier call's figures).
+stage_outputs() {
+  case $1 in
+    cuda_tests) echo cuda_tests.xml ;;
+    dist_train) echo dist_train.json ;;
+    two_ranks) echo two_ranks.json ;;
+    bench_gpu) echo bench_gpu.json bench_gpu.md ;;
+  esac
+}
+
+# stage_record NAME STATUS RC SECONDS TIMEOUT_S MINIMUM_S
+stage_record() {
+  echo "{\"name\": \"$1\", \"status\": \"$2\", \"role\": \"${ROLE[$1]}\", \"why\": \"${WHY[$1]}\", \"rc\": $3, \"seconds\": $4, \"timeout_s\": $5, \"minimum_s\": $6}" >> "$STAGES"
+}
+
+# run_stage NAME TIMEOUT_S MINIMUM_S: the stage body under `timeout` (its
+# own process group, so torchrun's children die with it); log in
+# $GC_WORK/NAME.log.
 run_stage() {
-  local name="$1" limit=$(($2 * SCALE)) now left status rc begin end
-  if [ -n "${GPU_CHECK_STAGES:-}" ] && ! [[ " $GPU_CHECK_STAGES " == *" $name "* ]]; then
-    echo "{\"name\": \"$name\", \"status\": \"not_selected\", \"rc\": null, \"seconds\": 0, \"timeout_s\": 0}" >> "$STAGES"
+  local name="$1" limit=$(($2 * SCALE)) minimum=$(($3 * SCALE)) now left
+  local status rc begin end output
+  if [ "${ROLE[$name]}" = not_selected ]; then
+    stage_record "$name" not_selected null 0 0 "$minimum"
     return
   fi
   now=$(date +%s)
   left=$((START + BUDGET - REPORT_RESERVE - now))
   [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$limit" -lt 5 ]; then
-    echo "{\"name\": \"$name\", \"status\": \"not_run\", \"rc\": null, \"seconds\": 0, \"timeout_s\": $limit}" >> "$STAGES"
-    echo "[gpu_check] $name: not run (budget spent)"
+  if [ "$limit" -lt "$minimum" ] || [ "$limit" -lt 5 ]; then
+    stage_record "$name" not_run null 0 "$limit" "$minimum"
+    echo "[gpu_check] $name: not run (${left}s left of the budget, it needs at least ${minimum}s)"
     return
   fi
-  echo "[gpu_check] $name (timeout ${limit}s)"
+  for output in $(stage_outputs "$name"); do rm -f "$GC_WORK/$output"; done
+  echo "[gpu_check] $name (timeout ${limit}s, ${ROLE[$name]})"
   begin=$(date +%s%N)
-  timeout -k 10 "$limit" bash "$SELF" --stage "$name" > "$GC_TMP/$name.log" 2>&1
+  timeout -k 10 "$limit" bash "$SELF" --stage "$name" > "$GC_WORK/$name.log" 2>&1 < /dev/null
   rc=$?
   end=$(date +%s%N)
   case $rc in
@@ -414,25 +821,22 @@ run_stage() {
     124|137) status=timeout ;;
     *) status=failed ;;
   esac
-  echo "{\"name\": \"$name\", \"status\": \"$status\", \"rc\": $rc, \"seconds\": $(( (end - begin) / 1000000 ))e-3, \"timeout_s\": $limit}" >> "$STAGES"
-  echo "[gpu_check] $name: $status (rc $rc)"
+  stage_record "$name" "$status" "$rc" "$(( (end - begin) / 1000000 ))e-3" "$limit" "$minimum"
+  echo "[gpu_check] $name: $status (rc $rc, $(( (end - begin) / 1000000000 ))s)"
 }
 
-run_stage environment 60
-run_stage install 45
-# The carried stack first on the path, when it was installed.
-if grep -q '"name": "install", "status": "passed"' "$STAGES"; then
-  export GC_PYTHONPATH="$GC_SITE:$GC_PYTHONPATH"
-fi
-run_stage images 30
-run_stage cuda_tests 90
-# Training and its resume before the benchmark, which saves what it has
-# measured after every case and so loses least if the budget runs out.
-run_stage dist_train 150
-run_stage bench_gpu 170
+# In STAGE_TABLE's order: training and its resume before the two ranks and
+# the benchmark, which saves what it has measured after every case and so
+# loses least if the budget runs out.
+for row in "${STAGE_TABLE[@]}"; do
+  read -r name limit minimum <<< "$row"
+  run_stage "$name" "$limit" "$minimum"
+  # The carried stack first on the path, once installed.
+  [ "$name" = install ] && use_site
+done
 
 # ------------------------------------------------------------------ report
-PYTHONPATH="$GC_PYTHONPATH" "$PYTHON" - "$GC_TMP" "$OUT" "$GC_DRY" "$BUDGET" "$START" <<'EOF'
+PYTHONPATH="$GC_PYTHONPATH" "$PYTHON" - "$GC_WORK" "$OUT" "$GC_DRY" "$BUDGET" "$START" <<'EOF'
 import json
 import os
 import os.path as osp
@@ -441,7 +845,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-tmp, out, dry, budget, start = sys.argv[1], sys.argv[2], \
+work, out, dry, budget, start = sys.argv[1], sys.argv[2], \
     sys.argv[3] == '1', int(sys.argv[4]), int(sys.argv[5])
 MAX_BYTES = 4 * 2**20
 
@@ -454,24 +858,26 @@ def load(path):
         return None
 
 
-def copy_tail(name, dest):
-    """Copy a log, only its last MAX_BYTES if it is longer."""
-    path = osp.join(tmp, name)
+def tail(name, limit=MAX_BYTES):
+    """The last ``limit`` bytes of a log in the work folder (b'' if none)."""
+    path = osp.join(work, name)
     if not osp.exists(path):
-        return
+        return b''
     with open(path, 'rb') as f:
-        f.seek(max(0, osp.getsize(path) - MAX_BYTES))
-        data = f.read()
-    with open(osp.join(out, dest), 'wb') as f:
-        f.write(data)
+        f.seek(max(0, osp.getsize(path) - limit))
+        return f.read()
 
 
-stages = [json.loads(l) for l in open(osp.join(tmp, 'stages.jsonl'))]
+stages = [json.loads(l) for l in open(osp.join(work, 'stages.jsonl'))]
+# Only what this call ran reports: the work folder keeps earlier calls'.
+ran = {s['name'] for s in stages
+       if s['status'] not in ('not_selected', 'not_run')}
 report = dict(mode='dry-run (CPU)' if dry else 'device',
               date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
-              budget_s=budget, total_s=time.time() - start, stages=stages)
-env_log = osp.join(tmp, 'environment.log')
-if osp.exists(env_log):
+              work_dir=work, budget_s=budget, total_s=time.time() - start,
+              stages=stages)
+env_log = osp.join(work, 'environment.log')
+if 'environment' in ran and osp.exists(env_log):
     # The environment stage's output in the JSON: the device tool brings
     # back 8 files, and dist_train.json is worth the eighth.
     text = open(env_log, errors='replace').read()[-20000:]
@@ -479,9 +885,9 @@ if osp.exists(env_log):
     report['distutils_importable'] = \
         'distutils.errors: importable' in text
 
-junit = osp.join(tmp, 'cuda_tests.xml')
-tests_log = osp.join(tmp, 'cuda_tests.log')
-if not osp.exists(junit) and osp.exists(tests_log):
+junit = osp.join(work, 'cuda_tests.xml')
+tests_log = osp.join(work, 'cuda_tests.log')
+if 'cuda_tests' in ran and not osp.exists(junit) and osp.exists(tests_log):
     # pytest-timeout's thread method ended pytest before its JUnit file:
     # the last test -v started is the one that hung.
     lines = open(tests_log, errors='replace').read().splitlines()
@@ -491,7 +897,7 @@ if not osp.exists(junit) and osp.exists(tests_log):
         junit_missing=True,
         timed_out=any('Timeout' in l for l in lines),
         last_started=started[-1] if started else None)
-if osp.exists(junit):
+if 'cuda_tests' in ran and osp.exists(junit):
     suites = ET.parse(junit).getroot()
     suite = suites if suites.tag == 'testsuite' else suites[0]
     cases = suite.findall('testcase')
@@ -501,22 +907,28 @@ if osp.exists(junit):
     report['cuda_tests'] = dict(
         total=len(cases), failed=failed, skipped=skipped,
         passed=len(cases) - len(failed) - skipped)
-bench = load(osp.join(tmp, 'bench_gpu.json'))
+bench = load(osp.join(work, 'bench_gpu.json')) if 'bench_gpu' in ran \
+    else None
 if bench is not None:
-    shutil.copy(osp.join(tmp, 'bench_gpu.json'), osp.join(out, 'bench_gpu.json'))
+    shutil.copy(osp.join(work, 'bench_gpu.json'), osp.join(out, 'bench_gpu.json'))
     report['bench_gpu'] = {
         dtype: {k: v for k, v in block.items() if k != 'cases'}
         for dtype, block in bench['amp'].items()}
     report['bench_gpu_failed_cases'] = bench['failed_cases']
-dist = load(osp.join(tmp, 'dist_train.json'))
+dist = load(osp.join(work, 'dist_train.json')) if 'dist_train' in ran \
+    else None
 if dist is not None:
-    shutil.copy(osp.join(tmp, 'dist_train.json'),
+    shutil.copy(osp.join(work, 'dist_train.json'),
                 osp.join(out, 'dist_train.json'))
     report['dist_train'] = {k: v for k, v in dist.items() if k != 'runs'}
     report['dist_train']['runs'] = [
         {k: r[k] for k in ('folder', 'iterations', 'resumed', 'memory_mb')}
         | dict(first_loss=r['losses'][:1], last_loss=r['losses'][-1:])
         for r in dist['runs']]
+two = load(osp.join(work, 'two_ranks.json')) if 'two_ranks' in ran \
+    else None
+if two is not None:
+    report['two_ranks'] = two  # small: no file of its own (8 come back)
 report['passed'] = all(s['status'] in ('passed', 'skipped', 'not_selected')
                        for s in stages)
 with open(osp.join(out, 'gpu_check.json'), 'w') as f:
@@ -529,9 +941,11 @@ verdict = f'All {some}stages passed' if report['passed'] else \
 lines = [f'# GPU check ({report["mode"]}), {report["date"]}', '',
          f'{verdict}'
          f' in {report["total_s"]:.0f} s of a {budget} s budget.', '',
-         '| stage | status | seconds | timeout s |', '| --- | --- | --- | --- |']
+         '| stage | status | seconds | timeout s | why |',
+         '| --- | --- | --- | --- | --- |']
 lines += [f'| {s["name"]} | {s["status"]} | {float(s["seconds"]):.0f} | '
-          f'{s["timeout_s"]} |' for s in stages]
+          f'{s["timeout_s"]} | {s["role"]}'
+          f'{" (" + s["why"] + ")" if s["why"] else ""} |' for s in stages]
 if report.get('cuda_tests', {}).get('junit_missing'):
     t = report['cuda_tests']
     lines += ['', 'CUDA tests: pytest ended without its JUnit file'
@@ -545,8 +959,8 @@ elif 'cuda_tests' in report:
 if not report.get('distutils_importable', True):
     lines += ['', '**distutils.errors is not importable**: training runs '
               'fail in mmengine\'s collect_env (see the environment stage).']
-if osp.exists(osp.join(tmp, 'bench_gpu.md')):
-    body = open(osp.join(tmp, 'bench_gpu.md')).read().split('\n', 1)[1]
+if bench is not None and osp.exists(osp.join(work, 'bench_gpu.md')):
+    body = open(osp.join(work, 'bench_gpu.md')).read().split('\n', 1)[1]
     lines += ['', '## bench_gpu.py', body.strip()]
 if dist is not None:
     d = report['dist_train']
@@ -561,19 +975,63 @@ if dist is not None:
               f'peak memory {[r["memory_mb"] for r in runs]} MB; '
               f'checkpoints {d["checkpoints"]}.']
     waits = d.get('device_waits') or {}
-    if waits.get('counted'):
-        lines += [f'- device waits per step (set_sync_debug_mode, '
-                  f'{waits["steps"]} steady-state steps): median '
-                  f'{waits["median"]}, max {waits["max"]}; sites '
-                  f'{waits["sites"]}']
+    if 'total_median' in waits:
+        prof = waits.get('profiler') or {}
+        per_step = '; '.join(
+            f'iteration {it}: ' + ', '.join(f'{k} {v}' for k, v in c.items())
+            for it, c in (prof.get('per_iter') or {}).items())
+        lines += [
+            f'- device waits per step ({waits["steps"]} steady-state steps'
+            f'{"" if waits["counted"] else ", CPU: no device to wait for"})'
+            f': sync debug mode median {waits["median"]} (max '
+            f'{waits["max"]}); event / stream / device synchronisations '
+            f'median {waits["host_waits_median"]} (max '
+            f'{waits["host_waits_max"]}; {waits["pending_waits"]} found the '
+            f'work pending; median {waits["wait_ms_median"]} ms a step); '
+            f'both together median {waits["total_median"]} (max '
+            f'{waits["total_max"]})',
+            f'- sync debug sites {waits["sites"]}; synchronisation sites '
+            f'{waits["wait_sites"]}',
+            f'- profiler: {per_step or "no step profiled"}; CUDA runtime '
+            f'calls seen {prof.get("runtime_calls_seen")}'
+            f'{"; error " + prof["error"] if prof.get("error") else ""}']
     lines += [f'- problem: {p}' for p in d['problems']]
+if two is not None:
+    lines += ['', '## Two ranks on one device (torchrun, gloo)', '',
+              f'{"passed" if two["passed"] else "FAILED"}: backend '
+              f'{two.get("backend")}, ranks on {two.get("devices")}; '
+              f'{two.get("steps_compared")} of {two["iterations"]} steps '
+              'compared; loss_tcr max relative difference across ranks '
+              f'{two.get("loss_tcr_max_rel_diff")}; every-rank tables equal '
+              f'{two.get("every_rank_tables_equal")}; parameters equal '
+              f'{two.get("parameters_equal")}.']
+    lines += [f'- {c["what"]}: {c["op"]} ({c["site"]}) x{c["count"]} on '
+              f'{c["devices"]}' for c in two.get('expected_collectives', [])]
+    for rank, probe in enumerate(two.get('reduce_scatter_probe') or []):
+        lines += [f'- gather backward probe, rank {rank} on '
+                  f'{probe.get("device")}: ' + '; '.join(
+                      f'{b}: ' + ('gradient right' if r.get('equals_expected')
+                                  else f'ran={r.get("ran")} {r.get("error")}')
+                      for b, r in probe.items()
+                      if isinstance(r, dict) and 'ran' in r)]
+    lines += [f'- problem: {p}' for p in two['problems']]
 with open(osp.join(out, 'gpu_check.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
-for name in ('install', 'cuda_tests', 'bench_gpu', 'dist_train'):
-    copy_tail(f'{name}.log', f'{name}.log')
+for name in ('cuda_tests', 'bench_gpu', 'dist_train'):
+    if name in ran:
+        with open(osp.join(out, f'{name}.log'), 'wb') as f:
+            f.write(tail(f'{name}.log'))
+# The short logs in one file (the device tool brings back 8).
+short = [name for name in ('install', 'images', 'two_ranks') if name in ran]
+if short:
+    with open(osp.join(out, 'stages.log'), 'wb') as f:
+        for name in short:
+            f.write(f'===== {name}.log\n'.encode())
+            f.write(tail(f'{name}.log', MAX_BYTES // 4))
 print('\n'.join(lines))
 EOF
 echo "[gpu_check] results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+echo "[gpu_check] work folder (kept for reruns): $GC_WORK"
 # Exit status: 0 when every stage passed (or was skipped).
 grep -q -E '"status": "(failed|timeout|not_run)"' "$STAGES" && exit 1
 exit 0

@@ -134,3 +134,6 @@ if [ "$SIZE_KIB" -gt $((MAX_MIB * 1024)) ]; then
   echo "gpu_wheels: over $MAX_MIB MiB (the device call carries at most 64 MiB with the tree)" >&2
   exit 1
 fi
+if [ "$DEST" = "$ROOT/.whl" ]; then
+  echo "gpu_wheels: the device call carries them: run(command='bash dev/gpu_check.sh', carry=['.whl'], timeout_s=600)"
+fi

@@ -5,12 +5,22 @@ against mmpretrain's MAE pipeline (``LoadImageFromFile`` ->
 On ImageNet-like JPEGs (500 x 375, quality 90, ~100 KB of gradients, shapes
 and grain): the same seed gives the same boxes and flips and pixels within
 a grey level; independent seeds give crop parameters a two-sample KS test
-cannot tell apart and the same flip rate; a fixed box is resized as
-Pillow's bicubic does it, at full scale and (within ~1-2 grey levels on
-average) after a reduced JPEG decode.
+cannot tell apart and the same flip rate, decoding only the box
+(libjpeg-turbo's partial decoding, ``jpeg_region``) or the whole file; the
+box decoded alone has exactly the pixels of OpenCV's whole decode, in every
+chroma subsampling; a fixed box is resized as Pillow's bicubic does it, at
+full scale and (within ~1-2 grey levels on average) after a reduced JPEG
+decode; progressive, CMYK, corrupt, EXIF-rotated and non-JPEG files, and a
+machine where the region decoder cannot be built, fall back to OpenCV's
+whole decode. Tests of the region decoder skip where it cannot be built
+(no C compiler or libjpeg header).
 """
+import ctypes
 import io
+import os
 import os.path as osp
+import pickle
+import tempfile
 from typing import Dict, List, Tuple
 
 import cv2
@@ -27,6 +37,7 @@ from scipy import stats
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.datasets.transforms import fast_crop_decode as fast
+from mmae_plugin.datasets.transforms import jpeg_region
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MMPRETRAIN_STEPS = [
@@ -53,6 +64,15 @@ FAST_STEPS = [
 KS_DRAWS = 2000
 #: KS p-values of the fixed seeds below (deterministic), for the record.
 KS_ALPHA = 0.01
+#: The region decoder (built on first use), or None where it cannot be.
+REGION = jpeg_region.load()
+needs_region = pytest.mark.skipif(
+    REGION is None,
+    reason='no region decoder: ' + str(jpeg_region.unavailable_reason()))
+PATHS = [
+    pytest.param('region', marks=needs_region),
+    'whole',
+]
 
 
 def natural_jpeg(width: int,
@@ -171,28 +191,43 @@ def crop_params(boxes: List[Tuple[int, int, int, int]],
         centre_x=(left + w / 2) / size[:, 1])
 
 
-def test_crop_boxes_and_flips_match_in_distribution(jpegs, monkeypatch):
-    """2,000 boxes of the fast transform (recorded as it resizes them, on
-    the real files) against 2,000 of ``RandomResizedCrop.rand_crop_params``
-    on the decoded images, from another seed: two-sample KS p-values of
-    the relative area, log aspect ratio and centre all above 0.01; flip
-    rates within a chi-square test of each other and of 0.5."""
+@pytest.mark.parametrize('path', PATHS)
+def test_crop_boxes_and_flips_match_in_distribution(jpegs, monkeypatch, path):
+    """2,000 boxes of the fast transform (recorded as it decodes them, by
+    region or whole, on the real files) against 2,000 of
+    ``RandomResizedCrop.rand_crop_params`` on the decoded images, from
+    another seed: two-sample KS p-values of the relative area, log aspect
+    ratio and centre all above 0.01; flip rates within a chi-square test
+    of each other and of 0.5."""
     recorded = []
-    resize = fast.resize_crop
+    if path == 'region':
+        decode_region = jpeg_region.decode_region
 
-    def spy(image, box, size, interpolation):
-        recorded.append((box, image.shape[:2]))
-        return resize(image, box, size, interpolation)
+        def spy(library, data, size, box):
+            recorded.append((box, size))
+            return decode_region(library, data, size, box)
 
-    monkeypatch.setattr(fast, 'resize_crop', spy)
+        monkeypatch.setattr(jpeg_region, 'decode_region', spy)
+    else:
+        resize = fast.resize_crop
+
+        def spy(image, box, size, interpolation):
+            recorded.append((box, image.shape[:2]))
+            return resize(image, box, size, interpolation)
+
+        monkeypatch.setattr(fast, 'resize_crop', spy)
     crop = fast.DecodeRandomResizedCrop(
-        224, crop_ratio_range=(0.2, 1.0), flip_prob=0.5)
+        224,
+        crop_ratio_range=(0.2, 1.0),
+        flip_prob=0.5,
+        region_decode=path == 'region')
     data = [open(path, 'rb').read() for path in jpegs]
     np.random.seed(0)
     flips = []
     for index in range(KS_DRAWS):
         out = crop(dict(img_bytes=data[index % len(data)], img_path='x'))
         flips.append(out['flip'])
+    assert len(recorded) == KS_DRAWS  # every box through this path
     reference = RandomResizedCrop(
         224,
         crop_ratio_range=(0.2, 1.0),
@@ -242,13 +277,22 @@ def pillow_reference(data: bytes, box, size=(224, 224)) -> np.ndarray:
         crop.resize(size[::-1], Image.Resampling.BICUBIC), dtype=int)
 
 
+@pytest.mark.parametrize('path', PATHS)
 @pytest.mark.parametrize('box', [(10, 20, 300, 400), (0, 0, 375, 500),
-                                 (150, 200, 150, 170)])
-def test_fixed_box_at_full_scale_is_pillows_bicubic(box):
-    """Down- and up-sampling: mean abs error < 0.05, at most 2 levels."""
+                                 (150, 200, 150, 170), (201, 317, 174, 183)])
+def test_fixed_box_at_full_scale_is_pillows_bicubic(box, path):
+    """Down- and up-sampling, the box decoded alone or the whole file:
+    mean abs error < 0.05, at most 2 levels (0.003-0.006 and 1 measured,
+    the same on both paths)."""
     data = natural_jpeg(500, 375, 11)
-    image = fast.decode(data)
-    out = fast.resize_crop(image, box, (224, 224), 'bicubic')
+    if path == 'region':
+        image = jpeg_region.decode_region(REGION, data, (375, 500), box)
+        assert image.shape == (box[2], box[3], 3)
+        out = fast.resize_crop(image, (0, 0, box[2], box[3]), (224, 224),
+                               'bicubic')
+    else:
+        image = fast.decode(data)
+        out = fast.resize_crop(image, box, (224, 224), 'bicubic')
     error = np.abs(out.astype(int) - pillow_reference(data, box))
     assert error.mean() < 0.05 and error.max() <= 2
 
@@ -381,6 +425,261 @@ def test_files_without_a_usable_header_match_mmpretrain(
     assert np.abs(bgr(ours) - bgr(ref)).mean() < 0.05
 
 
+# -------------------------------------------------- the box decoded alone
+def reencoded(kind: str, height: int, width: int, seed: int) -> bytes:
+    """A photograph-like baseline JPEG in one chroma layout or encoder."""
+    data = natural_jpeg(width, height, seed)
+    image = Image.open(io.BytesIO(data))
+    out = io.BytesIO()
+    if kind == 'opencv':  # OpenCV's encoder (4:2:0, its Huffman tables)
+        pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        return cv2.imencode('.jpg', pixels,
+                            [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    if kind == 'grayscale':
+        image.convert('L').save(out, 'JPEG', quality=90)
+    elif kind == 'restart_markers':
+        image.save(out, 'JPEG', quality=90, restart_marker_rows=1)
+    elif kind == 'optimized':
+        image.save(out, 'JPEG', quality=90, optimize=True)
+    else:  # 4:2:0, 4:2:2, 4:4:4
+        subsampling = {'4:4:4': 0, '4:2:2': 1, '4:2:0': 2}[kind]
+        image.save(out, 'JPEG', quality=90, subsampling=subsampling)
+    return out.getvalue()
+
+
+def edge_boxes(height: int, width: int) -> List[Tuple[int, int, int, int]]:
+    """The whole image, single pixels in the corners, a row, a column and
+    boxes against each edge."""
+    return [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1),
+            (height // 2, 0, 1, width), (0, width // 2, height, 1),
+            (0, width // 3, height // 2, 7),
+            (height // 3, width - 9, min(5, height - height // 3), 9),
+            (height - 3, 1, 3, width - 1)]
+
+
+@needs_region
+@pytest.mark.parametrize('kind', [
+    '4:2:0', '4:2:2', '4:4:4', 'grayscale', 'optimized', 'opencv',
+    'restart_markers'
+])
+@pytest.mark.parametrize('size', [(375, 500), (29, 37), (16, 16), (3, 70)])
+def test_region_decode_is_opencvs_whole_decode_cropped(kind, size):
+    """Every chroma layout, odd sizes and boxes on every edge: the box
+    decoded alone is bit for bit OpenCV's whole decode cropped (60 recipe
+    boxes and 8 edge boxes per file)."""
+    height, width = size
+    data = reencoded(kind, height, width, sum(size))
+    assert fast.jpeg_header(data)[:2] == size
+    whole = fast.decode(data)
+    crop = fast.DecodeRandomResizedCrop(224, crop_ratio_range=(0.2, 1.0))
+    np.random.seed(height)
+    boxes = [crop.box_for(height, width) for _ in range(60)]
+    for top, left, h, w in boxes + edge_boxes(height, width):
+        out = jpeg_region.decode_region(REGION, data, size, (top, left, h, w))
+        assert out is not None and out.flags.c_contiguous
+        np.testing.assert_array_equal(out, whole[top:top + h, left:left + w])
+
+
+@needs_region
+def test_region_path_gives_the_whole_paths_outputs(jpegs, monkeypatch):
+    """Same seed, 40 draws: decoding only the boxes (OpenCV never decodes)
+    gives exactly the crops, flips and sizes of the whole decodes."""
+    whole_decodes = []
+    decode = fast.decode
+
+    def spy(data, scale=1):
+        whole_decodes.append(scale)
+        return decode(data, scale)
+
+    monkeypatch.setattr(fast, 'decode', spy)
+    kwargs = dict(scale=224, crop_ratio_range=(0.2, 1.0), flip_prob=0.5)
+    region = fast.DecodeRandomResizedCrop(**kwargs)
+    whole = fast.DecodeRandomResizedCrop(**kwargs, region_decode=False)
+    assert region.region_decoder is not None and whole.region_decoder is None
+    data = [open(path, 'rb').read() for path in jpegs] * 10
+    np.random.seed(6)
+    ours = [region(dict(img_bytes=d, img_path='x')) for d in data]
+    assert whole_decodes == []
+    np.random.seed(6)
+    theirs = [whole(dict(img_bytes=d, img_path='x')) for d in data]
+    assert whole_decodes == [1] * len(data)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a['img'], b['img'])
+        assert (a['flip'], a['ori_shape']) == (b['flip'], b['ori_shape'])
+
+
+def corrupted(data: bytes) -> bytes:
+    """``data`` with a restart marker half-way through its scan data (where
+    there should be none): libjpeg warns 'premature end of data segment'
+    and fills the rest with grey; OpenCV returns that image."""
+    middle = len(data) // 2
+    return data[:middle] + b'\xff\xd5' + data[middle + 2:]
+
+
+@needs_region
+@pytest.mark.parametrize('kind',
+                         ['progressive', 'cmyk', 'corrupt', 'trailing_bytes'])
+def test_files_the_region_path_leaves_to_opencv(kind, tmp_path, pipelines,
+                                                monkeypatch):
+    """Progressive (never tried), CMYK (refused by the decoder), corrupt
+    scan data (boxes that reach it: libjpeg warns, the decoder returns
+    None; boxes above it: decoded alone, the same pixels as OpenCV's
+    whole decode) and a file that does
+    not end with its end-of-image marker are decoded whole, as mmpretrain
+    does: 12 seeds, the same boxes, flips and pixels."""
+    data = natural_jpeg(300, 200, 4)
+    image = Image.open(io.BytesIO(data))
+    out = io.BytesIO()
+    if kind == 'progressive':
+        image.save(out, 'JPEG', quality=90, progressive=True)
+        data = out.getvalue()
+    elif kind == 'cmyk':
+        image.convert('CMYK').save(out, 'JPEG', quality=90)
+        data = out.getvalue()
+    elif kind == 'corrupt':
+        data = corrupted(data)
+    else:
+        data += b'\0' * 16
+    region_calls = []
+    decode_region = jpeg_region.decode_region
+
+    def spy(library, data, size, box):
+        result = decode_region(library, data, size, box)
+        region_calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(jpeg_region, 'decode_region', spy)
+    path = write(tmp_path / f'{kind}.jpg', data)
+    for seed in range(12):
+        (ref, ) = run_seeded(pipelines['mmpretrain'], [path], seed)
+        (ours, ) = run_seeded(pipelines['fast'], [path], seed)
+        assert ours['data_samples'].flip == ref['data_samples'].flip
+        assert ours['data_samples'].ori_shape == (200, 300)
+        assert np.abs(bgr(ours) - bgr(ref)).mean() < 0.05
+    if kind == 'cmyk':
+        assert region_calls == [False] * 12
+    elif kind == 'corrupt':  # boxes above the damage decode alone
+        assert False in region_calls
+    else:
+        assert region_calls == []
+
+
+@needs_region
+def test_region_decode_reports_warnings_and_bad_boxes():
+    """Corrupt data inside the box: libjpeg's warning makes the decode
+    return None (the caller decodes whole); so do a box outside the image
+    and a size other than the header's."""
+    data = corrupted(natural_jpeg(300, 200, 4))
+    assert jpeg_region.decode_region(REGION, data, (200, 300),
+                                     (0, 0, 200, 300)) is None
+    assert jpeg_region.decode_region(REGION, data, (200, 300),
+                                     (0, 0, 10, 300)) is not None
+    good = natural_jpeg(300, 200, 4)
+    below, right, whole = (150, 0, 51, 10), (0, 295, 10, 6), (0, 0, 10, 10)
+    for size, box in [((200, 300), below), ((200, 300), right),
+                      ((201, 300), whole)]:
+        assert jpeg_region.decode_region(REGION, good, size, box) is None
+
+
+def test_without_the_region_decoder_the_transform_decodes_whole(
+        jpegs, tmp_path, monkeypatch):
+    """No compiler (or a failing build): ``load`` returns None and says
+    why once, at INFO level; every transform then decodes whole files,
+    with the region path's outputs."""
+    messages = []
+    monkeypatch.setattr(jpeg_region, 'print_log',
+                        lambda message, **kwargs: messages.append(message))
+    monkeypatch.setattr(jpeg_region, '_state',
+                        dict(loaded=False, library=None, reason=None))
+    monkeypatch.setenv(jpeg_region.CACHE_VARIABLE, str(tmp_path / 'cache'))
+    monkeypatch.setenv('CC', str(tmp_path / 'no-compiler'))
+    kwargs = dict(scale=224, crop_ratio_range=(0.2, 1.0), flip_prob=0.5)
+    crops = [fast.DecodeRandomResizedCrop(**kwargs) for _ in range(3)]
+    assert all(crop.region_decoder is None for crop in crops)
+    assert len(messages) == 1 and 'no-compiler' in messages[0]
+    assert 'apt-get install gcc libjpeg-dev' in messages[0]
+    assert 'no-compiler' in jpeg_region.unavailable_reason()
+    data = [open(path, 'rb').read() for path in jpegs]
+    reference = fast.DecodeRandomResizedCrop(**kwargs, region_decode=False)
+    np.random.seed(2)
+    ours = [crops[0](dict(img_bytes=d))['img'] for d in data]
+    np.random.seed(2)
+    theirs = [reference(dict(img_bytes=d))['img'] for d in data]
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a, b)
+    # A compiler that fails: the same, with its output in the reason.
+    monkeypatch.setattr(jpeg_region, '_state',
+                        dict(loaded=False, library=None, reason=None))
+    monkeypatch.setenv('CC', 'false')
+    assert jpeg_region.load() is None
+    assert 'the build failed' in jpeg_region.unavailable_reason()
+    assert len(messages) == 2
+
+
+@pytest.mark.parametrize('region_decode', [True, False])
+def test_the_transform_pickles(jpegs, region_decode):
+    """Spawned dataloader workers get the transform pickled (the region
+    decoder is not on the instance: they load their own)."""
+    crop = fast.DecodeRandomResizedCrop(
+        224,
+        crop_ratio_range=(0.2, 1.0),
+        flip_prob=0.5,
+        region_decode=region_decode)
+    copy = pickle.loads(pickle.dumps(crop))
+    assert copy.region_decode == region_decode
+    assert (copy.region_decoder is None) == (crop.region_decoder is None)
+    data = open(jpegs[0], 'rb').read()
+    np.random.seed(8)
+    ours = crop(dict(img_bytes=data))['img']
+    np.random.seed(8)
+    np.testing.assert_array_equal(copy(dict(img_bytes=data))['img'], ours)
+
+
+def test_self_test_refuses_a_decoder_with_other_pixels():
+    """A library that returns success with pixels other than OpenCV's is
+    not used."""
+
+    class Zeros:
+
+        @staticmethod
+        def mmae_decode_region(data, size, image_height, image_width, top,
+                               left, height, width, out):
+            ctypes.memset(out, 0, height * width * 3)
+            return 0
+
+    with pytest.raises(RuntimeError, match="differs from OpenCV's"):
+        jpeg_region.self_test(Zeros())
+
+
+@needs_region
+def test_the_built_library_is_cached(tmp_path, monkeypatch):
+    """Built once per cache folder (atomically), then loaded from it."""
+    monkeypatch.setattr(jpeg_region, '_state',
+                        dict(loaded=False, library=None, reason=None))
+    monkeypatch.setenv(jpeg_region.CACHE_VARIABLE, str(tmp_path))
+    assert jpeg_region.load() is not None
+    built = jpeg_region.library_path()
+    assert osp.dirname(built) == str(tmp_path) and osp.isfile(built)
+    assert os.listdir(tmp_path) == [osp.basename(built)]  # no leftovers
+    stamp = os.stat(built).st_mtime_ns
+    jpeg_region.reset()
+    assert jpeg_region.load() is not None
+    assert os.stat(built).st_mtime_ns == stamp
+
+
+def test_cache_folder(tmp_path, monkeypatch):
+    """``$MMAE_JPEG_REGION_CACHE``, else ``$XDG_CACHE_HOME/mmae_plugin``,
+    else (a home that cannot be written) the temporary folder."""
+    monkeypatch.setenv(jpeg_region.CACHE_VARIABLE, str(tmp_path / 'a'))
+    assert jpeg_region.cache_dir() == str(tmp_path / 'a')
+    monkeypatch.delenv(jpeg_region.CACHE_VARIABLE)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'b'))
+    assert jpeg_region.cache_dir() == str(tmp_path / 'b' / 'mmae_plugin')
+    (tmp_path / 'file').write_text('')
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'file'))
+    assert jpeg_region.cache_dir().startswith(tempfile.gettempdir())
+
+
 def test_decoded_image_input_crops_like_random_resized_crop():
     """Without ``img_bytes`` the transform crops ``img`` (a drop-in for
     ``RandomResizedCrop``): same box from the same seed."""
@@ -416,6 +715,7 @@ def test_arguments_are_checked():
         fast.DecodeRandomResizedCrop(224, flip_prob=1.5)
     text = repr(fast.DecodeRandomResizedCrop(224, flip_prob=0.5))
     assert 'flip_prob=0.5' in text and 'dct_scaling=True' in text
+    assert 'region_decode=True' in text
 
 
 # ------------------------------------------------------------- recipes
@@ -444,4 +744,8 @@ def test_bench_loader_reports_both_pipelines(capsys):
     assert result['steps']['fast'] == [s['type'] for s in FAST_STEPS]
     assert result['summary']['ratio']['of_medians'] > 0
     assert result['dct_scale_fractions'][1] == 1.0  # ImageNet-sized files
+    region = result['region_decode']
+    assert region['available'] == (REGION is not None)
+    assert region['fraction'] == (1.0 if REGION is not None else 0.0)
+    assert 0.2 <= region['mean_pixels_reconstructed'] <= 1.0
     assert 'fast / mmpretrain:' in capsys.readouterr().out

@@ -288,6 +288,26 @@ def _write_image(job: Tuple[str, int, int, int]) -> int:
     return os.path.getsize(path)
 
 
+def describe_image_folder(root: str) -> Dict:
+    """What a given folder holds: its images under ``root/train/`` by
+    format (a folder made earlier, e.g. by dev/gpu_check.sh's images
+    stage).
+
+    Args:
+        root: The dataset's ``data_root``.
+
+    Returns:
+        ``root`` and the counts of images, JPEG and PNG files.
+    """
+    names = [
+        name for _, _, files in os.walk(osp.join(root, 'train'))
+        for name in files
+    ]
+    jpeg = sum(name.lower().endswith(('.jpg', '.jpeg')) for name in names)
+    png = sum(name.lower().endswith('.png') for name in names)
+    return dict(root=root, images=jpeg + png, jpeg=jpeg, png=png)
+
+
 def write_image_folder(root: str, count: int, min_side: int,
                        max_side: int) -> Dict:
     """Write ``count`` images under ``root/train/`` (two sub-folders).
@@ -1113,7 +1133,7 @@ def run_all(args, save: Optional[Callable[[Dict], None]] = None) -> Dict:
                                                     256 if big else 40,
                                                     500 if big else 64)
     else:
-        result['image_folder'] = dict(root=folder)
+        result['image_folder'] = describe_image_folder(folder)
     base_spec = dict(
         device=args.device,
         batch=args.batch,

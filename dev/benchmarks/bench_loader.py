@@ -11,7 +11,9 @@ file size, or all at ``--size``):
   Pillow) -> ``RandomFlip`` 0.5 -> ``PackInputs``;
 * ``fast``: ``configs/mae_vit-base_200e.py``'s ``LoadImageBytes`` ->
   ``DecodeRandomResizedCrop`` (the same draws; decode, crop, resize and
-  flip in one step) -> ``PackInputs``.
+  flip in one step; only the box decoded where the region decoder,
+  ``mmae_plugin/datasets/transforms/jpeg_region.py``, is built) ->
+  ``PackInputs``.
 
 The two run in interleaved rounds (the order swapped every round); per
 pipeline the median images/s of the rounds by CPU time of this process
@@ -134,6 +136,39 @@ def reduced_decodes(paths: List[str], draws: int = 20) -> Dict[int, float]:
     return {scale: count / total for scale, count in counts.items()}
 
 
+def region_decodes(paths: List[str], draws: int = 20) -> Dict:
+    """Whether the fast path decodes only the box on these files, and how
+    much of each file it then decodes (``draws`` recipe boxes per file):
+    the share of the rows Huffman-decoded (those above the box and the
+    box's) and of the pixels reconstructed (the box's)."""
+    from mmae_plugin.datasets.transforms import fast_crop_decode as fast
+    from mmae_plugin.datasets.transforms import jpeg_region
+    crop = fast.DecodeRandomResizedCrop(224, crop_ratio_range=(0.2, 1.0))
+    rows, pixels, region = [], [], 0
+    for path in paths:
+        with open(path, 'rb') as f:
+            data = f.read()
+        header = fast.jpeg_header(data)
+        for _ in range(draws):
+            if header is None:
+                continue
+            (height, width), marker = header[:2], header[2]
+            box = crop.box_for(height, width)
+            top, _, h, w = box
+            whole = fast.dct_scale(box, crop.scale) == 1
+            if (crop.region_decoder is not None and whole
+                    and marker in fast.SEQUENTIAL_HUFFMAN_MARKERS):
+                region += 1
+            rows.append((top + h) / height)
+            pixels.append(h * w / (height * width))
+    return dict(
+        available=crop.region_decoder is not None,
+        unavailable_reason=jpeg_region.unavailable_reason(),
+        fraction=region / (len(paths) * draws),
+        mean_rows_huffman_decoded=float(np.mean(rows)),
+        mean_pixels_reconstructed=float(np.mean(pixels)))
+
+
 # ---------------------------------------------------------------- timing
 def timed_round(run: Callable, paths: List[str]) -> Dict:
     """Run over every image once; CPU and wall seconds."""
@@ -226,7 +261,8 @@ def run_benchmark(args: argparse.Namespace,
             load_average_before=list(load_before),
             steps={name: run.steps
                    for name, run in pipelines.items()},
-            dct_scale_fractions=reduced_decodes(written['paths']))
+            dct_scale_fractions=reduced_decodes(written['paths']),
+            region_decode=region_decodes(written['paths']))
     written.pop('paths')
     return written, summarise(results, args.images), extra
 
@@ -255,6 +291,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
           f'scale 1/2/4/8: ' +
           ' / '.join(f'{100 * v:.0f} %'
                      for v in extra['dct_scale_fractions'].values()))
+    region = extra['region_decode']
+    if region['available']:
+        print(f'region decoding: {100 * region["fraction"]:.0f} % of the '
+              'boxes; per box, on average '
+              f'{100 * region["mean_rows_huffman_decoded"]:.0f} % of the '
+              'rows Huffman-decoded and '
+              f'{100 * region["mean_pixels_reconstructed"]:.0f} % of the '
+              'pixels reconstructed')
+    else:
+        print('region decoding unavailable '
+              f'({region["unavailable_reason"]}): whole decodes')
     print(table(summary))
     if args.out:
         with open(args.out, 'w') as f:

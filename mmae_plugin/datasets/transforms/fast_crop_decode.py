@@ -9,20 +9,28 @@ Here the file is read as bytes (:class:`LoadImageBytes`) and
 * draws the crop box with ``RandomResizedCrop.rand_crop_params`` itself,
   from the size in the JPEG's frame header (the same draws, so the same
   boxes, as mmpretrain's transform on the decoded image);
-* decodes with OpenCV as ``LoadImageFromFile`` does (the same pixels), at
-  1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling) when the box still holds at
-  least the output's pixels at that scale;
+* decodes only the box of a baseline JPEG (libjpeg-turbo's partial
+  decoding, :mod:`.jpeg_region`: the rows above it Huffman-decoded only,
+  the rows below it not at all, the iMCU columns outside it skipped), with
+  exactly the pixels of OpenCV's whole decode; where that decoder is not
+  available (no C compiler or libjpeg header to build it), or for other
+  files (progressive, EXIF-rotated, PNG...), decodes with OpenCV as
+  ``LoadImageFromFile`` does (the same pixels), at 1/2, 1/4 or 1/8 scale
+  (libjpeg's DCT scaling) when the box still holds at least the output's
+  pixels at that scale;
 * resizes the crop with torch's uint8 antialiased kernel (Pillow's filter,
-  vectorised) straight from the decoded array, or, after a reduced decode,
-  with Pillow from the box mapped exactly to the reduced image;
+  vectorised), or, after a reduced decode, with Pillow from the box mapped
+  exactly to the reduced image;
 * draws the flip as mmcv's ``RandomFlip`` does (``flip_prob``).
 
-Its output is ``RandomResizedCrop``'s: a BGR uint8 HWC array (after a full
-decode, a view of a CHW buffer that ``PackInputs`` takes without a copy
-unless flipped), ``img_shape`` and ``ori_shape``. On ImageNet-sized JPEGs
-it delivers 1.6-1.7 times the images per second of a worker core
-(docs/gpu_clusters.md, dev/benchmarks/bench_loader.py).
+Its output is ``RandomResizedCrop``'s: a BGR uint8 HWC array (after a
+full-scale decode, a view of a CHW buffer that ``PackInputs`` takes without
+a copy unless flipped), ``img_shape`` and ``ori_shape``. On ImageNet-sized
+JPEGs it delivers 1.8 times the images per second of a worker core
+(1.6-1.7 times where it decodes whole files; docs/gpu_clusters.md,
+dev/benchmarks/bench_loader.py).
 """
+import ctypes
 import io
 from types import SimpleNamespace
 from typing import Optional, Sequence, Tuple, Union
@@ -37,8 +45,17 @@ from mmpretrain.datasets.transforms import RandomResizedCrop
 from mmpretrain.registry import TRANSFORMS
 from PIL import Image
 
+from . import jpeg_region
+
 #: JPEG start-of-frame markers (every SOFn but DHT, JPG and DAC).
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+#: Sequential Huffman-coded frames (baseline, extended): the ones decoded by
+#: region (:mod:`.jpeg_region`).
+SEQUENTIAL_HUFFMAN_MARKERS = frozenset([0xC0, 0xC1])
+#: The end-of-image marker. A file that does not end with it (a truncated
+#: one, which OpenCV refuses) is decoded whole: a region decode would not
+#: reach the missing end when the box is above it.
+END_OF_IMAGE = b'\xff\xd9'
 #: Markers without a length field (TEM, RST0-7).
 STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD8)])
 #: OpenCV's decode flag for each DCT scale (``LoadImageFromFile``'s
@@ -102,15 +119,17 @@ def _exif_orientation(data: bytes) -> int:
         return 0  # unreadable: not known to be upright
 
 
-def jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
-    """(height, width) of an upright JPEG, read from its frame header.
+def jpeg_header(data: bytes) -> Optional[Tuple[int, int, int]]:
+    """(height, width, SOF marker) of an upright JPEG, from its frame header.
 
     Args:
         data: The file's bytes.
 
     Returns:
-        The size OpenCV decodes to, or None when ``data`` is not a JPEG,
-        the header cannot be read, or EXIF rotates or mirrors the image.
+        The size OpenCV decodes to and the frame's start-of-frame marker
+        (0xC0 baseline, 0xC2 progressive...), or None when ``data`` is not
+        a JPEG, the header cannot be read, or EXIF rotates or mirrors the
+        image.
     """
     if data[:2] != b'\xff\xd8':
         return None
@@ -132,12 +151,26 @@ def jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
                 return None
             if exif and _exif_orientation(data) != 1:
                 return None
-            return height, width
+            return height, width, marker
         if marker in (0xD9, 0xDA):  # end of image, start of scan
             return None
         exif |= marker == 0xE1 and data[pos + 4:pos + 10] == b'Exif\0\0'
         pos += 2 + int.from_bytes(data[pos + 2:pos + 4], 'big')
     return None
+
+
+def jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
+    """(height, width) of an upright JPEG, read from its frame header.
+
+    Args:
+        data: The file's bytes.
+
+    Returns:
+        The size OpenCV decodes to, or None when ``data`` is not a JPEG,
+        the header cannot be read, or EXIF rotates or mirrors the image.
+    """
+    header = jpeg_header(data)
+    return None if header is None else header[:2]
 
 
 def dct_scale(box: Box, size: Size) -> int:
@@ -220,10 +253,12 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
     Reads ``img_bytes`` (from :class:`LoadImageBytes`); without it, crops
     the decoded ``img`` (HWC) as ``RandomResizedCrop`` would. The box is
     drawn by ``RandomResizedCrop.rand_crop_params`` from the JPEG header's
-    size; the file is decoded at the largest DCT scale (1/8, 1/4, 1/2) at
-    which the box keeps at least ``scale`` pixels (``dct_scaling``), else
-    whole. Then the horizontal flip is drawn as mmcv's
-    ``RandomFlip(prob=flip_prob)`` draws it (one
+    size. A baseline JPEG is then decoded at the largest DCT scale (1/8,
+    1/4, 1/2) at which the box keeps at least ``scale`` pixels
+    (``dct_scaling``, OpenCV, the whole file), else only in the box
+    (``region_decode``, :mod:`.jpeg_region`: OpenCV's pixels of the box);
+    anything else whole, by OpenCV. Then the horizontal flip is drawn as
+    mmcv's ``RandomFlip(prob=flip_prob)`` draws it (one
     ``np.random.random_sample``, flipped below ``flip_prob``).
 
     Args:
@@ -235,6 +270,8 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
             Pillow's, mmpretrain's ``backend='pillow'``).
         flip_prob: Probability of a horizontal flip (0: no draw).
         dct_scaling: Decode large JPEGs at reduced scale when the box allows.
+        region_decode: Decode only the box of a baseline JPEG where the
+            region decoder can be built (else, or False: whole files).
     """
 
     def __init__(self,
@@ -244,7 +281,8 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
                  max_attempts: int = 10,
                  interpolation: str = 'bicubic',
                  flip_prob: float = 0.0,
-                 dct_scaling: bool = True) -> None:
+                 dct_scaling: bool = True,
+                 region_decode: bool = True) -> None:
         if interpolation not in PIL_FILTERS:
             raise ValueError('DecodeRandomResizedCrop: interpolation must be '
                              f"one of {sorted(PIL_FILTERS)}, got "
@@ -256,6 +294,17 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
                          max_attempts, interpolation, 'pillow')
         self.flip_prob = float(flip_prob)
         self.dct_scaling = bool(dct_scaling)
+        self.region_decode = bool(region_decode)
+        if self.region_decode:
+            # Built (or found) now, in the process that builds the dataset:
+            # forked workers inherit it, spawned ones load the cached build.
+            jpeg_region.load()
+
+    @property
+    def region_decoder(self) -> Optional[ctypes.CDLL]:
+        """The region decoder this transform uses (None: whole decodes).
+        Not kept on the instance, which stays picklable."""
+        return jpeg_region.load() if self.region_decode else None
 
     def box_for(self, height: int, width: int) -> Box:
         """``rand_crop_params`` for an image of this size (no pixels)."""
@@ -264,7 +313,8 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
     def decode_and_crop(self, data: bytes,
                         path: str) -> Tuple[np.ndarray, Size]:
         """Resized crop of the encoded image and its full (H, W)."""
-        size = jpeg_size(data)
+        header = jpeg_header(data)
+        size = None if header is None else header[:2]
         box = None if size is None else self.box_for(*size)
         scale = 1 if box is None or not self.dct_scaling else \
             dct_scale(box, self.scale)
@@ -274,6 +324,13 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
             if image is not None and image.shape[:2] == reduced:
                 return resize_scaled_crop(image, box, scale, self.scale,
                                           self.interpolation), size
+        elif (box is not None and header[2] in SEQUENTIAL_HUFFMAN_MARKERS
+              and data[-2:] == END_OF_IMAGE
+              and (library := self.region_decoder) is not None):
+            crop = jpeg_region.decode_region(library, data, size, box)
+            if crop is not None:
+                return resize_crop(crop, (0, 0, box[2], box[3]), self.scale,
+                                   self.interpolation), size
         image = decode(data)
         if image is None:
             raise ValueError(f'failed to decode image: {path}')
@@ -307,4 +364,5 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] + f', flip_prob={self.flip_prob}, '
-                f'dct_scaling={self.dct_scaling})')
+                f'dct_scaling={self.dct_scaling}, '
+                f'region_decode={self.region_decode})')
