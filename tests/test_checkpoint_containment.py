@@ -195,3 +195,27 @@ def test_forged_positions_count_nothing_in_the_redone_figure(tmp_path):
     assert (start.epoch, start.iter) == (2, 4)
     assert ': 0 iterations (0 epochs) of training will be redone' in \
         logs(tmp_path)
+
+
+def test_every_recorded_file_gone_and_none_left_starts_afresh(tmp_path):
+    """I5: with no checkpoint file to lose, a record whose entries all lost
+    their files costs those entries, not the run (found by the soak)."""
+    run(tmp_path, 2)
+    for name in ('epoch_1.pth', 'epoch_2.pth'):
+        os.remove(tmp_path / name)
+    start = run(tmp_path, 1, resume=True)
+    assert (start.epoch, start.iter) == (0, 0)
+    assert 'starting afresh. Passed over: ' in logs(tmp_path)
+
+
+def test_a_checkpoint_whose_saved_line_was_lost_is_resumed(tmp_path):
+    """A launch killed between its first checkpoint's rename and its
+    ``saved`` line leaves a record with only ``start``: the file's own meta
+    names that run, so auto-resume continues from it."""
+    run(tmp_path, 1)
+    record = tmp_path / RECORD_NAME
+    lines = record.read_text().splitlines(keepends=True)
+    record.write_text(''.join(line for line in lines if '"start"' in line))
+    start = run(tmp_path, 2, resume=True)
+    assert (start.epoch, start.iter) == (1, 2)
+    assert 'Migrating: resuming' in logs(tmp_path)

@@ -91,9 +91,9 @@ def choose_resume_checkpoint(
     record = read_record(work_dir)
     notes = [record.damage_note()] if record.damage_note() else []
     if not record.entries and not record.damaged and not record.unreadable:
-        choice = _migration_choice(work_dir, notes)
-        refuse_in_the_way(work_dir, record, None, choice.position(),
-                          'auto-resume', limits)
+        choice = _migration_choice(work_dir, notes, record.run_id)
+        refuse_in_the_way(work_dir, record, record.run_id,
+                          choice.position(), 'auto-resume', limits)
         return choice
     skipped = []
     for entry in record.checkpoints():
@@ -107,13 +107,14 @@ def choose_resume_checkpoint(
             return choice
         skipped.append((entry, problem))
     files = _checkpoint_files(work_dir)
-    if not skipped and not files:
+    if not files:
         # Damage costs entries, not runs: with no checkpoint to lose, the
         # run starts afresh (the damaged lines stay skipped).
-        if record.unreadable or record.damaged:
+        if record.unreadable or record.damaged or skipped:
+            gone = '; '.join(f'{e.location}: {why}' for e, why in skipped)
             notes.append('No intact entry of this run is recorded and no '
                          'checkpoint file is in the folder: starting '
-                         'afresh.')
+                         f'afresh.{" Passed over: " + gone if gone else ""}')
         return ResumeChoice(None, notes=notes)
     reasons = '; '.join(f'{e.location}: {why}' for e, why in skipped)
     in_folder = ', '.join(files) or 'none'
@@ -127,14 +128,19 @@ def choose_resume_checkpoint(
         'over them.'.replace('  ', ' '))
 
 
-def _migration_choice(work_dir: str, notes: List[str]) -> ResumeChoice:
+def _migration_choice(work_dir: str, notes: List[str],
+                      run_id: Optional[str]) -> ResumeChoice:
+    # run_id: the run of a record with a start line but no saved one (a
+    # launch killed before its first saved line was written): its own
+    # checkpoint files are candidates too.
     found, skipped = [], []
     for path in _checkpoint_files(work_dir):
         problem = checkpoint_problem(path)
         meta = None
         if problem is None:
             meta, problem = read_meta(path)
-        if problem is None and 'run_id' in meta:
+        if problem is None and 'run_id' in meta and \
+                (run_id is None or meta['run_id'] != run_id):
             problem = ('its meta names run '
                        f'{meta["run_id"]}, which this '
                        'work folder has no record of (copied in from '
@@ -148,12 +154,14 @@ def _migration_choice(work_dir: str, notes: List[str]) -> ResumeChoice:
     found.sort(reverse=True)
     iters, epoch, path = found[0]
     notes.append(
-        f'{work_dir} has no run record ({record_path(work_dir)}): its '
-        'checkpoints were written by mmengine\'s CheckpointHook or an '
-        f'earlier version of the plugin. Migrating: resuming {path}, the '
-        f'newest of {len(found)} checkpoint(s) by the iteration its own '
-        f'meta records ({iters}); {len(skipped)} other .pth file(s) are '
-        'not resumable checkpoints. The record starts with the next save.')
+        f'{record_path(work_dir)} records no checkpoint: those in '
+        f'{work_dir} were written by mmengine\'s CheckpointHook, an earlier '
+        'version of the plugin, or by this run before its record line was '
+        f'written. Migrating: resuming {path}, the newest of {len(found)} '
+        'checkpoint(s) by the iteration its own meta records '
+        f'({iters}); {len(skipped)} other .pth file(s) are not resumable '
+        'checkpoints of this folder. The record continues with the next '
+        'save.')
     return ResumeChoice(path, notes=notes, meta_position=(epoch, iters))
 
 
