@@ -12,6 +12,7 @@ from .deferred_runtime_info_hook import DeferredRuntimeInfoHook
 from .divergence_hook import DivergenceHook, TrainingDivergedError
 from .glibc_malloc_hook import GlibcMallocHook
 from .matrix_info_hook import MatrixInfoHook
+from .online_probe_hook import OnlineProbeHook
 from .regularizer_skip_hook import RegularizerSkipHook
 from .reseed_hook import ReseedHook
 
@@ -19,5 +20,5 @@ __all__ = [
     'AttentionLocalityHook', 'NonFiniteCheckpointError', 'SafeCheckpointHook',
     'CompileHook', 'DeferredRuntimeInfoHook', 'DivergenceHook',
     'TrainingDivergedError', 'GlibcMallocHook', 'MatrixInfoHook',
-    'RegularizerSkipHook', 'ReseedHook'
+    'OnlineProbeHook', 'RegularizerSkipHook', 'ReseedHook'
 ]

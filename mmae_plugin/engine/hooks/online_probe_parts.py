@@ -216,7 +216,8 @@ def build_heldout_loader(cfg: Any) -> DataLoader:
 
     Args:
         cfg: A dataloader config (``dataset``, ``batch_size``,
-            ``num_workers``, ``collate_fn``; the sampler is ignored) or a
+            ``num_workers``, ``collate_fn`` (default ``default_collate``);
+            the sampler is ignored) or a
             built ``DataLoader`` (its dataset, batch size and collate).
 
     Returns:
@@ -235,7 +236,9 @@ def build_heldout_loader(cfg: Any) -> DataLoader:
     dataset = cfg['dataset']
     if isinstance(dataset, dict):
         dataset = DATASETS.build(dataset)
-    collate = dict(cfg.get('collate_fn', dict(type='pseudo_collate')))
+    # default_collate (mmengine's default is pseudo_collate): the
+    # self-supervised preprocessors read a list of inputs as views.
+    collate = dict(cfg.get('collate_fn', dict(type='default_collate')))
     kind = collate.pop('type')
     collate_fn = partial(
         FUNCTIONS.get(kind) if isinstance(kind, str) else kind, **collate)
