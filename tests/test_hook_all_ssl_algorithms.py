@@ -38,10 +38,9 @@ from test_matrix_info_hook import (ONE_BRANCH_KEYS, TWO_BRANCH_KEYS,
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
-from mmae_plugin.engine.hooks.matrix_info_measure import two_branch_quantities
-from mmae_plugin.engine.hooks.matrix_info_taps import (first_tensor,
-                                                       select_rows,
-                                                       to_embeddings)
+from mmae_plugin.engine.monitoring.measure import two_branch_quantities
+from mmae_plugin.engine.monitoring.taps import (first_tensor, select_rows,
+                                                to_embeddings)
 
 #: Images of the synthetic dataset, their size, the batch (2 iterations).
 NUM_IMAGES, IMAGE_SIZE, BATCH = 8, 64, 4

@@ -18,7 +18,7 @@ from mmengine.runner import Runner
 
 import mmae_plugin.registration  # noqa: F401  (datasets, models, hooks)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
-from mmae_plugin.engine.hooks.matrix_info_measure import two_branch_quantities
+from mmae_plugin.engine.monitoring.measure import two_branch_quantities
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = os.path.join(REPO, 'configs', 'fashion_mnist')
@@ -345,7 +345,7 @@ def test_training_autocast_follows_the_optimizer_wrapper():
     disagree (an OptimWrapperDict) are refused naming the optim_wrapper."""
     from mmengine.optim import OptimWrapper, OptimWrapperDict
 
-    from mmae_plugin.engine.hooks.matrix_info_heldout import training_autocast
+    from mmae_plugin.engine.monitoring.heldout import training_autocast
     from mmae_plugin.engine.optimizers.mixed_precision_wrapper import \
         MixedPrecisionOptimWrapper
     layer = torch.nn.Linear(2, 2)

@@ -19,8 +19,9 @@ from mmengine.runner import Runner
 import mmae_plugin.engine  # noqa: F401  (registers MatrixInfoHook)
 import mmae_plugin.registration  # noqa: F401  (datasets, models, fixes)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
-from mmae_plugin.engine.hooks.matrix_info_measure import (
-    FALLBACK_TCR, one_branch_quantities, two_branch_quantities)
+from mmae_plugin.engine.monitoring.measure import (FALLBACK_TCR,
+                                                   one_branch_quantities,
+                                                   two_branch_quantities)
 from mmae_plugin.matrix_info import (effective_rank, matrix_entropy,
                                      normalized_covariance, rankme)
 

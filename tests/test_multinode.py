@@ -102,22 +102,24 @@ def test_two_nodes_train_only_rank0_writes_and_a_kill_resumes(
     work_dir = tmp_path / 'work'
     out_dirs = [tmp_path / 'node0', tmp_path / 'node1']
     # CheckpointHook appends the work dir's name to out_dir; the run
-    # record stays in the work dir, naming the checkpoints' absolute paths.
+    # record is in rank 0's checkpoint folder (node 0's), and rank 0 alone
+    # decides what every rank resumes.
+    record = out_dirs[0] / 'work'
     nodes = start_nodes(
         repo_root, cpu_dist_env_factory(), work_dir, out_dirs, max_epochs=40)
     deadline = time.time() + 300
     while not any(entry.epoch >= 2
-                  for entry in read_record(str(work_dir)).checkpoints()):
+                  for entry in read_record(str(record)).checkpoints()):
         assert time.time() < deadline, 'no checkpoint within 300 s'
         assert all(node.poll() is None for node in nodes), \
             [node.communicate()[0][-3000:] for node in nodes]
         time.sleep(0.2)
-    saved = Path(read_record(str(work_dir)).checkpoints()[0].location).parent
+    saved = Path(read_record(str(record)).checkpoints()[0].location).parent
     for node in nodes:  # preempted: the whole node, at once
         kill_tree(node.pid)
         node.wait()
     assert checkpoint_folders(out_dirs) == [saved]
-    newest = read_record(str(work_dir)).checkpoints()[0].epoch
+    newest = read_record(str(record)).checkpoints()[0].epoch
     assert newest >= 2
 
     nodes = start_nodes(

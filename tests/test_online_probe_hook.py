@@ -22,8 +22,8 @@ from mmpretrain.registry import MODELS
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks import OnlineProbeHook
-from mmae_plugin.engine.hooks.online_probe_parts import (FeatureMemory,
-                                                         default_probe_branch)
+from mmae_plugin.engine.monitoring.online_probe import (FeatureMemory,
+                                                        default_probe_branch)
 from mmae_plugin.evaluation import knn_class_scores
 from mmae_plugin.matrix_info.pooling import pool_token_sequence
 
@@ -231,7 +231,7 @@ def test_training_step_leaves_the_model_and_random_state_alone(runs):
 
 
 def test_probe_weights_come_from_its_own_generator():
-    from mmae_plugin.engine.hooks.online_probe_parts import build_probe
+    from mmae_plugin.engine.monitoring.online_probe import build_probe
     state = torch.get_rng_state()
     a = build_probe(16, 10, 3, torch.device('cpu'))
     b = build_probe(16, 10, 3, torch.device('cpu'))
@@ -465,6 +465,9 @@ def test_two_processes_log_the_same_accuracy(tmp_path, cpu_dist_env):
                        'MMDistributedDataParallel')
 
 
+@pytest.mark.skipif(
+    os.environ.get('MMAE_TEST_LONG') != '1',
+    reason='about 30 s of 2-process training: MMAE_TEST_LONG=1')
 def test_fsdp_two_processes_train_and_log(tmp_path, cpu_dist_env):
     """MMAEFlexibleRunner with the FSDP recipe's strategy on 2 gloo ranks,
     ``train_features='eval'``: the eval-mode forward of every training

@@ -15,7 +15,7 @@ import torch
 
 import mmae_plugin.registration  # noqa: F401  (registers the modules)
 from mmae_plugin.engine.hooks.matrix_info_hook import MatrixInfoHook
-from mmae_plugin.engine.hooks.matrix_info_taps import to_embeddings
+from mmae_plugin.engine.monitoring.taps import to_embeddings
 from mmae_plugin.evaluation.metrics import RepresentationStatistics
 from mmae_plugin.evaluation.statistics import representation_statistics
 from mmae_plugin.matrix_info import (POOLINGS, coding_rate, coding_rate_key,

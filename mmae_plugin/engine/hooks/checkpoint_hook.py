@@ -42,8 +42,8 @@ from mmae_plugin.checkpoint.run_record import (FileDigest, append_event,
                                                read_record, recorded_path)
 from mmae_plugin.engine.run_identity import run_identity
 from mmae_plugin.engine.runners.launch_record import launch_record
+from ..finite_state import all_finite_flag, flag_device, named_state_tensors
 from .deferred_runtime_info_hook import settle_logged_values
-from .finite_state import all_finite_flag, flag_device, named_state_tensors
 
 #: How many non-finite tensor names the error lists before "and N more".
 LISTED_TENSORS = 12

@@ -3,10 +3,10 @@
 Forward hooks on the branches the loss uses keep the training forward pass's
 own outputs on sampled iterations (no second forward pass); the quantities are
 computed in float64 after a gather over ranks. Optionally (``heldout=``) a
-fixed held-out set is measured once per epoch. The parts live beside this
-file: what to tap (:mod:`.matrix_info_branches`), how
-(:mod:`.matrix_info_taps`), the measurement (:mod:`.matrix_info_measure`) and
-the held-out pass (:mod:`.matrix_info_heldout`). Design: docs/matrix_info.md.
+fixed held-out set is measured once per epoch. The parts live in
+``mmae_plugin/engine/monitoring/``: what to tap (``branches``), how
+(``taps``), the measurement (``measure``) and
+the held-out pass (``heldout``). Design: docs/matrix_info.md.
 """
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -23,12 +23,12 @@ from mmae_plugin.matrix_info.coding_rate import coding_rate  # noqa: F401
 from mmae_plugin.matrix_info.pooling import check_pooling_name
 from mmae_plugin.matrix_info.representation import KERNELS
 from mmae_plugin.utils.validation import check_choice, check_int, check_real
-from .matrix_info_branches import default_branches
-from .matrix_info_heldout import (build_heldout_batches, checked_heldout,
+from ..monitoring.branches import default_branches
+from ..monitoring.heldout import (build_heldout_batches, checked_heldout,
                                   measure_in_place, training_autocast)
-from .matrix_info_measure import (FALLBACK_TCR, MAX_ALPHA, checked_tcr,
+from ..monitoring.measure import (FALLBACK_TCR, MAX_ALPHA, checked_tcr,
                                   measure_embeddings, objective_tcr)
-from .matrix_info_taps import (BranchTaps, check_row_pairing, checked_branch,
+from ..monitoring.taps import (BranchTaps, check_row_pairing, checked_branch,
                                checked_branches)
 
 
@@ -57,7 +57,7 @@ class MatrixInfoHook(Hook):
         interval: Sample every ``interval`` iterations (of the epoch, as the
             ``LoggerHook`` counts them); an integer >= 1.
         branches: Branch specifications (see
-            :func:`~.matrix_info_branches.default_branches`), or
+            ``monitoring.branches.default_branches``), or
             ``None`` to pick them from the algorithm's class.
         kernel: Matrix the entropies and the effective rank use:
             ``'covariance'`` (d x d, features standardised over the batch:
@@ -65,10 +65,10 @@ class MatrixInfoHook(Hook):
             rows, uncentred; keys ``*_gram``).
         alpha: Renyi order of entropies and mutual information, in
             ``(0, 50]`` (see
-            :data:`~.matrix_info_measure.MAX_ALPHA`).
+            ``monitoring.measure.MAX_ALPHA``).
         pool: Pooling of token outputs for the default one-branch taps,
             ``'cls'``, ``'mean'`` or ``'cls+mean'``; ``None`` follows the
-            algorithm (see :func:`~.matrix_info_branches.default_branches`).
+            algorithm (see ``monitoring.branches.default_branches``).
         tcr: Which coding rate is logged: ``'objective'`` (the model's
             ``TCRLoss``; without one the published M-MAE objective),
             ``'reference'`` (``logdet(I + (mu/d) zn^T zn)``) or ``'paper'``
@@ -215,7 +215,7 @@ class MatrixInfoHook(Hook):
 
         Args:
             model: The runner's model, wrapped (DDP, FSDP) or not; left as
-                it was (see :func:`~.matrix_info_heldout.measure_in_place`).
+                it was (see ``monitoring.heldout.measure_in_place``).
 
         Returns:
             ``{name: value}`` with the keys of the training-batch values.

@@ -26,10 +26,10 @@ from mmae_plugin.evaluation.knn import (NeighbourBank, check_knn_args,
 from mmae_plugin.matrix_info.pooling import check_pooling_name
 from mmae_plugin.models.utils.gather import gather_rows
 from mmae_plugin.utils.validation import check_choice, check_int
-from . import online_probe_parts as parts
-from .matrix_info_heldout import (is_fsdp, seeded_rng, training_autocast,
+from ..monitoring import online_probe as parts
+from ..monitoring.heldout import (is_fsdp, seeded_rng, training_autocast,
                                   training_state_kept)
-from .matrix_info_taps import BranchTaps, checked_branch
+from ..monitoring.taps import BranchTaps, checked_branch
 
 #: What the probe trains on (see ``train_features``).
 TRAIN_FEATURES = ('tapped', 'eval')
@@ -43,7 +43,7 @@ class OnlineProbeHook(Hook):
 
     Every training iteration the hook takes the tapped encoder features of
     the batch (``branch``; by default the feature the algorithm's linear
-    probe reads, see :func:`~.online_probe_parts.default_probe_branch`),
+    probe reads, see ``monitoring.online_probe.default_probe_branch``),
     detached and cast to float32, gathers them and their ``gt_label`` over
     ranks, takes one step of its own optimizer on a BatchNorm (no affine) +
     linear classifier, and keeps them in a bounded kNN memory. Every

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
+from mmengine.dist import broadcast_object_list, get_rank, get_world_size
 from mmengine.hooks import CheckpointHook
 from mmengine.runner import BaseLoop
 
@@ -113,6 +114,12 @@ def runner_checkpoint_folder(runner) -> str:
     return str(runner.work_dir)
 
 
+def _refuse_new_run_in_the_way(folder: str,
+                               limits: Tuple[float, float]) -> None:
+    refuse_in_the_way(folder, read_record(folder), None, (0, 0), 'a new run',
+                      limits)
+
+
 def _train_limits(runner) -> Tuple[float, float]:
     loop = getattr(runner, '_train_loop', None)
     return (getattr(loop, 'max_iters',
@@ -137,11 +144,11 @@ class ResumeGateMixin:
         folder = runner_checkpoint_folder(self)
         training = isinstance(getattr(self, '_train_loop', None), BaseLoop)
         if training and not self._resume:
-            self._logged(refuse_in_the_way, folder, read_record(folder), None,
-                         (0, 0), 'a new run', _train_limits(self))
+            self._decided_on_rank0(_refuse_new_run_in_the_way, folder,
+                                   _train_limits(self))
         if self._resume is True and self._load_from is None:
-            choice = self._logged(choose_resume_checkpoint, folder,
-                                  _train_limits(self))
+            choice = self._decided_on_rank0(choose_resume_checkpoint, folder,
+                                            _train_limits(self))
             for note in choice.notes:
                 self.logger.warning(note)
             if choice.skipped:
@@ -239,6 +246,25 @@ class ResumeGateMixin:
                 self._logged(self._accept, self._resuming,
                              kwargs['checkpoint'])
         super().call_hook(fn_name, **kwargs)
+
+    def _decided_on_rank0(self, decide, *args) -> Any:
+        """``decide(*args)`` on rank 0, its result or refusal on every rank:
+        all ranks continue from the same checkpoint, or all stop with the
+        same message, whatever each rank's view of the folder."""
+        if get_world_size() == 1:
+            return self._logged(decide, *args)
+        outcome = [None]
+        if get_rank() == 0:
+            try:
+                outcome = [(True, decide(*args))]
+            except Exception as err:  # noqa: BLE001 (raised on every rank)
+                outcome = [(False, err)]
+        broadcast_object_list(outcome)
+        decided, value = outcome[0]
+        if not decided:
+            self.logger.error(str(value))
+            raise value
+        return value
 
     def _logged(self, check, *args) -> Any:
         # The run's log file, not only stderr, must say why it stopped.

@@ -6,7 +6,7 @@ tuple output, which rows and how token outputs are pooled.
 :func:`checked_branch` validates one; :class:`BranchTaps` holds the PyTorch
 forward hooks that keep those tensors from the training forward pass itself
 (no second forward). The defaults of each algorithm are in
-:mod:`.matrix_info_branches`.
+:mod:`.branches`.
 """
 import contextlib
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -17,7 +17,7 @@ from mmae_plugin.matrix_info.pooling import (check_pooling_name,
                                              pool_token_sequence)
 from mmae_plugin.utils.validation import check_choice, check_int
 # default_branches stays importable from here (its former home).
-from .matrix_info_branches import default_branches  # noqa: F401
+from .branches import default_branches  # noqa: F401
 
 #: Row selections: every row, view 1 / view 2 of an interleaved batch, or
 #: every row in an order the model permuted (MoCo's batch shuffle).

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from mmae_plugin.utils.validation import (check_bool, check_choice,
                                           check_config, check_int)
-from .matrix_info_measure import average_values
-from .matrix_info_taps import BranchTaps
+from .measure import average_values
+from .taps import BranchTaps
 
 #: Modes of the network during the held-out pass: ``'eval'`` (BatchNorm
 #: running statistics, the network as a linear probe sees it) or ``'train'``

@@ -1,7 +1,7 @@
 """The default branches of :class:`~.MatrixInfoHook`, per algorithm.
 
 One small function per algorithm family returns its branch specifications
-(see :func:`~.matrix_info_taps.checked_branch`); :func:`branch_table` maps
+(see :func:`~.taps.checked_branch`); :func:`branch_table` maps
 each algorithm class of mmpretrain 1.2 (and the plugin's) to its function.
 Why each algorithm is tapped where it is: docs/matrix_info.md.
 """

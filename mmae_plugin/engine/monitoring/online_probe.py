@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from mmae_plugin.utils.validation import check_config, check_real
-from .matrix_info_branches import default_branches
-from .matrix_info_heldout import seeded_rng
+from .branches import default_branches
+from .heldout import seeded_rng
 
 NAME = 'OnlineProbeHook'
 
@@ -189,7 +189,7 @@ def batch_labels(data_samples: Optional[Sequence[Any]]) -> Tensor:
 def training_sample_has_label(dataset: Any, seed: int) -> bool:
     """Whether sample 0 of ``dataset`` keeps its ``gt_label``.
 
-    The sample is drawn inside :func:`~.matrix_info_heldout.seeded_rng`,
+    The sample is drawn inside :func:`~.heldout.seeded_rng`,
     so the pipeline's random draws leave the training streams alone.
     """
     with seeded_rng(seed, torch.device('cpu')):
