@@ -481,7 +481,7 @@ class TwoRankRecord(Hook):
         hook = deferred_runtime_info_hook(runner)
         if hook is None:
             raise RuntimeError('TwoRankRecord needs DeferredRuntimeInfoHook '
-                               "(default_hooks.runtime_info)")
+                               '(default_hooks.runtime_info)')
         hook.subscribe(self._listen, every_rank=True)
 
     @staticmethod

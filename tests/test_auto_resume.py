@@ -187,8 +187,7 @@ def test_pretrained_init_cfg_checkpoint_is_verified(tmp_path):
     from mmengine.model import BaseModule
 
     from mmae_plugin.engine.runners import MMAERunner
-    from mmae_plugin.engine.runners.resume_gate import \
-        pretrained_checkpoints
+    from mmae_plugin.engine.runners.resume_gate import pretrained_checkpoints
 
     toy_runner(tmp_path, max_epochs=1).train()
     path = str(tmp_path / 'epoch_1.pth')

@@ -94,9 +94,8 @@ def test_a_copied_experiment_continues_from_its_own_copies(tmp_path):
     start = run(copy, 5, max_keep_ckpts=1, resume=True, out_dir=str(out_b))
     assert (start.epoch, start.iter) == (3, 6)
     assert snapshot(out_a) == before  # the original: every byte kept
-    assert sorted(os.listdir(out_b / 'exp')) == [
-        'checkpoint_record.jsonl', 'epoch_5.pth'
-    ]
+    assert sorted(os.listdir(
+        out_b / 'exp')) == ['checkpoint_record.jsonl', 'epoch_5.pth']
 
 
 @pytest.mark.parametrize('how', ['same size, other bytes', 'link'])
@@ -120,14 +119,14 @@ def test_retention_confirms_each_file_before_deleting_it(tmp_path, how):
         json.loads(line) for line in open(tmp_path / RECORD_NAME)
         if '"removed"' in line
     ]
-    assert sorted((e['path'], 'left' in e) for e in removed) == [
-        ('epoch_1.pth', True), ('epoch_2.pth', False), ('epoch_3.pth', False)
-    ]
+    assert sorted(
+        (e['path'], 'left' in e) for e in removed) == [('epoch_1.pth', True),
+                                                       ('epoch_2.pth', False),
+                                                       ('epoch_3.pth', False)]
 
 
 @pytest.mark.parametrize('record', ['deleted', 'empty'])
-def test_no_fresh_start_over_the_runs_files_without_a_record(
-        tmp_path, record):
+def test_no_fresh_start_over_the_runs_files_without_a_record(tmp_path, record):
     run(tmp_path, 2)
     if record == 'deleted':
         os.remove(tmp_path / RECORD_NAME)
@@ -147,8 +146,7 @@ def test_no_fresh_start_over_the_runs_files_without_a_record(
     assert message in logs(tmp_path)
 
 
-def test_a_dangling_record_link_stops_naming_the_link_and_the_files(
-        tmp_path):
+def test_a_dangling_record_link_stops_naming_the_link_and_the_files(tmp_path):
     run(tmp_path, 2)
     os.remove(tmp_path / RECORD_NAME)
     os.symlink(tmp_path / 'gone' / RECORD_NAME, tmp_path / RECORD_NAME)
@@ -188,8 +186,12 @@ def test_a_new_run_never_saves_over_an_earlier_runs_files(tmp_path):
 
 def test_forged_positions_count_nothing_in_the_redone_figure(tmp_path):
     run(tmp_path, 2)
-    forge(tmp_path, 'epoch_7.pth', tmp_path / 'epoch_2.pth', iter=10**18,
-          epoch=7)
+    forge(
+        tmp_path,
+        'epoch_7.pth',
+        tmp_path / 'epoch_2.pth',
+        iter=10**18,
+        epoch=7)
     forge(tmp_path, 'iter_9.pth', tmp_path / 'epoch_2.pth', iter=9, epoch=0)
     start = run(tmp_path, 3, resume=True)
     assert (start.epoch, start.iter) == (2, 4)

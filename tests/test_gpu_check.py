@@ -284,7 +284,7 @@ def test_unknown_argument_is_refused(repo_root):
                           capture_output=True,
                           text=True)
     assert proc.returncode == 2
-    assert "usage: bash dev/gpu_check.sh [--dry-run] [--plan] " \
+    assert 'usage: bash dev/gpu_check.sh [--dry-run] [--plan] ' \
         "(got '--fast')" in proc.stderr
 
 

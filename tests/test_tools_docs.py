@@ -70,8 +70,8 @@ def test_readme_own_config_block_builds_mmae_from_mmpretrains_recipe(
     upstream = Config.fromfile(str(tmp_path / 'upstream.py'))
     assert cfg.model.backbone == upstream.model.backbone
     assert cfg.train_dataloader == upstream.train_dataloader
-    images = torch.randn(2, 3, 224, 224,
-                         generator=torch.Generator().manual_seed(0))
+    images = torch.randn(
+        2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     losses = model.loss(images, [DataSample() for _ in range(2)])
     assert torch.isfinite(sum(losses.values()))
 

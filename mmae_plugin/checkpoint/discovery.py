@@ -92,8 +92,8 @@ def choose_resume_checkpoint(
     notes = [record.damage_note()] if record.damage_note() else []
     if not record.entries and not record.damaged and not record.unreadable:
         choice = _migration_choice(work_dir, notes, record.run_id)
-        refuse_in_the_way(work_dir, record, record.run_id,
-                          choice.position(), 'auto-resume', limits)
+        refuse_in_the_way(work_dir, record, record.run_id, choice.position(),
+                          'auto-resume', limits)
         return choice
     skipped = []
     for entry in record.checkpoints():

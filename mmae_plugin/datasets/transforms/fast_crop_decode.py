@@ -285,7 +285,7 @@ class DecodeRandomResizedCrop(RandomResizedCrop):
                  region_decode: bool = True) -> None:
         if interpolation not in PIL_FILTERS:
             raise ValueError('DecodeRandomResizedCrop: interpolation must be '
-                             f"one of {sorted(PIL_FILTERS)}, got "
+                             f'one of {sorted(PIL_FILTERS)}, got '
                              f'{interpolation!r}')
         if not 0.0 <= flip_prob <= 1.0:
             raise ValueError('DecodeRandomResizedCrop: flip_prob must be in '

@@ -88,7 +88,7 @@ def check_optimizer(cfg: Any) -> dict:
     kind = cfg['type']
     if isinstance(kind, str) and OPTIMIZERS.get(kind) is None:
         raise ValueError(
-            f"optimizer type must name a registered optimizer such as "
+            f'optimizer type must name a registered optimizer such as '
             f"'AdamW' or 'SGD', got {kind!r}")
     if 'params' in cfg:
         raise ValueError('optimizer must not set params: the probe '

@@ -45,7 +45,7 @@ def check_row_pairing(branches: Sequence[dict], kernel: str) -> None:
     if kernel == 'gram' and len(branches) == 2 and shuffled:
         raise ValueError(
             "MatrixInfoHook: a branch with rows='shuffled' (MoCo v2 and "
-            "DenseCL keys are batch-shuffled) cannot be paired row by row "
+            'DenseCL keys are batch-shuffled) cannot be paired row by row '
             "with kernel='gram'; use kernel='covariance', whose quantities "
             'do not depend on the order of the rows')
 

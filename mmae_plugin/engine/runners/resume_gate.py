@@ -114,8 +114,8 @@ def runner_checkpoint_folder(runner) -> str:
     return str(runner.work_dir)
 
 
-def _refuse_new_run_in_the_way(folder: str,
-                               limits: Tuple[float, float]) -> None:
+def _refuse_new_run_in_the_way(folder: str, limits: Tuple[float,
+                                                          float]) -> None:
     refuse_in_the_way(folder, read_record(folder), None, (0, 0), 'a new run',
                       limits)
 
