@@ -31,7 +31,6 @@ import os.path as osp
 import statistics
 import sys
 import tempfile
-import time
 from types import ModuleType
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -170,31 +169,6 @@ def region_decodes(paths: List[str], draws: int = 20) -> Dict:
 
 
 # ---------------------------------------------------------------- timing
-def timed_round(run: Callable, paths: List[str]) -> Dict:
-    """Run over every image once; CPU and wall seconds."""
-    cpu, wall = time.process_time(), time.perf_counter()
-    for path in paths:
-        run(path)
-    return dict(
-        cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - wall)
-
-
-def measure(pipelines: Dict[str, Callable], paths: List[str],
-            rounds: int) -> Dict[str, List[Dict]]:
-    """Interleaved rounds (order swapped every round), after one untimed
-    pass of each pipeline over a few images."""
-    for run in pipelines.values():
-        for path in paths[:8]:
-            run(path)
-    names = list(pipelines)
-    results: Dict[str, List[Dict]] = {name: [] for name in names}
-    for index in range(rounds):
-        order = names if index % 2 == 0 else names[::-1]
-        for name in order:
-            results[name].append(timed_round(pipelines[name], paths))
-    return results
-
-
 def rates(rounds: List[Dict], count: int, key: str) -> List[float]:
     """Images/s of each round by ``cpu_s`` or ``wall_s``."""
     return [count / r[key] for r in rounds]
@@ -255,7 +229,8 @@ def run_benchmark(args: argparse.Namespace,
         pipelines = build_pipelines(bench_pipeline)
         np.random.seed(0)
         load_before = os.getloadavg()
-        results = measure(pipelines, written['paths'], args.rounds)
+        results = bench_pipeline.measure(pipelines, written['paths'],
+                                         args.rounds)
         extra = dict(
             raw=results,
             load_average_before=list(load_before),
