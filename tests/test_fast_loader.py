@@ -17,6 +17,7 @@ whole decode. Tests of the region decoder skip where it cannot be built
 """
 import ctypes
 import io
+import itertools
 import os
 import os.path as osp
 import pickle
@@ -426,6 +427,17 @@ def test_files_without_a_usable_header_match_mmpretrain(
 
 
 # -------------------------------------------------- the box decoded alone
+#: OpenCV's sampling-factor codes.
+SAMPLING = {
+    '4:2:0': cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+    '4:2:2': cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
+    '4:4:4': cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
+    '4:1:1': cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411
+}
+#: A restart interval of one MCU (the DRI segment).
+EVERY_MCU = b'\xff\xdd\x00\x04\x00\x01'
+
+
 def reencoded(kind: str, height: int, width: int, seed: int) -> bytes:
     """A photograph-like baseline JPEG in one chroma layout or encoder."""
     data = natural_jpeg(width, height, seed)
@@ -435,9 +447,22 @@ def reencoded(kind: str, height: int, width: int, seed: int) -> bytes:
         pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         return cv2.imencode('.jpg', pixels,
                             [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    if kind.startswith('restart_every_mcu'):  # decoded from the box's MCUs
+        layout = kind.split(' ')[1]
+        pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        params = [
+            cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_RST_INTERVAL, 1
+        ]
+        if layout == 'grayscale':
+            pixels = cv2.cvtColor(pixels, cv2.COLOR_BGR2GRAY)
+        else:
+            params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SAMPLING[layout]]
+        data = cv2.imencode('.jpg', pixels, params)[1].tobytes()
+        assert EVERY_MCU in data
+        return data
     if kind == 'grayscale':
         image.convert('L').save(out, 'JPEG', quality=90)
-    elif kind == 'restart_markers':
+    elif kind == 'restart_markers':  # every MCU row: decoded as any file
         image.save(out, 'JPEG', quality=90, restart_marker_rows=1)
     elif kind == 'optimized':
         image.save(out, 'JPEG', quality=90, optimize=True)
@@ -460,7 +485,9 @@ def edge_boxes(height: int, width: int) -> List[Tuple[int, int, int, int]]:
 @needs_region
 @pytest.mark.parametrize('kind', [
     '4:2:0', '4:2:2', '4:4:4', 'grayscale', 'optimized', 'opencv',
-    'restart_markers'
+    'restart_markers', 'restart_every_mcu 4:2:0', 'restart_every_mcu 4:2:2',
+    'restart_every_mcu 4:4:4', 'restart_every_mcu 4:1:1',
+    'restart_every_mcu grayscale'
 ])
 @pytest.mark.parametrize('size', [(375, 500), (29, 37), (16, 16), (3, 70)])
 def test_region_decode_is_opencvs_whole_decode_cropped(kind, size):
@@ -478,6 +505,52 @@ def test_region_decode_is_opencvs_whole_decode_cropped(kind, size):
         out = jpeg_region.decode_region(REGION, data, size, (top, left, h, w))
         assert out is not None and out.flags.c_contiguous
         np.testing.assert_array_equal(out, whole[top:top + h, left:left + w])
+
+
+@needs_region
+@pytest.mark.parametrize('kind', [
+    '4:2:0', 'restart_every_mcu 4:2:0', 'restart_every_mcu 4:1:1',
+    'restart_every_mcu grayscale'
+])
+def test_every_box_of_a_small_image(kind):
+    """All 10,395 boxes of a 9 x 21 image, one pixel wide ones included
+    (libjpeg upsamples rows of at most two chroma samples another way):
+    OpenCV's pixels."""
+    data = reencoded(kind, 9, 21, 3)
+    whole = fast.decode(data)
+    for top, height in itertools.combinations(range(10), 2):
+        for left, width in itertools.combinations(range(22), 2):
+            box = (top, left, height - top, width - left)
+            out = jpeg_region.decode_region(REGION, data, (9, 21), box)
+            np.testing.assert_array_equal(out, whole[top:height, left:width])
+
+
+def damaged_first_interval(data: bytes) -> bytes:
+    """A file restarted at every MCU with its first MCU's data zeroed."""
+    start = data.index(b'\xff\xda')
+    start += 2 + int.from_bytes(data[start + 2:start + 4], 'big')
+    end = data.index(b'\xff\xd0', start)
+    return data[:start] + bytes(end - start) + data[end:]
+
+
+@needs_region
+def test_a_file_restarted_at_every_mcu_is_decoded_from_the_boxs_mcus():
+    """Only the MCUs around the box are read: damage in the first MCU
+    leaves a box below it exact and warning-free, where a decode that
+    reads the rows above the box carries the damage down (or warns)."""
+    clean = reencoded('restart_every_mcu 4:2:0', 375, 500, 5)
+    plain = reencoded('4:2:0', 375, 500, 5)
+    whole = fast.decode(clean)
+    box = (200, 300, 100, 150)
+    out = jpeg_region.decode_region(REGION, damaged_first_interval(clean),
+                                    (375, 500), box)
+    np.testing.assert_array_equal(out, whole[200:300, 300:450])
+    middle = plain.index(b'\xff\xda') + 200
+    damaged_plain = plain[:middle] + bytes(8) + plain[middle + 8:]
+    out = jpeg_region.decode_region(REGION, damaged_plain, (375, 500), box)
+    assert out is None or not np.array_equal(
+        out,
+        fast.decode(plain)[200:300, 300:450])
 
 
 @needs_region
@@ -742,10 +815,14 @@ def test_bench_loader_reports_both_pipelines(capsys):
         s['type'] for s in MMPRETRAIN_STEPS
     ]
     assert result['steps']['fast'] == [s['type'] for s in FAST_STEPS]
+    assert result['steps']['fast_restarts'] == result['steps']['fast']
     assert result['summary']['ratio']['of_medians'] > 0
+    assert result['summary']['ratio_restarts']['of_medians'] > 0
+    assert -0.2 < result['restart_copies']['change'] < 0.2
     assert result['dct_scale_fractions'][1] == 1.0  # ImageNet-sized files
     region = result['region_decode']
     assert region['available'] == (REGION is not None)
     assert region['fraction'] == (1.0 if REGION is not None else 0.0)
     assert 0.2 <= region['mean_pixels_reconstructed'] <= 1.0
-    assert 'fast / mmpretrain:' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert 'fast / mmpretrain:' in out and 'fast_restarts / mmpretrain' in out

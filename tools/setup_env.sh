@@ -62,6 +62,22 @@ else
   log "(to decode only the crop: sudo apt-get install gcc libjpeg-dev)"
 fi
 
+# Optional: jpegtran (libjpeg-turbo-progs), with which
+# tools/dataset_converters/add_jpeg_restarts.py writes lossless copies of a
+# dataset's JPEGs that the loader decodes faster (its tests need it).
+if command -v jpegtran >/dev/null; then
+  log "jpegtran found (tools/dataset_converters/add_jpeg_restarts.py)"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  log "installing libjpeg-turbo-progs (jpegtran, add_jpeg_restarts.py)"
+  if ! { apt-get update -qq && apt-get install -y -qq libjpeg-turbo-progs \
+      >/dev/null; }; then
+    log "could not install it: add_jpeg_restarts.py will not run"
+  fi
+else
+  log "no jpegtran: add_jpeg_restarts.py will not run"
+  log "(sudo apt-get install libjpeg-turbo-progs)"
+fi
+
 if ls "$FMNIST_ROOT"/train-images-idx3-ubyte* >/dev/null 2>&1; then
   log "Fashion-MNIST found in $FMNIST_ROOT"
 elif [ "$FMNIST_ROOT" = /usr/share/datasets/fashion-mnist ] \

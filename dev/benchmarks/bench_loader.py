@@ -13,7 +13,11 @@ file size, or all at ``--size``):
   ``DecodeRandomResizedCrop`` (the same draws; decode, crop, resize and
   flip in one step; only the box decoded where the region decoder,
   ``mmae_plugin/datasets/transforms/jpeg_region.py``, is built) ->
-  ``PackInputs``.
+  ``PackInputs``;
+* ``fast_restarts``: ``fast`` over copies of the same files with a restart
+  marker after every MCU (``tools/dataset_converters/add_jpeg_restarts.py``,
+  lossless: the same pixels), from which the region decoder reads only the
+  box's MCUs.
 
 The two run in interleaved rounds (the order swapped every round); per
 pipeline the median images/s of the rounds by CPU time of this process
@@ -39,7 +43,7 @@ import numpy as np
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(osp.dirname(HERE))
 RECIPE = 'configs/mae_vit-base_200e.py'
-PIPELINES = ('mmpretrain', 'fast')
+PIPELINES = ('mmpretrain', 'fast', 'fast_restarts')
 
 
 def sibling(name: str) -> ModuleType:
@@ -95,23 +99,29 @@ def pipeline_steps(config: str) -> List[dict]:
     return [dict(step) for step in steps]
 
 
-def build_pipelines(bench_pipeline: ModuleType) -> Dict[str, Callable]:
+def build_pipelines(bench_pipeline: ModuleType,
+                    restarted: Dict[str, str]) -> Dict[str, Callable]:
     """Per-image functions (``img_path`` -> packed results) of mmpretrain's
-    MAE pipeline (``bench_pipeline``'s ``recipe``) and of the recipe's."""
+    MAE pipeline (``bench_pipeline``'s ``recipe``) and of the recipe's, the
+    latter also over the restart-marked copy of each file (``restarted``:
+    path -> the copy's path)."""
     from mmengine.dataset import Compose
     from mmengine.registry import init_default_scope
 
     import mmae_plugin.registration  # noqa: F401
     init_default_scope('mmpretrain')
     configs = dict(
-        mmpretrain=bench_pipeline.recipe_path(), fast=osp.join(REPO, RECIPE))
+        mmpretrain=bench_pipeline.recipe_path(),
+        fast=osp.join(REPO, RECIPE),
+        fast_restarts=osp.join(REPO, RECIPE))
+    copies = dict(fast_restarts=restarted)
     built = {}
     for name in PIPELINES:
         steps = pipeline_steps(configs[name])
         pipeline = Compose(steps)
 
-        def run(path: str, pipeline=pipeline):
-            return pipeline(dict(img_path=path))
+        def run(path: str, pipeline=pipeline, copy=copies.get(name)):
+            return pipeline(dict(img_path=copy[path] if copy else path))
 
         run.steps = [step['type'] for step in steps]
         built[name] = run
@@ -168,6 +178,30 @@ def region_decodes(paths: List[str], draws: int = 20) -> Dict:
         mean_pixels_reconstructed=float(np.mean(pixels)))
 
 
+def restart_marked_copies(paths: List[str], folder: str) -> Dict[str, str]:
+    """Each file converted as ``add_jpeg_restarts.py`` converts it, into
+    ``folder``; path -> the copy's path."""
+    from mmae_plugin.datasets.jpeg_restarts import add_restarts
+    os.makedirs(folder)
+    copies = {}
+    for path in paths:
+        with open(path, 'rb') as f:
+            data = add_restarts(f.read())
+        if data is None:
+            raise RuntimeError(f'jpegtran could not convert {path}')
+        copies[path] = osp.join(folder, osp.basename(path))
+        with open(copies[path], 'wb') as f:
+            f.write(data)
+    return copies
+
+
+def copy_sizes(copies: Dict[str, str]) -> Dict[str, float]:
+    """Bytes of the originals and of their restart-marked copies."""
+    before = sum(osp.getsize(path) for path in copies)
+    after = sum(osp.getsize(copy) for copy in copies.values())
+    return dict(bytes=before, restart_bytes=after, change=after / before - 1)
+
+
 # ---------------------------------------------------------------- timing
 def rates(rounds: List[Dict], count: int, key: str) -> List[float]:
     """Images/s of each round by ``cpu_s`` or ``wall_s``."""
@@ -186,13 +220,15 @@ def summarise(results: Dict[str, List[Dict]], count: int) -> Dict:
             images_per_s_wall=statistics.median(wall),
             wall_spread=[min(wall), max(wall)],
             ms_per_image=1e3 / statistics.median(cpu))
-    if set(PIPELINES) <= set(out):
+    for name, key in (('fast', 'ratio'), ('fast_restarts', 'ratio_restarts')):
+        if name not in out or 'mmpretrain' not in out:
+            continue
         per_round = [
             m['cpu_s'] / f['cpu_s']
-            for m, f in zip(results['mmpretrain'], results['fast'])
+            for m, f in zip(results['mmpretrain'], results[name])
         ]
-        out['ratio'] = dict(
-            of_medians=out['fast']['images_per_s_cpu'] /
+        out[key] = dict(
+            of_medians=out[name]['images_per_s_cpu'] /
             out['mmpretrain']['images_per_s_cpu'],
             per_round=per_round,
             per_round_median=statistics.median(per_round))
@@ -213,11 +249,13 @@ def table(summary: Dict) -> str:
             f'| {name} | {row["images_per_s_cpu"]:.0f} | '
             f'{row["cpu_spread"][0]:.0f}-{row["cpu_spread"][1]:.0f} | '
             f'{row["images_per_s_wall"]:.0f} | {row["ms_per_image"]:.2f} |')
-    if 'ratio' in summary:
-        ratio = summary['ratio']
-        rounds = ', '.join(f'{r:.2f}' for r in ratio['per_round'])
-        lines.append(f'\nfast / mmpretrain: {ratio["of_medians"]:.2f} '
-                     f'(per round: {rounds})')
+    lines.append('')
+    for name, key in (('fast', 'ratio'), ('fast_restarts', 'ratio_restarts')):
+        if key in summary:
+            ratio = summary[key]
+            rounds = ', '.join(f'{r:.2f}' for r in ratio['per_round'])
+            lines.append(f'{name} / mmpretrain: {ratio["of_medians"]:.2f} '
+                         f'(per round: {rounds})')
     return '\n'.join(lines)
 
 
@@ -226,7 +264,9 @@ def run_benchmark(args: argparse.Namespace,
     """Write the files, time both pipelines; (images, summary, extra)."""
     with tempfile.TemporaryDirectory(prefix='bench_loader_') as folder:
         written = write_jpegs(bench_pipeline, folder, args.images, args.size)
-        pipelines = build_pipelines(bench_pipeline)
+        restarted = restart_marked_copies(written['paths'],
+                                          osp.join(folder, 'restarts'))
+        pipelines = build_pipelines(bench_pipeline, restarted)
         np.random.seed(0)
         load_before = os.getloadavg()
         results = bench_pipeline.measure(pipelines, written['paths'],
@@ -237,7 +277,8 @@ def run_benchmark(args: argparse.Namespace,
             steps={name: run.steps
                    for name, run in pipelines.items()},
             dct_scale_fractions=reduced_decodes(written['paths']),
-            region_decode=region_decodes(written['paths']))
+            region_decode=region_decodes(written['paths']),
+            restart_copies=copy_sizes(restarted))
     written.pop('paths')
     return written, summarise(results, args.images), extra
 
@@ -277,6 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     else:
         print('region decoding unavailable '
               f'({region["unavailable_reason"]}): whole decodes')
+    sizes = extra['restart_copies']
+    print(f'restart-marked copies: {100 * sizes["change"]:+.1f} % bytes')
     print(table(summary))
     if args.out:
         with open(args.out, 'w') as f:

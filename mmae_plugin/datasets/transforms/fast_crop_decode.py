@@ -11,7 +11,8 @@ Here the file is read as bytes (:class:`LoadImageBytes`) and
   boxes, as mmpretrain's transform on the decoded image);
 * decodes only the box of a baseline JPEG (libjpeg-turbo's partial
   decoding, :mod:`.jpeg_region`: the rows above it Huffman-decoded only,
-  the rows below it not at all, the iMCU columns outside it skipped), with
+  the rows below it not at all, the iMCU columns outside it skipped; in a
+  file restarted at every MCU, only the box's MCUs read at all), with
   exactly the pixels of OpenCV's whole decode; where that decoder is not
   available (no C compiler or libjpeg header to build it), or for other
   files (progressive, EXIF-rotated, PNG...), decodes with OpenCV as
