@@ -27,8 +27,9 @@ Here the file is read as bytes (:class:`LoadImageBytes`) and
 Its output is ``RandomResizedCrop``'s: a BGR uint8 HWC array (after a
 full-scale decode, a view of a CHW buffer that ``PackInputs`` takes without
 a copy unless flipped), ``img_shape`` and ``ori_shape``. On ImageNet-sized
-JPEGs it delivers 1.8 times the images per second of a worker core
-(1.6-1.7 times where it decodes whole files; docs/gpu_clusters.md,
+JPEGs it delivers 1.9 times the images per second of a worker core, 2.1-2.3
+times on copies restarted at every MCU (``add_jpeg_restarts.py``), 1.6-1.7
+times where it decodes whole files (docs/gpu_clusters.md,
 dev/benchmarks/bench_loader.py).
 """
 import ctypes
