@@ -73,7 +73,7 @@ USER_TOOLS = ('tools/_cli.py', 'tools/train.py', 'tools/test.py',
               'tools/dist_train.sh', 'tools/dist_test.sh',
               'tools/slurm_train.sh', 'tools/slurm_test.sh',
               'tools/compare.py', 'tools/analysis/', 'tools/model_converters/',
-              'tools/theory/')
+              'tools/dataset_converters/', 'tools/theory/')
 # Names of the development harness (dev/, never shipped).
 DEV_NAMES = ('gpu_check', 'gpu_wheels', 'compat_check', 'upstream_suites',
              'benchmarks', 'bench_', 'export_zoo', 'legacy_runs',
