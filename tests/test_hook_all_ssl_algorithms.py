@@ -567,3 +567,67 @@ def test_blocks_then_rows_select_the_crops():
     torch.testing.assert_close(select_rows(z, 'odd', (2, 3)), z[[9, 11]])
     with pytest.raises(ValueError, match='multiple of 5'):
         select_rows(z, 'all', (0, 5))
+
+
+#: Algorithms whose loss forward changes more than buffers: CAE steps its
+#: teacher (``momentum_update``), SwAV normalises its prototypes in place
+#: and pushes the batch into its queue (a plain tensor attribute, here from
+#: the first epoch on), MoCo v2 enqueues its keys (buffers), BYOL steps its
+#: target network (mmengine's ``BaseAveragedModel``).
+STATEFUL_FORWARDS = {
+    'cae': {},
+    'swav': {
+        'custom_hooks.0.epoch_queue_starts': 0,
+        'custom_hooks.0.queue_length': 2 * BATCH
+    },
+    'mocov2': {},
+    'byol': {}
+}
+
+
+def train_twice_with_heldout(name: str, work_dir: str, images: str, clip: str,
+                             heldout: bool) -> Runner:
+    """Two epochs of the shrunk config, with or without a held-out pass
+    (at the start and after each epoch, on the training images)."""
+    case = CASES[name]
+    cfg = shrunk_config(case, work_dir, images, clip)
+    cfg.merge_from_dict(STATEFUL_FORWARDS[name])
+    cfg.train_cfg.max_epochs = 2
+    if heldout:
+        cfg.custom_hooks[-1]['heldout'] = dict(
+            dataset=copy.deepcopy(cfg.train_dataloader.dataset),
+            num_batches=1,
+            batch_size=BATCH)
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    return runner
+
+
+def tensors_of(runner: Runner) -> Dict[str, torch.Tensor]:
+    """The model's state dict and, for SwAV, its queue."""
+    model = runner.model
+    tensors = dict(model.state_dict())
+    loss = getattr(getattr(model, 'head', None), 'loss_module', None)
+    if getattr(loss, 'queue', None) is not None:
+        tensors['queue'] = loss.queue
+    return tensors
+
+
+@pytest.mark.parametrize('name', list(STATEFUL_FORWARDS))
+def test_heldout_pass_leaves_training_unchanged(name, tmp_path, image_folder,
+                                                tiny_clip):
+    """Three held-out passes (at the start and after each of 2 epochs)
+    leave every parameter, buffer and queue bit for bit where training
+    without them leaves it."""
+    plain = train_twice_with_heldout(name, str(tmp_path / 'plain'),
+                                     image_folder, tiny_clip, False)
+    measured = train_twice_with_heldout(name, str(tmp_path / 'heldout'),
+                                        image_folder, tiny_clip, True)
+    hook = next(h for h in measured.hooks if isinstance(h, MatrixInfoHook))
+    assert hook.heldout is not None
+    assert measured.message_hub.get_scalar(
+        'minfo_heldout/' + expected_keys(CASES[name])[0]) is not None
+    ours, theirs = tensors_of(measured), tensors_of(plain)
+    assert ours.keys() == theirs.keys()
+    changed = [k for k in ours if not torch.equal(ours[k], theirs[k])]
+    assert not changed, changed

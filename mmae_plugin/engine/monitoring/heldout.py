@@ -203,16 +203,33 @@ _MODULE_MACHINERY = frozenset(vars(nn.Module()))
 
 #: Values a forward can only rebind, never change in place (so the reference
 #: is the snapshot).
-_KEPT_BY_REFERENCE = (Tensor, nn.Module, int, float, str, bool, tuple,
-                      frozenset, type(None))
+_KEPT_BY_REFERENCE = (nn.Module, int, float, str, bool, tuple, frozenset,
+                      type(None))
+
+
+@dataclass(frozen=True)
+class _KeptTensor:
+    """A tensor attribute and its values: a forward may write into it (SwAV
+    pushes each batch into its queue), so it is restored in place."""
+    tensor: Tensor
+    values: Tensor
+
+    def restore(self) -> Tensor:
+        """The same tensor, with its values as they were."""
+        with torch.no_grad():
+            self.tensor.copy_(self.values)
+        return self.tensor
 
 
 def _snapshot(value: Any) -> Any:
-    """A value as it is now: tensors and modules by reference (rebinding,
-    not mutation, is what a forward does to them), other objects copied
-    (a forward may mutate them, e.g. a gatherer agreeing its layout)."""
+    """A value as it is now: modules by reference (rebinding, not mutation,
+    is what a forward does to them), tensors with a copy of their values,
+    other objects copied (a forward may mutate them, e.g. a gatherer
+    agreeing its layout)."""
     if isinstance(value, _KEPT_BY_REFERENCE):
         return value
+    if isinstance(value, Tensor):
+        return _KeptTensor(value, value.detach().clone())
     try:
         return copy.copy(value)
     except TypeError:  # an uncopyable handle (a lock, a process group)
@@ -226,6 +243,45 @@ def own_state(module: nn.Module) -> Dict[str, Any]:
         for name, value in vars(module).items()
         if name not in _MODULE_MACHINERY
     }
+
+
+def restore_own_state(module: nn.Module, state: Dict[str, Any]) -> None:
+    """Put back what :func:`own_state` took (tensors in place)."""
+    vars(module).update({
+        name: value.restore() if isinstance(value, _KeptTensor) else value
+        for name, value in state.items()
+    })
+
+
+@contextlib.contextmanager
+def parameters_kept(model: nn.Module) -> Iterator[None]:
+    """Undo, on exit, what a forward wrote into the parameters.
+
+    SwAV's loss normalises its prototypes in place, CAE's rebinds its
+    teacher's ``.data`` in a momentum step: a forward outside training must
+    not move them. The values are kept on the CPU (no device memory) and
+    written back whatever happened to them. FSDP's flat parameters, whose
+    data FSDP itself swaps between shards and gathered copies, are left to
+    it.
+
+    Args:
+        model: The module the forward runs on.
+    """
+    kept = [(param, param.data, param.detach().to('cpu', copy=True))
+            for param in model.parameters() if not is_flat_parameter(param)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for param, data, values in kept:
+                if param.data_ptr() != data.data_ptr():
+                    param.data = data
+                param.copy_(values)
+
+
+def is_flat_parameter(param: nn.Parameter) -> bool:
+    """Whether ``param`` is one of FSDP's flat parameters."""
+    return type(param).__name__ == 'FlatParameter'
 
 
 def _no_update(*args: Any, **kwargs: Any) -> None:
@@ -259,10 +315,10 @@ def training_state_kept(model: nn.Module) -> Iterator[None]:
     """Undo, on exit, what a loss forward did to ``model`` besides outputs.
 
     Restores each module's train/eval mode, every buffer (BatchNorm
-    statistics), the modules' own attributes (a regulariser's skip code and
-    gather layout) and freezes the momentum networks inside; FSDP's own
-    wrapper state is left to FSDP. Parameters need nothing (the pass runs under
-    ``torch.no_grad()``).
+    statistics, MoCo's queue), the modules' own attributes (a regulariser's
+    skip code and gather layout, SwAV's queue) and the parameters
+    (:func:`parameters_kept`), and freezes the momentum networks inside;
+    FSDP's own wrapper state is left to FSDP.
 
     Args:
         model: The module the held-out forward runs on.
@@ -272,14 +328,14 @@ def training_state_kept(model: nn.Module) -> Iterator[None]:
     states = [(module, own_state(module)) for module in model.modules()
               if not is_fsdp(module)]
     try:
-        with averaged_models_frozen(model):
+        with averaged_models_frozen(model), parameters_kept(model):
             yield
     finally:
         with torch.no_grad():
             for name, buffer in model.named_buffers():
                 buffer.copy_(buffers[name])
         for module, state in states:
-            vars(module).update(state)
+            restore_own_state(module, state)
         for module, training in modes:
             module.training = training
 
