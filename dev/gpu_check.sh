@@ -690,7 +690,8 @@ fi
 export GC_TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT_S:-45}"
 export GC_IMAGES="$GC_WORK/images"
 # ViT-B/16 shrunk to ViT-tiny at 32 x 32 (4 patches), 1 decoder layer.
-export GC_SHRINK_TEXT="model.backbone.arch=deit-tiny model.backbone.img_size=32 model.neck.num_patches=4 model.neck.embed_dim=192 model.neck.decoder_embed_dim=32 model.neck.decoder_depth=1 model.neck.decoder_num_heads=2"
+GC_SHRINK_TEXT="$("$PYTHON" "$ROOT/tests/shrunk_vit.py")"
+export GC_SHRINK_TEXT
 export GC_PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 selected() {

@@ -20,6 +20,7 @@ import torch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmpretrain.registry import MODELS
+from shrunk_vit import SHRINK
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.models.losses import TCRLoss, UniformityLoss
@@ -29,15 +30,6 @@ pytestmark = pytest.mark.cuda
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: The ViT-B recipes shrunk to ViT-tiny at 32 x 32 (4 patches, 1 visible),
 #: as the benchmark's smoke run: the recipe's code path at a test's cost.
-SHRINK = {
-    'model.backbone.arch': 'deit-tiny',
-    'model.backbone.img_size': 32,
-    'model.neck.num_patches': 4,
-    'model.neck.embed_dim': 192,
-    'model.neck.decoder_embed_dim': 32,
-    'model.neck.decoder_depth': 1,
-    'model.neck.decoder_num_heads': 2,
-}
 SYNC_MESSAGE = 'called a synchronizing CUDA operation'
 
 

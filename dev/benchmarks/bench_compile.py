@@ -15,6 +15,8 @@ Example::
     OMP_NUM_THREADS=1 python dev/benchmarks/bench_compile.py --rounds 10
 """
 import argparse
+import os.path as osp
+import runpy
 import statistics
 import time
 from typing import Callable, Dict, List
@@ -28,16 +30,11 @@ import mmae_plugin.registration  # noqa: F401
 
 FMNIST = 'configs/fashion_mnist/mmae_fmnist.py'
 VIT_BASE = 'configs/mmae_vit-base_200e.py'
-#: configs/mmae_vit-base_200e.py shrunk to ViT-tiny at 32 x 32.
-SHRINK = {
-    'model.backbone.arch': 'deit-tiny',
-    'model.backbone.img_size': 32,
-    'model.neck.num_patches': 4,
-    'model.neck.embed_dim': 192,
-    'model.neck.decoder_embed_dim': 32,
-    'model.neck.decoder_depth': 1,
-    'model.neck.decoder_num_heads': 2,
-}
+#: configs/mmae_vit-base_200e.py shrunk to ViT-tiny at 32 x 32, as the CUDA
+#: tests and dev/gpu_check.sh shrink it.
+SHRINK = runpy.run_path(
+    osp.join(osp.dirname(__file__), '..', '..', 'tests',
+             'shrunk_vit.py'))['SHRINK']
 
 
 def build_model(args) -> torch.nn.Module:
