@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
 from mmengine.runner import Runner
 from mmpretrain.registry import MODELS
 
@@ -476,3 +478,67 @@ def test_fsdp_two_processes_train_and_log(tmp_path, cpu_dist_env):
     assert_ranks_agree(
         *two_rank_run(tmp_path, cpu_dist_env, 'eval', extra=fsdp_strategy()),
         'MMFullyShardedDataParallel')
+
+
+@HOOKS.register_module(force=True)
+class StopAfterFirstEpoch(Hook):
+    """Ends the run after epoch 1 and its checkpoint, as a kill would."""
+    priority = 'LOWEST'
+
+    def after_train_epoch(self, runner) -> None:
+        if runner.epoch == 0:
+            raise KeyboardInterrupt('stopped after epoch 1')
+
+
+def checkpointed_cfg(work_dir, resume: bool = False) -> Config:
+    """2 epochs of 2 iterations, a checkpoint after each epoch, random draws
+    from the training position (``ReseedHook``: a resumed run draws what
+    the run never stopped drew)."""
+    cfg = probe_cfg(work_dir)
+    cfg.custom_hooks.insert(0, dict(type='ReseedHook'))
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1)
+    cfg.resume = resume
+    return cfg
+
+
+def last_accuracies(work_dir) -> list:
+    """The accuracies the newest log of ``work_dir`` logged last."""
+    path = sorted(
+        glob.glob(
+            os.path.join(str(work_dir), '*', 'vis_data', 'scalars.json')))[-1]
+    with open(path) as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    return [row[key] for row in rows[-1:] for key in KEYS if key in row]
+
+
+def test_a_resumed_run_continues_the_probe(tmp_path):
+    """Stopped after epoch 1 and resumed: the probe, its optimizer, the kNN
+    memory and the epoch-2 accuracies are those of the run never stopped;
+    loading the same checkpoint's weights (``load_from``) starts a new
+    probe."""
+    whole = Runner.from_cfg(checkpointed_cfg(tmp_path / 'whole'))
+    whole.train()
+    cfg = checkpointed_cfg(tmp_path / 'resumed')
+    cfg.custom_hooks.append(dict(type='StopAfterFirstEpoch'))
+    with pytest.raises(KeyboardInterrupt):
+        Runner.from_cfg(cfg).train()
+    saved = torch.load(tmp_path / 'resumed' / 'epoch_1.pth', weights_only=True)
+    assert set(saved['online_probes']) == {'online_probe'}
+    resumed = Runner.from_cfg(
+        checkpointed_cfg(tmp_path / 'resumed', resume=True))
+    resumed.train()
+    ours, theirs = the_hook(resumed), the_hook(whole)
+    for a, b in zip(ours.probe.state_dict().values(),
+                    theirs.probe.state_dict().values()):
+        assert torch.equal(a, b)
+    assert ours.probe_optimizer.state_dict()['state'][0]['step'] == \
+        theirs.probe_optimizer.state_dict()['state'][0]['step'] == 4
+    assert torch.equal(ours.memory.bank()[0], theirs.memory.bank()[0])
+    last = [last_accuracies(tmp_path / name) for name in ('whole', 'resumed')]
+    assert last[0] == last[1] and len(last[0]) == 2
+    cfg = probe_cfg(tmp_path / 'loaded')
+    cfg.load_from = str(tmp_path / 'resumed' / 'epoch_1.pth')
+    loaded = Runner.from_cfg(cfg)
+    loaded.train()
+    assert the_hook(loaded).probe_optimizer.state_dict(
+    )['state'][0]['step'] == 4  # 2 epochs of 2 steps from a new probe

@@ -35,6 +35,8 @@ from ..monitoring.taps import BranchTaps, checked_branch
 TRAIN_FEATURES = ('tapped', 'eval')
 #: The probe's optimizer unless ``optimizer=`` says otherwise.
 DEFAULT_OPTIMIZER = dict(type='AdamW', lr=1e-2, weight_decay=1e-4)
+#: The checkpoint entry holding each hook's probe, by ``prefix``.
+CHECKPOINT_KEY = 'online_probes'
 
 
 @HOOKS.register_module()
@@ -57,6 +59,9 @@ class OnlineProbeHook(Hook):
     Every rank trains the same probe on the same gathered batch and reads
     the whole held-out split, so every rank logs the same numbers. The
     training data must carry labels (checked in ``before_train``).
+    Checkpoints keep the probe, its optimizer and the kNN memory (under
+    ``'online_probes'``, by ``prefix``): a resumed run continues them, a run
+    that only loads weights (``load_from``) starts a new probe.
 
     Example::
 
@@ -131,6 +136,7 @@ class OnlineProbeHook(Hook):
         self.history: list = []
         self._loader = None
         self._autocast = None
+        self._loaded: Optional[dict] = None
 
     @staticmethod
     def _checked(branch: Any) -> dict:
@@ -183,6 +189,36 @@ class OnlineProbeHook(Hook):
                 "dataset's metainfo has no 'classes'; pass num_classes (an "
                 'integer >= 2)')
         self._autocast = training_autocast(runner.optim_wrapper)
+        if self._loaded is not None and runner.iter > 0:  # resumed
+            self._restore(self._loaded,
+                          parts.module_device(self._model(runner)))
+        self._loaded = None
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Save the probe, its optimizer and the kNN memory."""
+        if self.probe is not None:
+            checkpoint.setdefault(CHECKPOINT_KEY, {})[self.prefix] = dict(
+                probe=self.probe.state_dict(),
+                optimizer=self.probe_optimizer.state_dict(),
+                memory=self.memory.state_dict())
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Keep the saved probe for ``before_train``, which continues it
+        if the run resumes (its iteration is then past 0)."""
+        self._loaded = (checkpoint.get(CHECKPOINT_KEY) or {}).get(self.prefix)
+
+    def _restore(self, saved: dict, device: torch.device) -> None:
+        """Continue the probe, optimizer and memory of a checkpoint."""
+        self.probe = parts.probe_from_state(saved['probe'], self.seed, device)
+        self.probe_optimizer = parts.build_probe_optimizer(
+            self.optimizer_cfg, self.probe)
+        self.probe_optimizer.load_state_dict(saved['optimizer'])
+        if not self.memory.load_state_dict(saved['memory'], device):
+            print_log(
+                f'OnlineProbeHook: the checkpoint\'s kNN memory has another '
+                f'size than memory_size={self.memory.size}; it starts empty',
+                logger='current',
+                level=logging.WARNING)
 
     def _build_loader(self, runner):
         """The held-out split: ours, else the runner's val_dataloader."""

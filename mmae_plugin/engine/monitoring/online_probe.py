@@ -10,7 +10,7 @@ a batch (:func:`batch_labels`) and the held-out split
 import copy
 import itertools
 from functools import partial
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -125,6 +125,16 @@ def build_probe(dim: int, num_classes: int, seed: int,
     return nn.Sequential(norm, linear)
 
 
+def probe_from_state(state: Dict[str, Tensor], seed: int,
+                     device: torch.device) -> nn.Sequential:
+    """The probe of :func:`build_probe` with the weights of ``state`` (its
+    ``state_dict``), its size read from them."""
+    num_classes, dim = state['1.weight'].shape
+    probe = build_probe(dim, num_classes, seed, device)
+    probe.load_state_dict(state)
+    return probe
+
+
 def build_probe_optimizer(cfg: dict,
                           probe: nn.Module) -> torch.optim.Optimizer:
     """The probe's own optimizer (``cfg`` of :func:`check_optimizer`)."""
@@ -164,6 +174,29 @@ class FeatureMemory:
     def bank(self) -> Tuple[Tensor, Tensor]:
         """The kept rows and labels."""
         return self.rows[:self.filled], self.labels[:self.filled]
+
+    def state_dict(self) -> dict:
+        """What :meth:`load_state_dict` takes back (tensors and ints)."""
+        return dict(
+            rows=self.rows,
+            labels=self.labels,
+            filled=self.filled,
+            next=self._next)
+
+    def load_state_dict(self, state: dict, device: torch.device) -> bool:
+        """Continue from :meth:`state_dict`, the tensors on ``device``.
+
+        Returns:
+            False, leaving the memory empty, where it was saved with
+            another ``size``.
+        """
+        rows = state['rows']
+        if (0 if rows is None else rows.shape[0]) != self.size:
+            return False
+        self.rows = None if rows is None else rows.to(device)
+        self.labels = None if rows is None else state['labels'].to(device)
+        self.filled, self._next = int(state['filled']), int(state['next'])
+        return True
 
 
 def batch_labels(data_samples: Optional[Sequence[Any]]) -> Tensor:
