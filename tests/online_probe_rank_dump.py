@@ -25,6 +25,7 @@ class DumpOnlineProbe(Hook):
             bias=linear.bias.detach().tolist(),
             weight_dtype=str(linear.weight.dtype),
             memory_rows=hook.memory.filled,
+            heldout_rows=int(hook.last_heldout_rows),
             model=type(runner.model).__name__)
         path = os.path.join(runner.work_dir,
                             f'online_probe_rank{get_rank()}.json')

@@ -444,9 +444,12 @@ def two_rank_run(tmp_path, env, features: str, extra: str = '') -> list:
     return dumps, read_scalars(work_dir)
 
 
-def assert_ranks_agree(dumps: list, scalars: list, wrapper: str) -> None:
-    """Both ranks: the same accuracies each epoch and the same probe."""
+def assert_ranks_agree(dumps: list, scalars: list, wrapper: str,
+                       heldout_rows: int) -> None:
+    """Both ranks: the same accuracies each epoch and the same probe, each
+    having encoded ``heldout_rows`` of the 40 held-out images."""
     zero, one = dumps
+    assert zero['heldout_rows'] == one['heldout_rows'] == heldout_rows
     assert zero['model'] == one['model'] == wrapper
     assert [row['epoch'] for row in zero['history']] == [1, 2]
     assert zero['history'] == one['history']
@@ -462,9 +465,10 @@ def assert_ranks_agree(dumps: list, scalars: list, wrapper: str) -> None:
 
 def test_two_processes_log_the_same_accuracy(tmp_path, cpu_dist_env):
     """DDP on 2 gloo ranks: each rank trains the probe on the gathered
-    global batch, so the probes and the logged accuracies are equal."""
+    global batch and scores half the held-out split, so the probes and the
+    logged accuracies (counts summed over the ranks) are equal."""
     assert_ranks_agree(*two_rank_run(tmp_path, cpu_dist_env, 'tapped'),
-                       'MMDistributedDataParallel')
+                       'MMDistributedDataParallel', HELDOUT_IMAGES // 2)
 
 
 @pytest.mark.skipif(
@@ -474,10 +478,11 @@ def test_fsdp_two_processes_train_and_log(tmp_path, cpu_dist_env):
     """MMAEFlexibleRunner with the FSDP recipe's strategy on 2 gloo ranks,
     ``train_features='eval'``: the eval-mode forward of every training
     batch and the held-out pass run through the FSDP root (full
-    parameters), between FSDP training steps."""
+    parameters), between FSDP training steps; every rank scores the whole
+    held-out split (FSDP's forward is collective)."""
     assert_ranks_agree(
         *two_rank_run(tmp_path, cpu_dist_env, 'eval', extra=fsdp_strategy()),
-        'MMFullyShardedDataParallel')
+        'MMFullyShardedDataParallel', HELDOUT_IMAGES)
 
 
 @HOOKS.register_module(force=True)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from mmengine.dist import all_reduce, get_rank, get_world_size
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -56,8 +57,10 @@ class OnlineProbeHook(Hook):
     cosine, ``exp(cos / temperature)`` votes of the ``k`` nearest memory
     rows); ``<prefix>/train_loss`` is logged every iteration.
 
-    Every rank trains the same probe on the same gathered batch and reads
-    the whole held-out split, so every rank logs the same numbers. The
+    Every rank trains the same probe on the same gathered batch and
+    scores its share of the held-out split (every rank the whole split
+    under FSDP, whose forward is collective); the counts are summed over
+    ranks, so every rank logs the same numbers. The
     training data must carry labels (checked in ``before_train``).
     Checkpoints keep the probe, its optimizer and the kNN memory (under
     ``'online_probes'``, by ``prefix``): a resumed run continues them, a run
@@ -137,6 +140,9 @@ class OnlineProbeHook(Hook):
         self._loader = None
         self._autocast = None
         self._loaded: Optional[dict] = None
+        self._shard = (0, 1)
+        #: Held-out rows this rank encoded in the last evaluation.
+        self.last_heldout_rows = 0
 
     @staticmethod
     def _checked(branch: Any) -> dict:
@@ -154,8 +160,7 @@ class OnlineProbeHook(Hook):
     @staticmethod
     def _model(runner) -> nn.Module:
         """The runner's algorithm, unwrapped from DDP / FSDP wrappers."""
-        return runner.model.module if is_model_wrapper(runner.model) \
-            else runner.model
+        return OnlineProbeHook._unwrap(runner.model)
 
     def before_run(self, runner) -> None:
         """Resolve the branch and register the training tap."""
@@ -180,6 +185,8 @@ class OnlineProbeHook(Hook):
                 f"label (end the pipeline with dict(type='PackInputs'), as "
                 f'configs/fashion_mnist/mmae_fmnist_online_probe.py does) or '
                 f'remove the hook')
+        if get_world_size() > 1 and not is_fsdp(runner.model):
+            self._shard = (get_rank(), get_world_size())
         self._loader = self._build_loader(runner)
         self.num_classes = self.num_classes or parts.dataset_classes(
             self._loader)
@@ -232,7 +239,7 @@ class OnlineProbeHook(Hook):
                 'batch_size=...) naming a labelled held-out split')
         device = torch.device('cpu')
         with seeded_rng(self.seed, device):
-            return parts.build_heldout_loader(cfg)
+            return parts.build_heldout_loader(cfg, self._shard)
 
     def before_train_iter(
             self,
@@ -329,7 +336,16 @@ class OnlineProbeHook(Hook):
         finally:
             if self.probe is not None:
                 self.probe.train()
+        self.last_heldout_rows = counts['total']
+        if self._shard[1] > 1:
+            counts = summed_over_ranks(
+                counts, parts.module_device(self._unwrap(model)))
         return self._accuracies(counts)
+
+    @staticmethod
+    def _unwrap(model: nn.Module) -> nn.Module:
+        """The algorithm inside a DDP / FSDP wrapper (or ``model``)."""
+        return model.module if is_model_wrapper(model) else model
 
     @contextlib.contextmanager
     def _feature_pass(self, model: nn.Module) -> Iterator[Callable]:
@@ -346,7 +362,7 @@ class OnlineProbeHook(Hook):
             ``encode(batch) -> (rows, labels)``: float32 features of the
             branch on the batch's (first view's) images, and their labels.
         """
-        algorithm = model.module if is_model_wrapper(model) else model
+        algorithm = self._unwrap(model)
         forward_model = model if is_fsdp(model) else algorithm
         taps = BranchTaps([parts.evaluation_branch(self.branch)])
         taps.attach(algorithm)
@@ -410,3 +426,14 @@ class OnlineProbeHook(Hook):
             f'OnlineProbeHook, epoch {epoch}: {listing}',
             logger='current',
             level=logging.INFO)
+
+
+def summed_over_ranks(counts: Dict[str, Any],
+                      device: torch.device) -> Dict[str, float]:
+    """``counts`` (numbers or device scalars) summed over every rank."""
+    keys = sorted(counts)
+    values = torch.tensor([float(counts[key]) for key in keys],
+                          dtype=torch.float64,
+                          device=device)
+    all_reduce(values)
+    return dict(zip(keys, values.tolist()))

@@ -14,13 +14,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from mmae_plugin.utils.validation import check_config, check_real
 from .branches import default_branches
 from .heldout import seeded_rng
 
 NAME = 'OnlineProbeHook'
+#: (rank, ranks) of a held-out split's share; the whole split.
+Shard = Tuple[int, int]
+WHOLE: Shard = (0, 1)
 
 
 def default_probe_branch(model: nn.Module, pool: Optional[str]) -> dict:
@@ -244,21 +247,23 @@ def check_heldout_cfg(cfg: Any) -> Any:
     return cfg
 
 
-def build_heldout_loader(cfg: Any) -> DataLoader:
-    """The held-out split, read whole and in order on every rank.
+def build_heldout_loader(cfg: Any, shard: Shard = WHOLE) -> DataLoader:
+    """The held-out split in order, or one rank's share of it.
 
     Args:
         cfg: A dataloader config (``dataset``, ``batch_size``,
             ``num_workers``, ``collate_fn`` (default ``default_collate``);
             the sampler is ignored) or a
             built ``DataLoader`` (its dataset, batch size and collate).
+        shard: (rank, ranks): this rank reads samples ``rank``, ``rank +
+            ranks``, ... ((0, 1): all of them).
 
     Returns:
         A ``DataLoader`` without a distributed sampler.
     """
     if isinstance(cfg, DataLoader):
         return DataLoader(
-            cfg.dataset,
+            sharded(cfg.dataset, shard),
             batch_size=cfg.batch_size or 1,
             shuffle=False,
             collate_fn=cfg.collate_fn)
@@ -277,12 +282,20 @@ def build_heldout_loader(cfg: Any) -> DataLoader:
         FUNCTIONS.get(kind) if isinstance(kind, str) else kind, **collate)
     workers = cfg.get('num_workers', 0)
     return DataLoader(
-        dataset,
+        sharded(dataset, shard),
         batch_size=cfg.get('batch_size', 256),
         shuffle=False,
         num_workers=workers,
         persistent_workers=bool(workers and cfg.get('persistent_workers')),
         collate_fn=collate_fn)
+
+
+def sharded(dataset: Any, shard: Shard) -> Any:
+    """Samples ``rank``, ``rank + ranks``, ... of ``dataset``."""
+    rank, ranks = shard
+    if ranks == 1:
+        return dataset
+    return Subset(dataset, range(rank, len(dataset), ranks))
 
 
 def module_device(module: nn.Module) -> torch.device:
@@ -294,7 +307,10 @@ def module_device(module: nn.Module) -> torch.device:
 
 def dataset_classes(loader: DataLoader) -> Optional[int]:
     """Number of classes in the loader's dataset metainfo, if it says."""
-    classes = getattr(loader.dataset, 'metainfo', {}).get('classes')
+    dataset = loader.dataset
+    if isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    classes = getattr(dataset, 'metainfo', {}).get('classes')
     return len(classes) if classes else None
 
 
