@@ -367,7 +367,11 @@ class OnlineProbeHook(Hook):
         taps = BranchTaps([parts.evaluation_branch(self.branch)])
         taps.attach(algorithm)
         try:
-            with training_state_kept(forward_model), torch.no_grad(), \
+            # mode='tensor' runs the encoder alone, which writes no
+            # parameter (the loss forward does: SwAV, CAE), and runs every
+            # training step with train_features='eval'.
+            with training_state_kept(forward_model, keep_parameters=False), \
+                    torch.no_grad(), \
                     seeded_rng(self.seed, parts.module_device(algorithm)):
                 forward_model.eval()
                 yield functools.partial(self._encode, algorithm, forward_model,

@@ -311,7 +311,8 @@ def averaged_models_frozen(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def training_state_kept(model: nn.Module) -> Iterator[None]:
+def training_state_kept(model: nn.Module,
+                        keep_parameters: bool = True) -> Iterator[None]:
     """Undo, on exit, what a loss forward did to ``model`` besides outputs.
 
     Restores each module's train/eval mode, every buffer (BatchNorm
@@ -322,13 +323,18 @@ def training_state_kept(model: nn.Module) -> Iterator[None]:
 
     Args:
         model: The module the held-out forward runs on.
+        keep_parameters: Also restore the parameters (a CPU copy of them
+            per pass); False for a forward that writes none (``mode=
+            'tensor'``, the encoder alone).
     """
     modes = [(module, module.training) for module in model.modules()]
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     states = [(module, own_state(module)) for module in model.modules()
               if not is_fsdp(module)]
+    parameters = parameters_kept(model) if keep_parameters \
+        else contextlib.nullcontext()
     try:
-        with averaged_models_frozen(model), parameters_kept(model):
+        with averaged_models_frozen(model), parameters:
             yield
     finally:
         with torch.no_grad():
