@@ -21,6 +21,7 @@ import itertools
 import os
 import os.path as osp
 import pickle
+import shutil
 import tempfile
 from typing import Dict, List, Tuple
 
@@ -815,14 +816,17 @@ def test_bench_loader_reports_both_pipelines(capsys):
         s['type'] for s in MMPRETRAIN_STEPS
     ]
     assert result['steps']['fast'] == [s['type'] for s in FAST_STEPS]
-    assert result['steps']['fast_restarts'] == result['steps']['fast']
     assert result['summary']['ratio']['of_medians'] > 0
-    assert result['summary']['ratio_restarts']['of_medians'] > 0
-    assert -0.2 < result['restart_copies']['change'] < 0.2
+    if shutil.which('jpegtran') is not None:  # tools/setup_env.sh installs it
+        assert result['steps']['fast_restarts'] == result['steps']['fast']
+        assert result['summary']['ratio_restarts']['of_medians'] > 0
+        assert -0.2 < result['restart_copies']['change'] < 0.2
     assert result['dct_scale_fractions'][1] == 1.0  # ImageNet-sized files
     region = result['region_decode']
     assert region['available'] == (REGION is not None)
     assert region['fraction'] == (1.0 if REGION is not None else 0.0)
     assert 0.2 <= region['mean_pixels_reconstructed'] <= 1.0
     out = capsys.readouterr().out
-    assert 'fast / mmpretrain:' in out and 'fast_restarts / mmpretrain' in out
+    assert 'fast / mmpretrain:' in out
+    assert ('fast_restarts / mmpretrain' in out) == \
+        (shutil.which('jpegtran') is not None)

@@ -99,12 +99,13 @@ def pipeline_steps(config: str) -> List[dict]:
     return [dict(step) for step in steps]
 
 
-def build_pipelines(bench_pipeline: ModuleType,
-                    restarted: Dict[str, str]) -> Dict[str, Callable]:
+def build_pipelines(
+        bench_pipeline: ModuleType,
+        restarted: Optional[Dict[str, str]]) -> Dict[str, Callable]:
     """Per-image functions (``img_path`` -> packed results) of mmpretrain's
     MAE pipeline (``bench_pipeline``'s ``recipe``) and of the recipe's, the
     latter also over the restart-marked copy of each file (``restarted``:
-    path -> the copy's path)."""
+    path -> the copy's path; None: no such pipeline)."""
     from mmengine.dataset import Compose
     from mmengine.registry import init_default_scope
 
@@ -117,6 +118,8 @@ def build_pipelines(bench_pipeline: ModuleType,
     copies = dict(fast_restarts=restarted)
     built = {}
     for name in PIPELINES:
+        if name == 'fast_restarts' and restarted is None:
+            continue
         steps = pipeline_steps(configs[name])
         pipeline = Compose(steps)
 
@@ -193,15 +196,22 @@ def mcu_share(box: Tuple[int, int, int, int],
     return rows * cols / (-(-height // mcu) * -(-width // mcu))
 
 
-def restart_marked_copies(paths: List[str], folder: str) -> Dict[str, str]:
+def restart_marked_copies(paths: List[str],
+                          folder: str) -> Optional[Dict[str, str]]:
     """Each file converted as ``add_jpeg_restarts.py`` converts it, into
-    ``folder``; path -> the copy's path."""
-    from mmae_plugin.datasets.jpeg_restarts import add_restarts
+    ``folder``; path -> the copy's path (None, and why printed, without
+    ``jpegtran``)."""
+    from mmae_plugin.datasets.jpeg_restarts import (JpegtranNotFoundError,
+                                                    add_restarts)
     os.makedirs(folder)
     copies = {}
     for path in paths:
         with open(path, 'rb') as f:
-            data = add_restarts(f.read())
+            try:
+                data = add_restarts(f.read())
+            except JpegtranNotFoundError as error:
+                print(f'no restart-marked pipeline: {error}')
+                return None
         if data is None:
             raise RuntimeError(f'jpegtran could not convert {path}')
         copies[path] = osp.join(folder, osp.basename(path))
@@ -293,7 +303,7 @@ def run_benchmark(args: argparse.Namespace,
                    for name, run in pipelines.items()},
             dct_scale_fractions=reduced_decodes(written['paths']),
             region_decode=region_decodes(written['paths']),
-            restart_copies=copy_sizes(restarted))
+            restart_copies=copy_sizes(restarted) if restarted else None)
     written.pop('paths')
     return written, summarise(results, args.images), extra
 
@@ -336,7 +346,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         print('region decoding unavailable '
               f'({region["unavailable_reason"]}): whole decodes')
     sizes = extra['restart_copies']
-    print(f'restart-marked copies: {100 * sizes["change"]:+.1f} % bytes')
+    if sizes is not None:
+        print(f'restart-marked copies: {100 * sizes["change"]:+.1f} % bytes')
     print(table(summary))
     if args.out:
         with open(args.out, 'w') as f:
