@@ -260,15 +260,18 @@ def parameters_kept(model: nn.Module) -> Iterator[None]:
     SwAV's loss normalises its prototypes in place, CAE's rebinds its
     teacher's ``.data`` in a momentum step: a forward outside training must
     not move them. The values are kept on the CPU (no device memory) and
-    written back whatever happened to them. FSDP's flat parameters, whose
-    data FSDP itself swaps between shards and gathered copies, are left to
-    it.
+    written back whatever happened to them. Under FSDP, which swaps the
+    parameters' storage itself between shards and gathered copies (and
+    re-points ``use_orig_params`` views), nothing is kept.
 
     Args:
         model: The module the forward runs on.
     """
+    if any(is_fsdp(module) for module in model.modules()):
+        yield
+        return
     kept = [(param, param.data, param.detach().to('cpu', copy=True))
-            for param in model.parameters() if not is_flat_parameter(param)]
+            for param in model.parameters()]
     try:
         yield
     finally:
@@ -277,11 +280,6 @@ def parameters_kept(model: nn.Module) -> Iterator[None]:
                 if param.data_ptr() != data.data_ptr():
                     param.data = data
                 param.copy_(values)
-
-
-def is_flat_parameter(param: nn.Parameter) -> bool:
-    """Whether ``param`` is one of FSDP's flat parameters."""
-    return type(param).__name__ == 'FlatParameter'
 
 
 def _no_update(*args: Any, **kwargs: Any) -> None:
