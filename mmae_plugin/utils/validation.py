@@ -193,6 +193,30 @@ def check_config(cfg: Any, name: str, optional: bool = False) -> Any:
                     f'key, got {_describe(cfg)}')
 
 
+def check_keys(value: Any, name: str, required: str,
+               allowed: Sequence[str]) -> dict:
+    """Return ``value`` if it is a dict holding ``required`` and only
+    ``allowed`` keys.
+
+    Args:
+        value: Candidate settings dict.
+        name: What it is, in the error messages (``'branch'``).
+        required: The key it must have.
+        allowed: Every key it may have.
+
+    Returns:
+        ``value``.
+    """
+    if not isinstance(value, dict) or required not in value:
+        raise ValueError(f'{name} must be a dict with a "{required}" key, '
+                         f'got {value!r}')
+    unknown = set(value) - set(allowed)
+    if unknown:
+        raise ValueError(f'unknown {name} key(s) {sorted(unknown)} in '
+                         f'{value!r}; allowed: {", ".join(allowed)}')
+    return value
+
+
 def check_init_cfg(init_cfg: Any, name: str = 'init_cfg') -> Any:
     """Return ``init_cfg`` if mmengine can use it, else raise.
 

@@ -21,7 +21,7 @@ from mmengine.model import is_model_wrapper
 from torch import Tensor, nn
 
 from mmae_plugin.utils.validation import (check_bool, check_choice,
-                                          check_config, check_int)
+                                          check_config, check_int, check_keys)
 from .measure import average_values
 from .taps import BranchTaps
 
@@ -70,14 +70,8 @@ def checked_heldout(heldout: Optional[dict]) -> Optional[HeldoutSpec]:
     """
     if heldout is None:
         return None
-    if not isinstance(heldout, dict) or 'dataset' not in heldout:
-        raise ValueError(f'heldout must be None or a dict with a "dataset" '
-                         f'config, got {heldout!r}')
-    unknown = set(heldout) - set(HELDOUT_KEYS)
-    if unknown:
-        raise ValueError(f'unknown heldout key(s) {sorted(unknown)}; allowed: '
-                         f'{", ".join(HELDOUT_KEYS)}')
-    spec = HeldoutSpec(**heldout)
+    spec = HeldoutSpec(
+        **check_keys(heldout, 'heldout', 'dataset', HELDOUT_KEYS))
     check_config(spec.dataset, 'heldout dataset')
     check_int(spec.num_batches, 'heldout num_batches', minimum=1)
     if spec.batch_size is not None:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from mmae_plugin.matrix_info.pooling import (check_pooling_name,
                                              pool_token_sequence)
-from mmae_plugin.utils.validation import check_choice, check_int
+from mmae_plugin.utils.validation import check_choice, check_int, check_keys
 # default_branches stays importable from here (its former home).
 from .branches import default_branches  # noqa: F401
 
@@ -79,14 +79,10 @@ def checked_branch(branch: dict) -> dict:
         The specification with the :data:`BRANCH_DEFAULTS` filled (the
         :data:`OPTIONAL_DEFAULTS` apply where unset: :func:`option`).
     """
-    if not isinstance(branch, dict) or 'module' not in branch:
-        raise ValueError(f'each branch must be a dict with a "module" '
-                         f'key, got {branch!r}')
-    unknown = set(branch) - set(BRANCH_KEYS)
-    if unknown:
-        raise ValueError(f'unknown branch key(s) {sorted(unknown)} in '
-                         f'{branch!r}; allowed: {", ".join(BRANCH_KEYS)}')
-    spec = {**BRANCH_DEFAULTS, **branch}
+    spec = {
+        **BRANCH_DEFAULTS,
+        **check_keys(branch, 'branch', 'module', BRANCH_KEYS)
+    }
     if not isinstance(spec['module'], str):
         raise TypeError(f'branch module must be a dotted submodule name, '
                         f'got {spec["module"]!r}')
