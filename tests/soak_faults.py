@@ -70,18 +70,23 @@ def spawn(function, report, kill_after=None):
     pid = os.fork()
     if pid == 0:
         code = 1
+        timer = None
         try:
             if kill_after is not None:
-                threading.Timer(kill_after, os.kill,
-                                (os.getpid(), signal.SIGKILL)).start()
+                timer = threading.Timer(kill_after, os.kill,
+                                        (os.getpid(), signal.SIGKILL))
+                timer.start()
             function()
             code = 0
         except BaseException as err:  # reported through the exit code
             code = exit_code(err)
+            if timer is not None:  # the kill was meant for the training
+                timer.cancel()
             try:  # a file size limit of the launch must not stop the report
                 hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
                 resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
-                with open(report, 'w') as f:
+                partial = report + '.partial'
+                with open(partial, 'w') as f:
                     json.dump(
                         dict(
                             type=type(err).__name__,
@@ -89,6 +94,7 @@ def spawn(function, report, kill_after=None):
                             errno=getattr(err, 'errno', None),
                             message=str(err)[:20000],
                             where=traceback.format_exc()[-3000:]), f)
+                os.replace(partial, report)  # a kill leaves no half report
                 sys.stderr.write(f'child: {type(err).__name__}: {err}\n'[:600])
             except BaseException:
                 pass
