@@ -3,8 +3,12 @@
 The 2-process FSDP runs (resume bit for bit, Adam moments of the full state
 dict) are in tests/test_tools_fsdp.py.
 """
+import json
 import math
 import os
+import re
+import subprocess
+import sys
 from functools import partial
 
 import pytest
@@ -15,7 +19,9 @@ from mmengine._strategy import FSDPStrategy
 from mmengine.config import Config
 from mmengine.dataset import default_collate
 from mmengine.registry import STRATEGIES, DefaultScope
-from mmpretrain.registry import DATASETS
+from mmpretrain.registry import DATASETS, MODELS
+from test_hook_all_ssl_algorithms import image_folder  # noqa: F401
+from test_hook_all_ssl_algorithms import CASES, shrunk_config
 from torch.distributed.fsdp import FullStateDictConfig
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import StateDictType
@@ -23,7 +29,8 @@ from torch.distributed.fsdp import StateDictType
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.strategies import (MMAEFSDPStrategy,
                                            gathered_states_copied)
-from mmae_plugin.engine.strategies.fsdp import per_rank_seed
+from mmae_plugin.engine.strategies.fsdp import (forward_writes_parameters,
+                                                per_rank_seed)
 from mmae_plugin.engine.strategies.fsdp_optim_state_copy import \
     copy_out_of_gather_buffer
 
@@ -302,3 +309,55 @@ def test_recipe_head_receives_float32_pixels(tmp_path):
             recipe=['torch.float32'], cast_root=['torch.bfloat16'])
         assert 'cast_root_forward_inputs=False needs the optimizer wrapper' \
             in result['refused']
+
+
+# --------------------------------------------- forwards writing parameters
+def test_fsdp_discards_cae_teacher_step_and_breaks_swav_prototypes(
+        tmp_path, image_folder, cpu_dist_env):
+    """Why the strategy refuses CAE and SwAV: on 2 ranks, two steps at lr 0
+    move CAE's teacher bare but not under FSDP, and SwAV's first FSDP step
+    fails in autograd. If torch changes either, this fails: lift the
+    refusal (forward_writes_parameters) then."""
+    proc = subprocess.run([
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_port', cpu_dist_env['MASTER_PORT'],
+        os.path.join(REPO_ROOT, 'tests',
+                     'fsdp_param_writes_driver.py'), image_folder,
+        str(tmp_path)
+    ],
+                          env=dict(cpu_dist_env, OMP_NUM_THREADS='1'),
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        outcome = json.loads((tmp_path / f'rank{rank}.json').read_text())
+        teacher = [
+            k for k in outcome['cae/bare']['changed']
+            if k.startswith('teacher.')
+        ]
+        assert len(teacher) > 10  # the control: bare, the teacher moves
+        assert outcome['cae/fsdp'] == dict(changed=[])
+        assert 'changed' in outcome['swav/bare']
+        assert 'modified inplace' in outcome['swav/fsdp']['error']
+
+
+@pytest.mark.parametrize('name,module',
+                         [('cae', 'CAE (the model)'),
+                          ('swav', 'SwAVLoss (head.loss_module)')])
+def test_strategy_refuses_cae_and_swav_by_name(name, module, tmp_path,
+                                               image_folder):
+    cfg = shrunk_config(CASES[name], str(tmp_path), image_folder, 'no-clip')
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        model = MODELS.build(cfg.model)
+    with pytest.raises(
+            ValueError,
+            match=rf'strategy=MMAEFSDPStrategy cannot train this model: '
+            rf'{re.escape(module)} .*Train it without a strategy'):
+        MMAEFSDPStrategy()._wrap_model(model)
+
+
+def test_mae_family_is_not_refused(tmp_path, image_folder):
+    cfg = shrunk_config(CASES['mae'], str(tmp_path), image_folder, 'no-clip')
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        assert forward_writes_parameters(MODELS.build(cfg.model)) is None

@@ -254,9 +254,10 @@ def parameters_kept(model: nn.Module) -> Iterator[None]:
     SwAV's loss normalises its prototypes in place, CAE's rebinds its
     teacher's ``.data`` in a momentum step: a forward outside training must
     not move them. The values are kept on the CPU (no device memory) and
-    written back whatever happened to them. Under FSDP, which swaps the
-    parameters' storage itself between shards and gathered copies (and
-    re-points ``use_orig_params`` views), nothing is kept.
+    written back whatever happened to them. Under FSDP nothing is kept: no
+    forward that writes its parameters trains there (FSDP discards CAE's
+    teacher step, SwAV's fails in autograd; ``MMAEFSDPStrategy`` refuses
+    both), and keeping would gather the whole model twice per pass.
 
     Args:
         model: The module the forward runs on.

@@ -10,7 +10,8 @@ out of a per-rank ``meta.seed`` under ``diff_rank_seed``; and
 :func:`~.fsdp_optim_state_copy.gathered_states_copied` (CPU full
 optimizer state). Building the optimizer wrapper refuses a
 ``mixed_precision.param_dtype`` other than the autocast dtype, and
-``cast_root_forward_inputs=False`` without autocast.
+``cast_root_forward_inputs=False`` without autocast; wrapping refuses
+CAE and SwAV (:func:`forward_writes_parameters`).
 
 Upstream bugs: the three "FSDP" sections of docs/upstream_workarounds.md;
 the precision checks and initial weights: docs/gpu_clusters.md#fsdp.
@@ -113,12 +114,67 @@ def check_inputs_cast(policy: Any, name: str) -> None:
         f"before the model, MAE's target included)")
 
 
+def forward_writes_parameters(model: nn.Module) -> Optional[str]:
+    """Why ``model`` cannot train under FSDP, or None.
+
+    Two mmpretrain algorithms write their own parameters inside the forward,
+    which FSDP's parameter views do not carry (measured on 2 CPU ranks,
+    torch 2.14.1): CAE's momentum step rebinds its teacher's ``.data``,
+    which FSDP points back at the shard after the forward, so the teacher
+    never moves (and with ``use_orig_params=False`` FSDP refuses CAE's mix
+    of trained and frozen parameters); SwAV's loss normalises its
+    prototypes in place, which autograd refuses on FSDP's views at the
+    first step.
+
+    Args:
+        model: The algorithm, before wrapping.
+
+    Returns:
+        The reason, naming the module; None when none is known.
+    """
+    from mmpretrain.models.losses import SwAVLoss
+    from mmpretrain.models.selfsup import CAE
+    for name, module in model.named_modules():
+        where = f'{type(module).__name__} ({name or "the model"})'
+        if isinstance(module, CAE):
+            return (f"{where} rebinds its teacher's weights in a momentum "
+                    'step inside the forward, and FSDP points every '
+                    'parameter back at its shard afterwards: the teacher '
+                    'would never move')
+        if isinstance(module, SwAVLoss):
+            return (f'{where} normalises its prototypes in place inside the '
+                    "forward, which autograd refuses on FSDP's parameter "
+                    'views (an error at the first step)')
+    return None
+
+
 @STRATEGIES.register_module()
 class MMAEFSDPStrategy(FSDPStrategy):
     """mmengine's ``FSDPStrategy`` with the fixes of this module.
 
     Takes exactly ``FSDPStrategy``'s arguments.
     """
+
+    def _wrap_model(self, model: nn.Module) -> Any:
+        """Refuse an algorithm FSDP cannot train, then wrap as upstream.
+
+        Args:
+            model: The built algorithm.
+
+        Returns:
+            What ``FSDPStrategy._wrap_model`` returns.
+
+        Raises:
+            ValueError: :func:`forward_writes_parameters` names a reason.
+        """
+        reason = forward_writes_parameters(model)
+        if reason is not None:
+            raise ValueError(
+                f'strategy={type(self).__name__} cannot train this model: '
+                f'{reason}. '
+                'Train it without a strategy (DDP: tools/dist_train.sh, '
+                "or runner_type='MMAERunner'); FSDP suits MAE-family models")
+        return super()._wrap_model(model)
 
     def build_optim_wrapper(
             self,
