@@ -328,12 +328,24 @@ def runner_checkpoint(tmp_path_factory):
 
 
 def run_converter(src, dst):
+    """The command in a process of its own (imports torch and mmengine:
+    several seconds each)."""
     return subprocess.run(
         [sys.executable, CONVERTER,
          str(src), str(dst)],
         capture_output=True,
         text=True,
         timeout=300)
+
+
+def run_converter_here(src, dst, monkeypatch, capsys):
+    """The command's ``main`` in this process, as the command line calls it
+    (its ``sys.argv``); the outcome as :func:`run_converter` gives it."""
+    monkeypatch.setattr(sys, 'argv', [CONVERTER, str(src), str(dst)])
+    capsys.readouterr()
+    returncode = load_converter().main()
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(sys.argv, returncode, out, err)
 
 
 def test_runner_checkpoint_needs_the_allow_list(runner_checkpoint):
@@ -378,8 +390,10 @@ def test_converter_converts_runner_checkpoint(runner_checkpoint, tmp_path):
 @pytest.mark.parametrize('payload', [SystemPayload, ExecPayload])
 @pytest.mark.parametrize('where', ['args', 'message_hub'])
 def test_converter_refuses_crafted_checkpoint(fair_checkpoint, tmp_path,
-                                              payload, where):
-    """FAIR weights next to a payload, where FAIR / mmengine keep extras."""
+                                              payload, where, monkeypatch,
+                                              capsys):
+    """FAIR weights next to a payload, where FAIR / mmengine keep extras
+    (one case through the command, the others through its ``main``)."""
     vit, decoder, _ = fair_checkpoint
     weights = {**vit.state_dict(), **decoder.state_dict()}
     marker = tmp_path / 'PWNED'
@@ -399,7 +413,10 @@ def test_converter_refuses_crafted_checkpoint(fair_checkpoint, tmp_path,
         }
     src, dst = tmp_path / 'crafted.pth', tmp_path / 'out.pth'
     torch.save(crafted, src)
-    proc = run_converter(src, dst)
+    if where == 'args' and payload is SystemPayload:
+        proc = run_converter(src, dst)
+    else:
+        proc = run_converter_here(src, dst, monkeypatch, capsys)
     assert proc.returncode != 0
     assert f'src={str(src)!r} was refused under weights_only' in proc.stderr
     assert 'UnpicklingError' in proc.stderr
@@ -449,19 +466,20 @@ MALFORMED = [
 
 @pytest.mark.parametrize('checkpoint,found,command', MALFORMED)
 def test_malformed_checkpoints_get_a_named_error(tmp_path, checkpoint, found,
-                                                 command):
-    """Through the API, and (three of them) the command: one line, exit 1,
-    nothing written."""
+                                                 command, monkeypatch, capsys):
+    """Through the API, and (three of them) the command's ``main`` (the
+    first in a process of its own): one line, exit 1, nothing written."""
     converter = load_converter()
     with pytest.raises(converter.MalformedCheckpointError) as error:
         converter.extract_state_dict(checkpoint)
     assert str(error.value).startswith(found)
     assert 'expected a dict of str keys to tensors' in str(error.value)
-    if not command:  # each run of the command imports mmpretrain (~10 s)
+    if not command:
         return
     src, dst = tmp_path / 'bad.pth', tmp_path / 'out.pth'
     torch.save(checkpoint, src)
-    proc = run_converter(src, dst)
+    proc = run_converter(src, dst) if found == MALFORMED[0][1] else \
+        run_converter_here(src, dst, monkeypatch, capsys)
     assert proc.returncode == 1
     assert f'error: MalformedCheckpointError: {found}' in proc.stderr
     assert 'Traceback' not in proc.stderr
@@ -470,17 +488,19 @@ def test_malformed_checkpoints_get_a_named_error(tmp_path, checkpoint, found,
 
 
 @pytest.mark.parametrize('content', [b'', b'not a checkpoint', b'PK\x03\x04'])
-def test_files_that_are_not_checkpoints_are_named(tmp_path, content):
+def test_files_that_are_not_checkpoints_are_named(tmp_path, content,
+                                                  monkeypatch, capsys):
     src, dst = tmp_path / 'junk.pth', tmp_path / 'out.pth'
     src.write_bytes(content)
-    proc = run_converter(src, dst)
+    proc = run_converter_here(src, dst, monkeypatch, capsys)
     assert proc.returncode == 1
     assert f'src={str(src)!r}' in proc.stderr, proc.stderr
     assert 'Traceback' not in proc.stderr
     assert not dst.exists()
 
 
-def test_keys_colliding_after_stripping_module_name_both(tmp_path):
+def test_keys_colliding_after_stripping_module_name_both(
+        tmp_path, monkeypatch, capsys):
     converter = load_converter()
     weights = {
         'norm.weight': torch.ones(2),
@@ -501,7 +521,7 @@ def test_keys_colliding_after_stripping_module_name_both(tmp_path):
         })
     src, dst = tmp_path / 'ddp_and_raw.pth', tmp_path / 'out.pth'
     torch.save({'model': weights}, src)
-    proc = run_converter(src, dst)
+    proc = run_converter_here(src, dst, monkeypatch, capsys)
     assert proc.returncode == 1
     assert "KeyCollisionError: keys 'norm.weight' and 'module.norm.weight'" \
         in proc.stderr
@@ -515,7 +535,7 @@ def test_keys_colliding_after_stripping_module_name_both(tmp_path):
 @pytest.mark.parametrize('how',
                          ['same path', 'relative', 'symlink', 'hard link'])
 def test_dst_equal_to_src_is_refused_before_anything_is_written(
-        fair_checkpoint, tmp_path, how, monkeypatch):
+        fair_checkpoint, tmp_path, how, monkeypatch, capsys):
     *_, original = fair_checkpoint
     src = tmp_path / 'checkpoint.pth'
     src.write_bytes(original.read_bytes())
@@ -531,7 +551,9 @@ def test_dst_equal_to_src_is_refused_before_anything_is_written(
         (tmp_path / 'link.pth').symlink_to(src)
     if how == 'hard link':
         os.link(src, tmp_path / 'hard.pth')
-    proc = run_converter(src, dst)
+    proc = run_converter(src, dst) if how == 'same path' else \
+        run_converter_here(dst=dst, src=src, monkeypatch=monkeypatch,
+                           capsys=capsys)
     assert proc.returncode == 2, proc.stderr
     assert 'is the source checkpoint' in proc.stderr
     assert 'converting would overwrite it' in proc.stderr
