@@ -101,6 +101,38 @@ def make_cpu_dist_env(**extra: str) -> Dict[str, str]:
         **extra)
 
 
+def run_local_ranks(script: str,
+                    *args: str,
+                    env: Dict[str, str],
+                    nproc: int = 2,
+                    timeout: int = 300) -> subprocess.CompletedProcess:
+    """``script`` on ``nproc`` processes of this host under
+    ``torch.distributed.run``, one OpenMP thread each.
+
+    Args:
+        script: The Python file each rank runs (relative to the
+            repository root, or absolute).
+        *args: Its arguments.
+        env: From :func:`make_cpu_dist_env` (its ``MASTER_PORT``).
+        nproc: The number of processes.
+        timeout: Seconds before the launch is killed.
+
+    Returns:
+        The finished launch, its output captured as text.
+    """
+    command = [
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
+        str(nproc), '--master_port', env['MASTER_PORT'], script, *args
+    ]
+    return subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        env=dict(env, OMP_NUM_THREADS='1'),
+        capture_output=True,
+        text=True,
+        timeout=timeout)
+
+
 @pytest.fixture
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""

@@ -7,21 +7,18 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from functools import partial
 
 import pytest
 import torch
 from _helpers_gloo import run_gloo_ranks
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_local_ranks
 from mmengine._strategy import FSDPStrategy
 from mmengine.config import Config
 from mmengine.dataset import default_collate
 from mmengine.registry import STRATEGIES, DefaultScope
 from mmpretrain.registry import DATASETS, MODELS
-from test_hook_all_ssl_algorithms import image_folder  # noqa: F401
-from test_hook_all_ssl_algorithms import CASES, shrunk_config
+from test_hook_all_ssl_algorithms import CASES, random_images, shrunk_config
 from torch.distributed.fsdp import FullStateDictConfig
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import StateDictType
@@ -312,23 +309,23 @@ def test_recipe_head_receives_float32_pixels(tmp_path):
 
 
 # --------------------------------------------- forwards writing parameters
+@pytest.fixture(scope='module')
+def image_folder(tmp_path_factory):
+    return random_images(tmp_path_factory.mktemp('images'))
+
+
 def test_fsdp_discards_cae_teacher_step_and_breaks_swav_prototypes(
         tmp_path, image_folder, cpu_dist_env):
     """Why the strategy refuses CAE and SwAV: on 2 ranks, two steps at lr 0
     move CAE's teacher bare but not under FSDP, and SwAV's first FSDP step
     fails in autograd. If torch changes either, this fails: lift the
     refusal (forward_writes_parameters) then."""
-    proc = subprocess.run([
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-        '--master_port', cpu_dist_env['MASTER_PORT'],
-        os.path.join(REPO_ROOT, 'tests',
-                     'fsdp_param_writes_driver.py'), image_folder,
-        str(tmp_path)
-    ],
-                          env=dict(cpu_dist_env, OMP_NUM_THREADS='1'),
-                          capture_output=True,
-                          text=True,
-                          timeout=600)
+    proc = run_local_ranks(
+        'tests/fsdp_param_writes_driver.py',
+        image_folder,
+        str(tmp_path),
+        env=cpu_dist_env,
+        timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         outcome = json.loads((tmp_path / f'rank{rank}.json').read_text())

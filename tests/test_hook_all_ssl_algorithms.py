@@ -353,8 +353,12 @@ CASES: Dict[str, Case] = {
 
 @pytest.fixture(scope='module')
 def image_folder(tmp_path_factory) -> str:
-    """A folder of 8 random 64 x 64 RGB PNG images."""
-    folder = tmp_path_factory.mktemp('images')
+    """:func:`random_images` in a folder of their own."""
+    return random_images(tmp_path_factory.mktemp('images'))
+
+
+def random_images(folder) -> str:
+    """Write 8 random 64 x 64 RGB PNG images into ``folder``; its path."""
     rng = np.random.default_rng(0)
     for index in range(NUM_IMAGES):
         pixels = rng.integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)

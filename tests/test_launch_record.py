@@ -1,11 +1,10 @@
 """Resume refuses a launch it cannot continue unchanged (world size,
 per-GPU batch), naming both, unless told to rescale the schedule."""
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import run_local_ranks
 from launch_record_runs import toy_launch
 
 import mmae_plugin.registration  # noqa: F401
@@ -53,16 +52,8 @@ def test_rescale_keeps_the_schedule_in_epochs(tmp_path):
 
 
 def test_another_world_size_is_refused(tmp_path, cpu_dist_env):
-    proc = subprocess.run([
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-        '--master_port', cpu_dist_env['MASTER_PORT'],
-        osp.join(HERE, 'launch_change_driver.py'),
-        str(tmp_path)
-    ],
-                          env=dict(cpu_dist_env, OMP_NUM_THREADS='1'),
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
+    proc = run_local_ranks(
+        'tests/launch_change_driver.py', str(tmp_path), env=cpu_dist_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert saved_launch(tmp_path / 'epoch_1.pth')['world_size'] == 2
     with pytest.raises(

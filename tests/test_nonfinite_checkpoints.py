@@ -8,12 +8,11 @@ flag over parameters and optimizer state must, on one process and on two
 """
 import os
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
 from checkpoint_fault_tools import InfiniteUpdate, toy_runner
+from conftest import run_local_ranks
 
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.hooks import (NonFiniteCheckpointError,
@@ -90,18 +89,8 @@ def run_two_ranks(work_dir, env, mode):
     Returns:
         The finished ``torch.distributed.run`` process.
     """
-    command = [
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-        '--master_port', env['MASTER_PORT'],
-        osp.join(HERE, 'nonfinite_save_driver.py'),
-        str(work_dir), mode
-    ]
-    return subprocess.run(
-        command,
-        env=dict(env, OMP_NUM_THREADS='1'),
-        capture_output=True,
-        text=True,
-        timeout=300)
+    return run_local_ranks(
+        'tests/nonfinite_save_driver.py', str(work_dir), mode, env=env)
 
 
 def test_two_ranks_stop_with_the_same_message_and_save_nothing(

@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 from checkpoint_fault_tools import ToyModel, make_toy_runner
+from conftest import run_local_ranks
 from mmengine.hooks import Hook
 
 import mmae_plugin.registration  # noqa: F401
@@ -361,19 +362,8 @@ def test_record_lines_are_one_event_each(two_epochs):
 
 def two_processes(work_dir, env, *args):
     """``launch_change_driver.py`` on 2 gloo processes; its output."""
-    import subprocess
-    import sys
-    proc = subprocess.run([
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-        '--master_port', env['MASTER_PORT'],
-        osp.join(
-            osp.dirname(osp.abspath(__file__)), 'launch_change_driver.py'),
-        str(work_dir), *args
-    ],
-                          env=dict(env, OMP_NUM_THREADS='1'),
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
+    proc = run_local_ranks(
+        'tests/launch_change_driver.py', str(work_dir), *args, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

@@ -4,11 +4,11 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 
 import pytest
 import torch
+from conftest import run_local_ranks
 from mmengine.config import Config
 from mmengine.registry import FUNCTIONS
 from mmpretrain.registry import MODELS
@@ -220,7 +220,7 @@ def copy_record_until(source, target, name):
     (target / RECORD_NAME).write_text(''.join(lines[:end + 1]))
 
 
-def run_full_optim_state_probe(repo_root, env, *args):
+def run_full_optim_state_probe(env, *args):
     """``tests/fsdp_full_optim_state_probe.py`` on 2 gloo processes.
 
     Returns:
@@ -228,16 +228,8 @@ def run_full_optim_state_probe(repo_root, env, *args):
         ``exp_avg`` equals ``exp_avg_sq``) and ``matches_reference`` (each
         gathered moment against an unwrapped model's AdamW).
     """
-    proc = subprocess.run([
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-        '--master_port', env['MASTER_PORT'],
-        'tests/fsdp_full_optim_state_probe.py', *args
-    ],
-                          cwd=repo_root,
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
+    proc = run_local_ranks(
+        'tests/fsdp_full_optim_state_probe.py', *args, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(report) == ['0.bias', '0.weight', '1.bias', '1.weight']
@@ -261,16 +253,13 @@ TORCH_FSDP_STATE_BUG = (
 
 
 @pytest.mark.xfail(strict=True, reason=TORCH_FSDP_STATE_BUG)
-def test_torch_full_optimizer_state_dict_keeps_adam_moments(
-        repo_root, cpu_dist_env):
-    report = run_full_optim_state_probe(repo_root, cpu_dist_env)
+def test_torch_full_optimizer_state_dict_keeps_adam_moments(cpu_dist_env):
+    report = run_full_optim_state_probe(cpu_dist_env)
     assert moments_are_right(report), report
 
 
-def test_plugin_full_optimizer_state_dict_keeps_adam_moments(
-        repo_root, cpu_dist_env):
-    report = run_full_optim_state_probe(repo_root, cpu_dist_env,
-                                        '--plugin-fix')
+def test_plugin_full_optimizer_state_dict_keeps_adam_moments(cpu_dist_env):
+    report = run_full_optim_state_probe(cpu_dist_env, '--plugin-fix')
     assert moments_are_right(report), report
 
 
