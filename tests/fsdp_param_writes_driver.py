@@ -1,5 +1,6 @@
 """One rank of a 2-process check of what FSDP does to forwards that write
-their own parameters (why ``MMAEFSDPStrategy`` refuses CAE and SwAV).
+their own parameters (why ``MMAEFSDPStrategy`` refuses CAE, SwAV and the
+momentum-network algorithms).
 
 Run by ``tests/test_fsdp_strategy.py`` under ``torch.distributed.run``
 (gloo, CPU)::
@@ -7,7 +8,7 @@ Run by ``tests/test_fsdp_strategy.py`` under ``torch.distributed.run``
     python -m torch.distributed.run --nproc_per_node 2 \
         tests/fsdp_param_writes_driver.py IMAGES OUT_DIR
 
-mmpretrain's CAE and SwAV configs, shrunk (as in
+mmpretrain's CAE, SwAV and MoCo v2 configs, shrunk (as in
 ``test_hook_all_ssl_algorithms.py``), are trained two steps at learning
 rate 0 on one batch, bare and wrapped in torch's FSDP as mmengine wraps it
 (``use_orig_params=True``). CAE's student is moved off its teacher first,
@@ -94,7 +95,7 @@ def main():
     dist.init_process_group('gloo')
     init_default_scope('mmpretrain')
     outcome = {}
-    for name in ('cae', 'swav'):
+    for name in ('cae', 'swav', 'mocov2'):
         cfg = shrunk_config(CASES[name], out_dir, images, 'no-clip')
         for wrap in (False, True):
             outcome[f'{name}/{"fsdp" if wrap else "bare"}'] = \

@@ -314,12 +314,13 @@ def image_folder(tmp_path_factory):
     return random_images(tmp_path_factory.mktemp('images'))
 
 
-def test_fsdp_discards_cae_teacher_step_and_breaks_swav_prototypes(
+def test_fsdp_discards_or_breaks_parameter_writing_forwards(
         tmp_path, image_folder, cpu_dist_env):
-    """Why the strategy refuses CAE and SwAV: on 2 ranks, two steps at lr 0
-    move CAE's teacher bare but not under FSDP, and SwAV's first FSDP step
-    fails in autograd. If torch changes either, this fails: lift the
-    refusal (forward_writes_parameters) then."""
+    """Why the strategy refuses CAE, SwAV and momentum networks: on 2 ranks,
+    two steps at lr 0 move CAE's teacher bare but not under FSDP, and the
+    first FSDP step of SwAV (autograd) and MoCo v2 (its EMA update) fails.
+    If torch changes any of it, this fails: lift that refusal
+    (forward_writes_parameters) then."""
     proc = run_local_ranks(
         'tests/fsdp_param_writes_driver.py',
         image_folder,
@@ -337,13 +338,18 @@ def test_fsdp_discards_cae_teacher_step_and_breaks_swav_prototypes(
         assert outcome['cae/fsdp'] == dict(changed=[])
         assert 'changed' in outcome['swav/bare']
         assert 'modified inplace' in outcome['swav/fsdp']['error']
+        assert 'changed' in outcome['mocov2/bare']
+        assert 'must match the size' in outcome['mocov2/fsdp']['error']
 
 
-@pytest.mark.parametrize('name,module',
-                         [('cae', 'CAE (the model)'),
-                          ('swav', 'SwAVLoss (head.loss_module)')])
-def test_strategy_refuses_cae_and_swav_by_name(name, module, tmp_path,
-                                               image_folder):
+@pytest.mark.parametrize('name,module', [
+    ('cae', 'CAE (the model)'),
+    ('swav', 'SwAVLoss (head.loss_module)'),
+    ('mocov2', 'ExponentialMovingAverage (encoder_k)'),
+    ('byol', 'CosineEMA (target_net)'),
+])
+def test_strategy_refuses_parameter_writing_forwards_by_name(
+        name, module, tmp_path, image_folder):
     cfg = shrunk_config(CASES[name], str(tmp_path), image_folder, 'no-clip')
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         model = MODELS.build(cfg.model)

@@ -256,8 +256,9 @@ def parameters_kept(model: nn.Module) -> Iterator[None]:
     not move them. The values are kept on the CPU (no device memory) and
     written back whatever happened to them. Under FSDP nothing is kept: no
     forward that writes its parameters trains there (FSDP discards CAE's
-    teacher step, SwAV's fails in autograd; ``MMAEFSDPStrategy`` refuses
-    both), and keeping would gather the whole model twice per pass.
+    teacher step, SwAV's and the momentum networks' fail;
+    ``MMAEFSDPStrategy`` refuses them), and keeping would gather the whole
+    model twice per pass.
 
     Args:
         model: The module the forward runs on.

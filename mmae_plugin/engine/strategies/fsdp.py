@@ -11,7 +11,8 @@ out of a per-rank ``meta.seed`` under ``diff_rank_seed``; and
 optimizer state). Building the optimizer wrapper refuses a
 ``mixed_precision.param_dtype`` other than the autocast dtype, and
 ``cast_root_forward_inputs=False`` without autocast; wrapping refuses
-CAE and SwAV (:func:`forward_writes_parameters`).
+CAE, SwAV and the momentum-network algorithms
+(:func:`forward_writes_parameters`).
 
 Upstream bugs: the three "FSDP" sections of docs/upstream_workarounds.md;
 the precision checks and initial weights: docs/gpu_clusters.md#fsdp.
@@ -117,14 +118,16 @@ def check_inputs_cast(policy: Any, name: str) -> None:
 def forward_writes_parameters(model: nn.Module) -> Optional[str]:
     """Why ``model`` cannot train under FSDP, or None.
 
-    Two mmpretrain algorithms write their own parameters inside the forward,
-    which FSDP's parameter views do not carry (measured on 2 CPU ranks,
-    torch 2.14.1): CAE's momentum step rebinds its teacher's ``.data``,
-    which FSDP points back at the shard after the forward, so the teacher
-    never moves (and with ``use_orig_params=False`` FSDP refuses CAE's mix
-    of trained and frozen parameters); SwAV's loss normalises its
-    prototypes in place, which autograd refuses on FSDP's views at the
-    first step.
+    mmpretrain's algorithms that write their own parameters inside the
+    forward do not train under FSDP (measured on 2 CPU ranks, torch
+    2.14.1): CAE's momentum step rebinds its teacher's ``.data``, which
+    FSDP points back at the shard after the forward, so the teacher never
+    moves, without an error (and with ``use_orig_params=False`` FSDP refuses
+    CAE's mix of trained and frozen parameters); SwAV's loss normalises its
+    prototypes in place, which autograd refuses on FSDP's views; the
+    momentum (EMA) networks of MoCo v2/v3, BYOL and DenseCL
+    (``BaseAveragedModel``) fail to update from the sharded online network.
+    The last two fail at the first step.
 
     Args:
         model: The algorithm, before wrapping.
@@ -132,6 +135,7 @@ def forward_writes_parameters(model: nn.Module) -> Optional[str]:
     Returns:
         The reason, naming the module; None when none is known.
     """
+    from mmengine.model import BaseAveragedModel
     from mmpretrain.models.losses import SwAVLoss
     from mmpretrain.models.selfsup import CAE
     for name, module in model.named_modules():
@@ -145,6 +149,10 @@ def forward_writes_parameters(model: nn.Module) -> Optional[str]:
             return (f'{where} normalises its prototypes in place inside the '
                     "forward, which autograd refuses on FSDP's parameter "
                     'views (an error at the first step)')
+        if isinstance(module, BaseAveragedModel):
+            return (f'{where} updates its averaged weights from the online '
+                    "network inside the forward, which fails on FSDP's "
+                    'sharded parameters at the first step (a size mismatch)')
     return None
 
 
