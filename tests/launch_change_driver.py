@@ -20,6 +20,8 @@ from mmengine.dist import get_rank  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
 
 import mmae_plugin.registration  # noqa: E402,F401
+from mmae_plugin.compat.process_group_exit import \
+    release_process_group  # noqa: E402
 
 
 class PrintStart(Hook):
@@ -41,3 +43,4 @@ if __name__ == '__main__':
         resume='--resume' in sys.argv,
         custom_hooks=[PrintStart()],
         env_cfg=dict(dist_cfg=dict(backend='gloo'))).train()
+    release_process_group()  # as tools/train.py ends

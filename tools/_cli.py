@@ -64,12 +64,14 @@ def run_mmpretrain_tool(name: str) -> None:
     # Imported while mmengine is not, so nothing is registered before it.
     from mmae_plugin.compat.cli_warnings import quiet_known_upstream_warnings
     from mmae_plugin.compat.pkg_resources_check import pkg_resources_problem
+    from mmae_plugin.compat.process_group_exit import release_process_group
     try:
         with quiet_known_upstream_warnings():
             import mmae_plugin.registration  # noqa: F401  (registers)
             path = mmpretrain_tool_path(name)
             sys.argv[0] = path
             runpy.run_path(path, run_name='__main__')
+        release_process_group()
     except ModuleNotFoundError as error:
         problem = pkg_resources_problem()
         if error.name != 'pkg_resources' or problem is None:
