@@ -8,6 +8,7 @@ arguments, the order in which they are folded into the config
 (``--cfg-options`` last), the dataloader defaults and ``runner_type``
 (``FlexibleRunner`` for FSDP / DeepSpeed) are mmpretrain's by construction.
 """
+import atexit
 import os.path as osp
 import runpy
 import sys
@@ -71,7 +72,8 @@ def run_mmpretrain_tool(name: str) -> None:
             path = mmpretrain_tool_path(name)
             sys.argv[0] = path
             runpy.run_path(path, run_name='__main__')
-        release_process_group()
+        # At exit, not now: code running this tool may go on using the group.
+        atexit.register(release_process_group)
     except ModuleNotFoundError as error:
         problem = pkg_resources_problem()
         if error.name != 'pkg_resources' or problem is None:

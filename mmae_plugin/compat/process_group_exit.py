@@ -12,9 +12,11 @@ here in 2-process CPU test launches (3 in 5 full test runs).
 
 :func:`release_process_group` frees the runner's leftovers (the DDP
 reducer holds the group's work) and destroys the default group while the
-interpreter is whole. ``tools/train.py`` and ``tools/test.py`` call it
-after mmpretrain's script returns normally; after an exception they do
-not, since destroying a group can block on a peer that has gone.
+interpreter is whole. ``tools/train.py`` and ``tools/test.py`` register it
+with ``atexit`` once mmpretrain's script has returned normally (code that
+runs the tool in its own process may still use the group until then);
+after an exception they do not, since destroying a group can block on a
+peer that has gone.
 See docs/upstream_workarounds.md.
 """
 import gc
