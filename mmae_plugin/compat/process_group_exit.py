@@ -8,7 +8,7 @@ has begun tearing down (pytorch/pytorch#179291, an atexit fix proposed and
 withdrawn in 2026). ``torchrun`` then reports the rank as failed (exit -6)
 although training finished, and a Slurm job ends failed. mmpretrain's
 ``tools/train.py`` and ``tools/test.py`` never destroy their group. Seen
-here in 2-process CPU test launches (3 in 5 full test runs).
+here in 2-process CPU test launches (3 of the last 6 full test runs).
 
 :func:`release_process_group` frees the runner's leftovers (the DDP
 reducer holds the group's work) and destroys the default group while the
