@@ -18,10 +18,8 @@ state-dict keys that changed, or the error the step raised.
 """
 import json
 import os
-import random
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -31,7 +29,8 @@ torch.set_num_threads(1)
 from mmengine.dataset import Compose, default_collate  # noqa: E402
 from mmengine.model import revert_sync_batchnorm  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
-from mmpretrain.registry import MODELS, TRANSFORMS  # noqa: E402
+from mmengine.runner import set_random_seed  # noqa: E402
+from mmpretrain.registry import MODELS  # noqa: E402
 from test_hook_all_ssl_algorithms import shrunk_config  # noqa: E402
 from test_hook_all_ssl_algorithms import BATCH, CASES  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
@@ -39,16 +38,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 import mmae_plugin.registration  # noqa: E402,F401
 
 
-def seeded(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def built(cfg):
     """The algorithm, seeded, on CPU BatchNorm; a CAE student moved off
     its teacher."""
-    seeded(0)
+    set_random_seed(0)
     model = revert_sync_batchnorm(MODELS.build(cfg.model))
     model.init_weights()
     with torch.no_grad():
@@ -60,9 +53,8 @@ def built(cfg):
 
 def a_batch(cfg, model, images):
     """BATCH images through the config's pipeline, seeded."""
-    seeded(1)
-    pipeline = Compose(
-        [TRANSFORMS.build(t) for t in cfg.train_dataloader.dataset.pipeline])
+    set_random_seed(1)
+    pipeline = Compose(cfg.train_dataloader.dataset.pipeline)
     files = sorted(os.listdir(images))[:BATCH]
     samples = [pipeline(dict(img_path=os.path.join(images, f))) for f in files]
     return model.data_preprocessor(default_collate(samples), True)
