@@ -11,6 +11,7 @@ cuda``, as dev/gpu_check.sh does), which keeps the GPUs visible and
 skips the CPU tests instead.
 """
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -38,6 +39,42 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: ``MMAE_TEST_LONG=1``: also run the tests marked ``long``.
 LONG_MODE = os.environ.get('MMAE_TEST_LONG', '0') == '1'
+
+#: mmengine's Runner and strategies default to ``work_dir='work_dirs'``,
+#: relative to the working directory, and log to ``<work_dir>/<timestamp>/``:
+#: one built by a test without a work dir writes into the repository.
+STRAY_LOG_DIR = re.compile(r'^\d{8}_\d{6}$')
+
+
+def stray_log_dirs() -> set:
+    """Timestamp-named folders directly in the repository's work_dirs."""
+    folder = os.path.join(REPO_ROOT, 'work_dirs')
+    if not os.path.isdir(folder):
+        return set()
+    return {name for name in os.listdir(folder) if STRAY_LOG_DIR.match(name)}
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stray_log_dirs_before = stray_log_dirs()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the run if a test left mmengine log folders in the repository
+    (the xdist controller checks, after its workers have finished)."""
+    if hasattr(session.config, 'workerinput'):
+        return
+    new = sorted(stray_log_dirs() - session.config.stray_log_dirs_before)
+    if new:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin('terminalreporter')
+        reporter.ensure_newline()
+        reporter.write_line(
+            f'FAILED: tests wrote {len(new)} mmengine log folder(s) into '
+            f'{os.path.join(REPO_ROOT, "work_dirs")}: {", ".join(new)}. A '
+            f'Runner or strategy was built without work_dir (mmengine\'s '
+            f'default is work_dirs/ in the working directory); give it the '
+            f"test's tmp_path.",
+            red=True)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

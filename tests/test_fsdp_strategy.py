@@ -357,7 +357,7 @@ def test_strategy_refuses_parameter_writing_forwards_by_name(
             ValueError,
             match=rf'strategy=MMAEFSDPStrategy cannot train this model: '
             rf'{re.escape(module)} .*Train it without a strategy'):
-        MMAEFSDPStrategy()._wrap_model(model)
+        MMAEFSDPStrategy(work_dir=str(tmp_path))._wrap_model(model)
 
 
 def test_mae_family_is_not_refused(tmp_path, image_folder):

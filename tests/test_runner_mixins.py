@@ -180,6 +180,7 @@ def test_config_alone_runs_ddp_on_cpu_without_the_plugin_runner(
     assert_trains_with_gloo(runner)
     from mmengine._strategy import DDPStrategy
     wrapped = DDPStrategy(
+        work_dir=str(tmp_path / 'strategy'),
         model_wrapper=dict(type='MMDistributedDataParallel',
                            device_ids=None))._wrap_model(ToyModel())
     assert wrapped.device_ids is None
