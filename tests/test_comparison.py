@@ -477,7 +477,9 @@ QUICK_GRID = [
     'train_dataloader.persistent_workers=False',
     'default_hooks.logger.interval=1', '--cpus-per-task', '1'
 ]
-REQUEUED = ('mmae', 1)
+#: In the first of the Slurm node's two waves of jobs, so that its restart
+#: overlaps the second wave.
+REQUEUED = ('mmae', 0)
 
 #: Set to 1 to run the real-Slurm tests (.ci/run does): they install Slurm
 #: with apt-get when it is missing and start its daemons, which a test run
@@ -554,24 +556,35 @@ def slurm_cluster(repo_root):
 
 @pytest.fixture(scope='module')
 def local_and_slurm(repo_root, tmp_path_factory, slurm_cluster):
+    """The quick grid on Slurm and, at the same time, on the local executor
+    (their waits for the scheduler overlap the other's training)."""
     local = tmp_path_factory.mktemp('local')
-    compare(repo_root, 'run', '--out-dir', str(local), *QUICK_GRID,
-            '--parallel', '2')
     slurm = tmp_path_factory.mktemp('slurm')
-    log_path = slurm.parent / f'{slurm.name}.log'
-    with open(log_path, 'w') as log:
-        proc = subprocess.Popen([
-            sys.executable, SCRIPT, 'run', '--out-dir',
-            str(slurm), *QUICK_GRID, '--cluster', 'slurm', '--partition',
-            'debug', '--time-min', '30'
-        ],
-                                cwd=repo_root,
-                                stdout=log,
-                                stderr=subprocess.STDOUT)
-        try:
-            job = requeue_mid_training(slurm, log_path)
-            assert proc.wait(timeout=1800) == 0, log_path.read_text()[-3000:]
-        finally:
+    grids = {}
+    try:
+        for name, out_dir, options in (
+            ('slurm', slurm, [
+                '--cluster', 'slurm', '--partition', 'debug', '--time-min',
+                '30'
+            ]),
+            ('local', local, ['--parallel', '2']),
+        ):
+            log_path = out_dir.parent / f'{out_dir.name}.log'
+            with open(log_path, 'w') as log:
+                grids[name] = (subprocess.Popen([
+                    sys.executable, SCRIPT, 'run', '--out-dir',
+                    str(out_dir), *QUICK_GRID, *options
+                ],
+                                                cwd=repo_root,
+                                                stdout=log,
+                                                stderr=subprocess.STDOUT),
+                               log_path)
+        job = requeue_mid_training(slurm, grids['slurm'][1])
+        for proc, log_path in grids.values():
+            assert proc.wait(timeout=1800) == 0, \
+                log_path.read_text()[-3000:]
+    finally:
+        for proc, _ in grids.values():
             if proc.poll() is None:
                 proc.kill()
     return local, slurm, job
