@@ -554,39 +554,44 @@ def slurm_cluster(repo_root):
                        timeout=120)
 
 
+def start_grid(repo_root, out_dir, *options):
+    """The quick grid in ``out_dir``, running; its output goes to
+    ``<out_dir>.log`` beside it.
+
+    Returns:
+        ``(process, log path)``.
+    """
+    log_path = out_dir.parent / f'{out_dir.name}.log'
+    command = [
+        sys.executable, SCRIPT, 'run', '--out-dir',
+        str(out_dir), *QUICK_GRID, *options
+    ]
+    with open(log_path, 'w') as log:
+        process = subprocess.Popen(
+            command, cwd=repo_root, stdout=log, stderr=subprocess.STDOUT)
+    return process, log_path
+
+
 @pytest.fixture(scope='module')
 def local_and_slurm(repo_root, tmp_path_factory, slurm_cluster):
     """The quick grid on Slurm and, at the same time, on the local executor
     (their waits for the scheduler overlap the other's training)."""
     local = tmp_path_factory.mktemp('local')
     slurm = tmp_path_factory.mktemp('slurm')
-    grids = {}
+    grids = []
     try:
-        for name, out_dir, options in (
-            ('slurm', slurm, [
-                '--cluster', 'slurm', '--partition', 'debug', '--time-min',
-                '30'
-            ]),
-            ('local', local, ['--parallel', '2']),
-        ):
-            log_path = out_dir.parent / f'{out_dir.name}.log'
-            with open(log_path, 'w') as log:
-                grids[name] = (subprocess.Popen([
-                    sys.executable, SCRIPT, 'run', '--out-dir',
-                    str(out_dir), *QUICK_GRID, *options
-                ],
-                                                cwd=repo_root,
-                                                stdout=log,
-                                                stderr=subprocess.STDOUT),
-                               log_path)
-        job = requeue_mid_training(slurm, grids['slurm'][1])
-        for proc, log_path in grids.values():
-            assert proc.wait(timeout=1800) == 0, \
+        grids.append(
+            start_grid(repo_root, slurm, '--cluster', 'slurm', '--partition',
+                       'debug', '--time-min', '30'))
+        grids.append(start_grid(repo_root, local, '--parallel', '2'))
+        job = requeue_mid_training(slurm, grids[0][1])
+        for process, log_path in grids:
+            assert process.wait(timeout=1800) == 0, \
                 log_path.read_text()[-3000:]
     finally:
-        for proc, _ in grids.values():
-            if proc.poll() is None:
-                proc.kill()
+        for process, _ in grids:
+            if process.poll() is None:
+                process.kill()
     return local, slurm, job
 
 
