@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the whole test suite (CPU only; about 16 minutes
-# on 2 cores, measured 15 min 44 s beside a niced background job, plus 2-5
+# Set up if needed, then run the whole test suite (CPU only; about 17 minutes
+# on 2 cores, measured 17 min 26 s beside two niced training jobs, plus 2-5
 # minutes of set-up on a fresh machine; MMAE_TEST_LONG=1 adds the tests
 # marked long, about 20 minutes more).
 # The test files are spread over one pytest-xdist worker per core (at most
