@@ -1,6 +1,7 @@
 """One rank of a 2-process check of what FSDP does to forwards that write
-their own parameters (why ``MMAEFSDPStrategy`` refuses CAE, SwAV and the
-momentum-network algorithms).
+their own parameters, and to a CLIP teacher (why ``MMAEFSDPStrategy``
+refuses CAE, BEiT v2, SwAV, the momentum-network algorithms and CLIP
+teachers).
 
 Run by ``tests/test_fsdp_strategy.py`` under ``torch.distributed.run``
 (gloo, CPU)::
@@ -8,13 +9,14 @@ Run by ``tests/test_fsdp_strategy.py`` under ``torch.distributed.run``
     python -m torch.distributed.run --nproc_per_node 2 \
         tests/fsdp_param_writes_driver.py IMAGES OUT_DIR
 
-mmpretrain's CAE, SwAV and MoCo v2 configs, shrunk (as in
-``test_hook_all_ssl_algorithms.py``), are trained two steps at learning
-rate 0 on one batch, bare and wrapped in torch's FSDP as mmengine wraps it
-(``use_orig_params=True``). CAE's student is moved off its teacher first,
-so its momentum step (momentum 0: the teacher becomes the student) shows.
+mmpretrain's CAE, BEiT v2, SwAV, MoCo v2 and MILAN configs, shrunk (as in
+``test_hook_all_ssl_algorithms.py``, MILAN with its tiny random CLIP), are
+trained two steps at learning rate 0 on one batch, bare and wrapped in
+torch's FSDP as mmengine wraps it (``use_orig_params=True``). CAE's
+student is moved off its teacher first, so its momentum step (momentum 0:
+the teacher becomes the student) shows.
 Each rank writes ``OUT_DIR/rank<r>.json``: per algorithm and wrapping, the
-state-dict keys that changed, or the error the step raised.
+state-dict keys that changed, or the error wrapping or the step raised.
 """
 import json
 import os
@@ -31,6 +33,7 @@ from mmengine.model import revert_sync_batchnorm  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import set_random_seed  # noqa: E402
 from mmpretrain.registry import MODELS  # noqa: E402
+from test_hook_all_ssl_algorithms import save_tiny_clip  # noqa: E402
 from test_hook_all_ssl_algorithms import shrunk_config  # noqa: E402
 from test_hook_all_ssl_algorithms import BATCH, CASES  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
@@ -64,18 +67,18 @@ def changed_by_two_steps(cfg, images, wrap):
     """The state-dict keys two steps at lr 0 change, or the error."""
     model = built(cfg)
     data = a_batch(cfg, model, images)
-    if wrap:
-        model = FullyShardedDataParallel(
-            model, use_orig_params=True, device_id=torch.device('cpu'))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     try:
+        if wrap:
+            model = FullyShardedDataParallel(
+                model, use_orig_params=True, device_id=torch.device('cpu'))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         for _ in range(2):
             losses = model(**data, mode='loss')
             sum(v for v in losses.values() if v.requires_grad).backward()
             optimizer.step()
             optimizer.zero_grad()
-    except RuntimeError as err:
+    except (RuntimeError, ValueError) as err:  # ValueError: FSDP's wrapping
         return dict(error=str(err))
     after = model.state_dict()
     return dict(
@@ -87,8 +90,10 @@ def main():
     dist.init_process_group('gloo')
     init_default_scope('mmpretrain')
     outcome = {}
-    for name in ('cae', 'swav', 'mocov2'):
-        cfg = shrunk_config(CASES[name], out_dir, images, 'no-clip')
+    clip = save_tiny_clip(
+        os.path.join(out_dir, f'tiny_clip_rank{dist.get_rank()}.pth'))
+    for name in ('cae', 'beitv2', 'swav', 'mocov2', 'milan'):
+        cfg = shrunk_config(CASES[name], out_dir, images, clip)
         for wrap in (False, True):
             outcome[f'{name}/{"fsdp" if wrap else "bare"}'] = \
                 changed_by_two_steps(cfg, images, wrap)

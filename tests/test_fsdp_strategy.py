@@ -18,7 +18,8 @@ from mmengine.config import Config
 from mmengine.dataset import default_collate
 from mmengine.registry import STRATEGIES, DefaultScope
 from mmpretrain.registry import DATASETS, MODELS
-from test_hook_all_ssl_algorithms import CASES, random_images, shrunk_config
+from test_hook_all_ssl_algorithms import (CASES, random_images, save_tiny_clip,
+                                          shrunk_config)
 from torch.distributed.fsdp import FullStateDictConfig
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import StateDictType
@@ -26,8 +27,8 @@ from torch.distributed.fsdp import StateDictType
 import mmae_plugin.registration  # noqa: F401
 from mmae_plugin.engine.strategies import (MMAEFSDPStrategy,
                                            gathered_states_copied)
-from mmae_plugin.engine.strategies.fsdp import (forward_writes_parameters,
-                                                per_rank_seed)
+from mmae_plugin.engine.strategies.fsdp import (per_rank_seed,
+                                                why_fsdp_cannot_train)
 from mmae_plugin.engine.strategies.fsdp_optim_state_copy import \
     copy_out_of_gather_buffer
 
@@ -314,13 +315,20 @@ def image_folder(tmp_path_factory):
     return random_images(tmp_path_factory.mktemp('images'))
 
 
+@pytest.fixture(scope='module')
+def tiny_clip(tmp_path_factory):
+    return save_tiny_clip(
+        str(tmp_path_factory.mktemp('clip') / 'tiny_clip.pth'))
+
+
 def test_fsdp_discards_or_breaks_parameter_writing_forwards(
         tmp_path, image_folder, cpu_dist_env):
-    """Why the strategy refuses CAE, SwAV and momentum networks: on 2 ranks,
-    two steps at lr 0 move CAE's teacher bare but not under FSDP, and the
-    first FSDP step of SwAV (autograd) and MoCo v2 (its EMA update) fails.
-    If torch changes any of it, this fails: lift that refusal
-    (forward_writes_parameters) then."""
+    """Why the strategy refuses CAE, BEiT v2, SwAV, momentum networks and
+    CLIP teachers: on 2 ranks, two steps at lr 0 move CAE's teacher and
+    BEiT v2's codebook bare but not under FSDP; the first FSDP step of SwAV
+    (autograd) and MoCo v2 (its EMA update) fails, and FSDP refuses to wrap
+    MILAN's CLIP teacher. If torch changes any of it, this fails: lift that
+    refusal (why_fsdp_cannot_train) then."""
     proc = run_local_ranks(
         'tests/fsdp_param_writes_driver.py',
         image_folder,
@@ -336,31 +344,39 @@ def test_fsdp_discards_or_breaks_parameter_writing_forwards(
         ]
         assert len(teacher) > 10  # the control: bare, the teacher moves
         assert outcome['cae/fsdp'] == dict(changed=[])
+        codebook = 'target_generator.quantize.embedding.weight'
+        assert codebook in outcome['beitv2/bare']['changed']
+        assert codebook not in outcome['beitv2/fsdp']['changed']
         assert 'changed' in outcome['swav/bare']
         assert 'modified inplace' in outcome['swav/fsdp']['error']
         assert 'changed' in outcome['mocov2/bare']
         assert 'must match the size' in outcome['mocov2/fsdp']['error']
+        assert 'changed' in outcome['milan/bare']
+        assert "FSDP doesn't support scalar parameters" in \
+            outcome['milan/fsdp']['error']
 
 
-@pytest.mark.parametrize('name,module', [
+@pytest.mark.parametrize('name,reason', [
     ('cae', 'CAE (the model)'),
+    ('beitv2', 'NormEMAVectorQuantizer (target_generator.quantize)'),
     ('swav', 'SwAVLoss (head.loss_module)'),
     ('mocov2', 'ExponentialMovingAverage (encoder_k)'),
     ('byol', 'CosineEMA (target_net)'),
+    ('milan', 'the parameter target_generator.tokenizer.logit_scale'),
 ])
-def test_strategy_refuses_parameter_writing_forwards_by_name(
-        name, module, tmp_path, image_folder):
-    cfg = shrunk_config(CASES[name], str(tmp_path), image_folder, 'no-clip')
+def test_strategy_refuses_what_fsdp_cannot_train_by_name(
+        name, reason, tmp_path, image_folder, tiny_clip):
+    cfg = shrunk_config(CASES[name], str(tmp_path), image_folder, tiny_clip)
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         model = MODELS.build(cfg.model)
     with pytest.raises(
             ValueError,
             match=rf'strategy=MMAEFSDPStrategy cannot train this model: '
-            rf'{re.escape(module)} .*Train it without a strategy'):
+            rf'{re.escape(reason)} .*Train it without a strategy'):
         MMAEFSDPStrategy(work_dir=str(tmp_path))._wrap_model(model)
 
 
 def test_mae_family_is_not_refused(tmp_path, image_folder):
     cfg = shrunk_config(CASES['mae'], str(tmp_path), image_folder, 'no-clip')
     with DefaultScope.overwrite_default_scope('mmpretrain'):
-        assert forward_writes_parameters(MODELS.build(cfg.model)) is None
+        assert why_fsdp_cannot_train(MODELS.build(cfg.model)) is None

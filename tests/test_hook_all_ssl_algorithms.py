@@ -366,13 +366,16 @@ def random_images(folder) -> str:
     return str(folder)
 
 
-@pytest.fixture(scope='module')
-def tiny_clip(tmp_path_factory) -> str:
-    """A randomly initialised tiny CLIP checkpoint, as CLIPGenerator loads.
+def save_tiny_clip(path: str) -> str:
+    """Save a randomly initialised tiny CLIP checkpoint, as CLIPGenerator
+    loads it, to ``path``.
 
     ViT with 64-wide tokens, one layer, patches of 16 pixels at 64 x 64
     (the 4 x 4 grid of the tiny ViTs) and 32-dimensional outputs; the text
     tower is the smallest ``build_clip_model`` accepts.
+
+    Returns:
+        ``path``.
     """
     from mmpretrain.models.utils.clip_generator_helper import CLIP
     torch.manual_seed(0)
@@ -387,9 +390,15 @@ def tiny_clip(tmp_path_factory) -> str:
         transformer_width=64,
         transformer_heads=1,
         transformer_layers=1)
-    path = tmp_path_factory.mktemp('clip') / 'tiny_clip.pth'
     torch.save(clip.state_dict(), path)
     return str(path)
+
+
+@pytest.fixture(scope='module')
+def tiny_clip(tmp_path_factory) -> str:
+    """:func:`save_tiny_clip`'s checkpoint."""
+    return save_tiny_clip(
+        str(tmp_path_factory.mktemp('clip') / 'tiny_clip.pth'))
 
 
 def without_amp(optim_wrapper: dict) -> dict:

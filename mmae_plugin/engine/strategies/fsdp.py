@@ -11,8 +11,8 @@ out of a per-rank ``meta.seed`` under ``diff_rank_seed``; and
 optimizer state). Building the optimizer wrapper refuses a
 ``mixed_precision.param_dtype`` other than the autocast dtype, and
 ``cast_root_forward_inputs=False`` without autocast; wrapping refuses
-CAE, SwAV and the momentum-network algorithms
-(:func:`forward_writes_parameters`).
+CAE, BEiT v2, SwAV, the momentum-network algorithms and CLIP teachers
+(:func:`why_fsdp_cannot_train`).
 
 Upstream bugs: the three "FSDP" sections of docs/upstream_workarounds.md;
 the precision checks and initial weights: docs/gpu_clusters.md#fsdp.
@@ -115,29 +115,35 @@ def check_inputs_cast(policy: Any, name: str) -> None:
         f"before the model, MAE's target included)")
 
 
-def forward_writes_parameters(model: nn.Module) -> Optional[str]:
+def why_fsdp_cannot_train(model: nn.Module) -> Optional[str]:
     """Why ``model`` cannot train under FSDP, or None.
 
+    Measured on 2 CPU ranks (torch 2.14.1, ``dev/fsdp_algorithm_sweep.py``),
     mmpretrain's algorithms that write their own parameters inside the
-    forward do not train under FSDP (measured on 2 CPU ranks, torch
-    2.14.1): CAE's momentum step rebinds its teacher's ``.data``, which
-    FSDP points back at the shard after the forward, so the teacher never
-    moves, without an error (and with ``use_orig_params=False`` FSDP refuses
-    CAE's mix of trained and frozen parameters); SwAV's loss normalises its
-    prototypes in place, which autograd refuses on FSDP's views; the
-    momentum (EMA) networks of MoCo v2/v3, BYOL and DenseCL
-    (``BaseAveragedModel``) fail to update from the sharded online network.
-    The last two fail at the first step.
+    forward do not train under FSDP as they train without it: CAE's
+    momentum step rebinds its teacher's ``.data``, and BEiT v2's VQ-KD
+    quantizer moves its codebook in place (an EMA of the features it
+    quantizes); FSDP points both back at the shard after the forward, so
+    neither ever moves, without an error (and with
+    ``use_orig_params=False`` FSDP refuses CAE's mix of trained and frozen
+    parameters). SwAV's loss normalises its prototypes in place, which
+    autograd refuses on FSDP's views; the momentum (EMA) networks of MoCo
+    v2/v3, BYOL and DenseCL (``BaseAveragedModel``) fail to update from the
+    sharded online network. Both fail at the first step. FSDP refuses to
+    wrap a 0-dimensional parameter, such as the ``logit_scale`` of the CLIP
+    teacher of MILAN, EVA and iTPN-CLIP.
 
     Args:
         model: The algorithm, before wrapping.
 
     Returns:
-        The reason, naming the module; None when none is known.
+        The reason, naming the module or parameter; None when none is
+        known.
     """
     from mmengine.model import BaseAveragedModel
     from mmpretrain.models.losses import SwAVLoss
     from mmpretrain.models.selfsup import CAE
+    from mmpretrain.models.utils.vector_quantizer import NormEMAVectorQuantizer
     for name, module in model.named_modules():
         where = f'{type(module).__name__} ({name or "the model"})'
         if isinstance(module, CAE):
@@ -145,6 +151,12 @@ def forward_writes_parameters(model: nn.Module) -> Optional[str]:
                     'step inside the forward, and FSDP points every '
                     'parameter back at its shard afterwards: the teacher '
                     'would never move')
+        if isinstance(module, NormEMAVectorQuantizer) and \
+                module.embedding.update:
+            return (f'{where} moves its codebook in place inside the '
+                    'forward (an EMA of the features it quantizes), and '
+                    'FSDP points every parameter back at its shard '
+                    'afterwards: the codebook would never move')
         if isinstance(module, SwAVLoss):
             return (f'{where} normalises its prototypes in place inside the '
                     "forward, which autograd refuses on FSDP's parameter "
@@ -153,6 +165,10 @@ def forward_writes_parameters(model: nn.Module) -> Optional[str]:
             return (f'{where} updates its averaged weights from the online '
                     "network inside the forward, which fails on FSDP's "
                     'sharded parameters at the first step (a size mismatch)')
+    for name, param in model.named_parameters():
+        if param.dim() == 0:
+            return (f'the parameter {name} is 0-dimensional, and FSDP '
+                    'refuses to wrap 0-dimensional parameters')
     return None
 
 
@@ -173,9 +189,9 @@ class MMAEFSDPStrategy(FSDPStrategy):
             What ``FSDPStrategy._wrap_model`` returns.
 
         Raises:
-            ValueError: :func:`forward_writes_parameters` names a reason.
+            ValueError: :func:`why_fsdp_cannot_train` names a reason.
         """
-        reason = forward_writes_parameters(model)
+        reason = why_fsdp_cannot_train(model)
         if reason is not None:
             raise ValueError(
                 f'strategy={type(self).__name__} cannot train this model: '
