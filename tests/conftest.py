@@ -170,6 +170,15 @@ def run_local_ranks(script: str,
         timeout=timeout)
 
 
+@pytest.fixture(scope='module')
+def tiny_clip(tmp_path_factory) -> str:
+    """A random tiny CLIP checkpoint for the CLIP-target algorithms
+    (``save_tiny_clip`` of test_hook_all_ssl_algorithms.py)."""
+    from test_hook_all_ssl_algorithms import save_tiny_clip
+    return save_tiny_clip(
+        str(tmp_path_factory.mktemp('clip') / 'tiny_clip.pth'))
+
+
 @pytest.fixture
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""

@@ -18,8 +18,7 @@ from mmengine.config import Config
 from mmengine.dataset import default_collate
 from mmengine.registry import STRATEGIES, DefaultScope
 from mmpretrain.registry import DATASETS, MODELS
-from test_hook_all_ssl_algorithms import (CASES, random_images, save_tiny_clip,
-                                          shrunk_config)
+from test_hook_all_ssl_algorithms import CASES, random_images, shrunk_config
 from torch.distributed.fsdp import FullStateDictConfig
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import StateDictType
@@ -313,12 +312,6 @@ def test_recipe_head_receives_float32_pixels(tmp_path):
 @pytest.fixture(scope='module')
 def image_folder(tmp_path_factory):
     return random_images(tmp_path_factory.mktemp('images'))
-
-
-@pytest.fixture(scope='module')
-def tiny_clip(tmp_path_factory):
-    return save_tiny_clip(
-        str(tmp_path_factory.mktemp('clip') / 'tiny_clip.pth'))
 
 
 def test_fsdp_discards_or_breaks_parameter_writing_forwards(

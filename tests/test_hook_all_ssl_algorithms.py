@@ -394,13 +394,6 @@ def save_tiny_clip(path: str) -> str:
     return str(path)
 
 
-@pytest.fixture(scope='module')
-def tiny_clip(tmp_path_factory) -> str:
-    """:func:`save_tiny_clip`'s checkpoint."""
-    return save_tiny_clip(
-        str(tmp_path_factory.mktemp('clip') / 'tiny_clip.pth'))
-
-
 def without_amp(optim_wrapper: dict) -> dict:
     """The config's optimizer wrapper without CUDA autocast (CPU test)."""
     if optim_wrapper.get('type') != 'AmpOptimWrapper':
