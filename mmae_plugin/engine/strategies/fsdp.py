@@ -14,7 +14,7 @@ optimizer state). Building the optimizer wrapper refuses a
 CAE, BEiT v2, SwAV, the momentum-network algorithms and CLIP teachers
 (:func:`why_fsdp_cannot_train`).
 
-Upstream bugs: the three "FSDP" sections of docs/upstream_workarounds.md;
+Upstream bugs: the four "FSDP" sections of docs/upstream_workarounds.md;
 the precision checks and initial weights: docs/gpu_clusters.md#fsdp.
 """
 from typing import Any, Optional
