@@ -7,6 +7,7 @@
 #
 #   bash dev/mosaic_study.sh run [OUT]      # resumable; start with nohup
 #   bash dev/mosaic_study.sh export [OUT]   # records -> docs/mosaic/runs.json
+#                                           # and cost.json
 #
 # OUT defaults to work_dirs/mosaic. On a machine without OUT's run folders,
 # `run` first takes up the finished runs committed in docs/mosaic/runs.json
@@ -50,6 +51,8 @@ export)
 write_runs; write_runs(sys.argv[1])" "$OUT"
   mkdir -p "$DOCS"
   cp "$OUT/runs.json" "$DOCS/runs.json"
+  "$PY" -c "import sys; from studies.mosaic_cost import export_cost; \
+export_cost(*sys.argv[1:])" "$OUT" "$DOCS/cost.json"
   ;;
 *) echo "unknown mode $MODE (run|export)" >&2; exit 2 ;;
 esac

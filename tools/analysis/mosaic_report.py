@@ -5,7 +5,7 @@ Example::
 
     bash dev/mosaic_study.sh export   # work_dirs/mosaic -> docs/mosaic/
     python tools/analysis/mosaic_report.py --runs docs/mosaic/runs.json \\
-        --page docs/mosaic.md
+        --page docs/mosaic.md --cost docs/mosaic/cost.json
 """
 import argparse
 import json
@@ -27,6 +27,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         '--page',
         required=True,
         help='the page; what follows its results marker is rewritten')
+    parser.add_argument(
+        '--cost',
+        help="the study's cost.json (written by dev/mosaic_study.sh export)"
+        '; adds a cost section')
     return parser.parse_args(argv)
 
 
@@ -35,7 +39,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from studies.mosaic_report import write_page
     with open(args.runs) as f:
         runs = json.load(f)
-    write_page(args.page, runs)
+    costs = None
+    if args.cost:
+        with open(args.cost) as f:
+            costs = json.load(f)
+    write_page(args.page, runs, costs)
     print(f'[mosaic] results written to {args.page}')
     return 0
 
