@@ -51,7 +51,7 @@ export)
 write_runs; write_runs(sys.argv[1])" "$OUT"
   mkdir -p "$DOCS"
   cp "$OUT/runs.json" "$DOCS/runs.json"
-  "$PY" -c "import sys; from studies.mosaic_cost import export_cost; \
+  "$PY" -c "import sys; from mmae_compare.cost import export_cost; \
 export_cost(*sys.argv[1:])" "$OUT" "$DOCS/cost.json"
   ;;
 *) echo "unknown mode $MODE (run|export)" >&2; exit 2 ;;

@@ -6,7 +6,8 @@ package. ``spec`` (arms, seeds, budget, protocol, the out-dir layout),
 (frozen-feature and ``tools/test.py`` metrics of a checkpoint), ``jobs``
 (one submitit job per arm and seed, local or Slurm), ``records``
 (``runs.json``), ``curves`` (the per-epoch hook curves of a run),
-``intervals`` (paired Student-t intervals) and ``report`` (tables, figures
+``intervals`` (paired Student-t intervals), ``cost`` (each run's wall
+and CPU time, from its history) and ``report`` (tables, figures
 and the page writer). Needs the ``compare`` extra (submitit, scipy,
 matplotlib). Import the submodules directly; this package imports no
 framework on its own.

@@ -19,6 +19,7 @@ import json
 import os
 import os.path as osp
 import re
+import resource
 import subprocess
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -83,6 +84,15 @@ def log_event(directory: str, **event) -> None:
     event = {'time': round(time.time(), 1), **event}
     with open(osp.join(directory, 'history.jsonl'), 'a') as f:
         f.write(json.dumps(event) + '\n')
+
+
+def cpu_seconds() -> float:
+    """User and system CPU time of this process and of its children that
+    have ended (data loader workers), in seconds."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime,
+                 1)
 
 
 def pending_epochs(out_dir: str, spec: Comparison, arm: str,
@@ -235,13 +245,17 @@ def run(out_dir: str,
             pending=todo,
             trained_epoch=layout.last_checkpoint_epoch(directory),
             job=os.environ.get('SLURM_JOB_ID', 'local'),
-            restarts=int(os.environ.get('SLURM_RESTART_COUNT', '0')))
+            restarts=int(os.environ.get('SLURM_RESTART_COUNT', '0')),
+            cpu_s=cpu_seconds())
     done = []
     for epoch in todo:
         make_checkpoint(out_dir, spec, arm, seed, epoch, launcher)
         if rank() == 0:
+            log_event(
+                directory, event='trained', epoch=epoch, cpu_s=cpu_seconds())
             evaluate(out_dir, spec, arm, seed, epoch)
-            log_event(directory, event='evaluated', epoch=epoch)
+            log_event(
+                directory, event='evaluated', epoch=epoch, cpu_s=cpu_seconds())
             done.append(epoch)
         barrier()  # the next segment starts from the same disk on all ranks
     return {'arm': arm, 'seed': seed, 'evaluated': done}

@@ -624,6 +624,20 @@ def test_slurm_grid_equals_the_local_grid_number_for_number(local_and_slurm):
             (slurm / 'figures' / f'{figure}.png').read_bytes()
 
 
+def test_every_run_records_its_training_and_evaluation_time(local_and_slurm):
+    from mmae_compare.cost import comparison_cost
+    local, slurm, _ = local_and_slurm
+    for out_dir in (local, slurm):
+        costs = comparison_cost(str(out_dir))
+        runs = [run for by_seed in costs.values() for run in by_seed.values()]
+        assert len(runs) == len(list(out_dir.glob('runs/*/seed*'))) > 0
+        for run in runs:
+            assert run['train_cpu_s'] > 0 and run['eval_cpu_s'] > 0, run
+            assert run['train_s'] > 0 and run['eval_s'] > 0, run
+    arm, seed = REQUEUED
+    assert costs[arm][f'seed{seed}']['processes'] == 2
+
+
 def test_the_requeued_job_resumed_instead_of_restarting(local_and_slurm):
     _, slurm, job = local_and_slurm
     directory = run_dir(slurm, *REQUEUED)

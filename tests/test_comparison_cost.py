@@ -1,9 +1,10 @@
-"""The mosaic study's cost is read from what its runs wrote: mmengine's
-logs (one per training process) and the comparison's history.jsonl."""
+"""A comparison's cost is read from what its runs wrote: the events of
+history.jsonl, or, for histories older than the ``trained`` event,
+mmengine's logs (one per training process)."""
 import json
 import time
 
-from studies import mosaic_cost
+from mmae_compare import cost
 
 T0 = 1_800_000_000.0  # a whole second, so log stamps lose nothing
 
@@ -25,10 +26,34 @@ def write_log(run_dir, start, seconds):
 
 
 def write_history(run_dir, *events):
+    """history.jsonl of (event, time) or (event, time, cpu_s) tuples."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / 'history.jsonl', 'w') as f:
-        for event, t in events:
-            f.write(json.dumps(dict(time=t, event=event)) + '\n')
+        for event, t, *cpu in events:
+            f.write(
+                json.dumps(
+                    dict(time=t, event=event, cpu_s=cpu[0]
+                         ) if cpu else dict(time=t, event=event)) + '\n')
+
+
+def test_recorded_events_give_wall_and_cpu_time_per_phase(tmp_path):
+    run = tmp_path / 'runs' / 'mae' / 'seed0'
+    write_log(run, T0, 5)  # the logs are not read when events exist
+    write_history(
+        run,
+        ('start', T0, 3.0),
+        ('trained', T0 + 100, 90.0),  # epoch 5: 100 s, 87 CPU s
+        ('evaluated', T0 + 130, 110.0),  # 30 s, 20 CPU s
+        ('trained', T0 + 200, 170.0),  # epoch 10, then killed
+        ('start', T0 + 1000, 4.0),  # requeued: the checkpoint is there
+        ('trained', T0 + 1010, 12.0),
+        ('evaluated', T0 + 1050, 50.0))
+    assert cost.run_cost(str(run)) == dict(
+        train_s=100.0 + 70 + 10,
+        eval_s=30.0 + 40,
+        train_cpu_s=87.0 + 60 + 8,
+        eval_cpu_s=20.0 + 38,
+        processes=2)
 
 
 def test_a_resumed_run_sums_its_processes_and_evaluates_after_them(tmp_path):
@@ -37,7 +62,7 @@ def test_a_resumed_run_sums_its_processes_and_evaluates_after_them(tmp_path):
     write_log(run, T0 + 3600, 1200)  # resumed an hour later, 20 minutes
     write_history(run, ('start', T0), ('start', T0 + 3600),
                   ('evaluated', T0 + 3600 + 1200 + 900))
-    assert mosaic_cost.run_cost(str(run)) == dict(
+    assert cost.run_cost(str(run)) == dict(
         train_s=1800.0, eval_s=900.0, processes=2)
 
 
@@ -45,7 +70,7 @@ def test_an_evaluation_only_process_is_timed_from_its_start(tmp_path):
     run = tmp_path / 'runs' / 'random_init' / 'seed0'  # trains nothing
     write_history(run, ('start', T0), ('start', T0 + 5000),
                   ('evaluated', T0 + 5000 + 700))
-    assert mosaic_cost.run_cost(str(run)) == dict(
+    assert cost.run_cost(str(run)) == dict(
         train_s=0.0, eval_s=700.0, processes=2)
 
 
@@ -58,11 +83,11 @@ def test_unfinished_runs_are_left_out_and_recorded_costs_are_kept(tmp_path):
     recorded = tmp_path / 'cost.json'
     restored = dict(train_s=5.0, eval_s=6.0, processes=1)
     recorded.write_text(json.dumps(dict(simclr=dict(seed0=restored))))
-    mosaic_cost.export_cost(str(out), str(recorded))
+    cost.export_cost(str(out), str(recorded))
     costs = json.loads(recorded.read_text())
     assert costs == dict(
         mae=dict(seed0=dict(train_s=60.0, eval_s=30.0, processes=1)),
         simclr=dict(seed0=restored))
-    lines = mosaic_cost.cost_markdown(costs, dict(mae='MAE'))
+    lines = cost.cost_markdown(costs, dict(mae='MAE'))
     assert '| MAE | 1 | 1 | 0 |' in lines
-    assert any('0.0 job-hours for 2 runs' in line for line in lines)
+    assert lines[-1] == 'In all 0.0 job-hours of wall time for 2 runs.'
