@@ -96,7 +96,9 @@ def results_section(runs: dict, costs: Optional[dict] = None) -> str:
         in_order = {arm: costs[arm] for arm in labels if arm in costs}
         lines += ['## Cost', ''] + cost_markdown(in_order, labels)
         lines[-1] += (' Wall time of niced jobs of one thread, two at a time '
-                      'on 2 cores, at times beside the test suite.')
+                      'on 2 cores, at times beside the test suite; time lost '
+                      'in processes killed at the end of a session is not '
+                      'counted.')
         lines.append('')
     return '\n'.join(lines).rstrip() + '\n'
 
