@@ -44,8 +44,10 @@ def run_cost(run_dir: str) -> Optional[Dict[str, float]]:
     if not any(e['event'] == 'evaluated' for e in events):
         return None
     if any(e['event'] == 'trained' for e in events):
-        return _cost_from_events(events)
-    return _cost_from_logs(run_dir, events)
+        cost = _cost_from_events(events)
+    else:
+        cost = _cost_from_logs(run_dir, events)
+    return {key: round(value, 1) for key, value in cost.items()}
 
 
 def _cost_from_events(events: List[dict]) -> Dict[str, float]:
