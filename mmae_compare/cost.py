@@ -158,16 +158,16 @@ def cost_markdown(costs: Costs, labels: Dict[str, str]) -> List[str]:
         '| arm | runs | training (min per run) | evaluation (min per run) |',
         '|---|---|---|---|'
     ]
-    total = 0.0
+    total_s = 0.0
     for arm, runs in costs.items():
         train = [run['train_s'] / 60 for run in runs.values()]
         evaluation = [run['eval_s'] / 60 for run in runs.values()]
-        total += sum(train) + sum(evaluation)
+        total_s += sum(run['train_s'] + run['eval_s'] for run in runs.values())
         lines.append(f'| {labels.get(arm, arm)} | {len(runs)} | '
                      f'{_range(train)} | {_range(evaluation)} |')
     runs = sum(len(by_seed) for by_seed in costs.values())
     lines += [
-        '', f'In all {total / 3600:.1f} job-hours of wall time for '
+        '', f'In all {total_s / 3600:.1f} job-hours of wall time for '
         f'{runs} runs.'
     ]
     cpu = [

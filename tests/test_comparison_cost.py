@@ -91,3 +91,21 @@ def test_unfinished_runs_are_left_out_and_recorded_costs_are_kept(tmp_path):
     lines = cost.cost_markdown(costs, dict(mae='MAE'))
     assert '| MAE | 1 | 1 | 0 |' in lines
     assert lines[-1] == 'In all 0.0 job-hours of wall time for 2 runs.'
+
+
+def test_the_table_gives_minutes_per_run_and_hours_in_all():
+    runs = dict(
+        seed0=dict(train_s=3000.0, eval_s=600.0, processes=1),
+        seed1=dict(train_s=4200.0, eval_s=1200.0, processes=2))
+    timed = dict(
+        train_s=1800.0,
+        eval_s=0.0,
+        train_cpu_s=3240.0,
+        eval_cpu_s=360.0,
+        processes=1)
+    lines = cost.cost_markdown(dict(mae=runs, simclr=dict(seed0=timed)), {})
+    assert lines[2] == '| mae | 2 | 50-70 | 10-20 |'
+    assert lines[3] == '| simclr | 1 | 30 | 0 |'
+    assert lines[-1] == ('In all 3.0 job-hours of wall time for 3 runs. '
+                         'CPU time (rank 0) of the 1 runs that recorded it: '
+                         '1.0 core-hours.')
