@@ -1,5 +1,10 @@
 """The mosaic study's verdicts follow the criteria of docs/mosaic.md, on
 synthetic records whose answer is known (every branch of both claims)."""
+import pathlib
+import shutil
+import subprocess
+import sys
+
 import pytest
 
 from studies import mosaic_verdicts as mv
@@ -171,3 +176,23 @@ def test_the_page_keeps_its_criteria_and_rewrites_only_the_results(tmp_path):
     assert '**Seed 001 (TCR helps where many directions are needed): ' \
         'support.**' in text
     assert '| MMAE_LAM0.01 | 3 |' in text
+
+
+def test_shipped_page_is_rebuilt_from_its_runs_json_and_cost(
+        repo_root, tmp_path):
+    """docs/mosaic.md's results are the report of docs/mosaic/runs.json and
+    cost.json: rebuilt from them, the page is the same byte for byte."""
+    docs = pathlib.Path(repo_root) / 'docs'
+    page = tmp_path / 'mosaic.md'
+    shutil.copy(docs / 'mosaic.md', page)
+    proc = subprocess.run([
+        sys.executable, 'tools/analysis/mosaic_report.py', '--runs',
+        'docs/mosaic/runs.json', '--cost', 'docs/mosaic/cost.json', '--page',
+        str(page)
+    ],
+                          cwd=repo_root,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert page.read_text() == (docs / 'mosaic.md').read_text()
