@@ -19,6 +19,8 @@ import re
 import time
 from typing import Dict, List, Optional
 
+from . import spec as layout
+
 #: Arm -> ``seed<k>`` -> :func:`run_cost`.
 Costs = Dict[str, Dict[str, Dict[str, float]]]
 #: mmengine's log line prefix: local time to the second.
@@ -105,7 +107,8 @@ def log_span(path: str) -> Optional[tuple]:
 
 
 def comparison_cost(out_dir: str) -> Costs:
-    """Every evaluated run's cost under a comparison's output folder.
+    """Every evaluated run's cost under a comparison's output folder, for
+    the arms and seeds its recorded comparison names.
 
     Args:
         out_dir: The comparison's ``--out-dir``.
@@ -114,13 +117,12 @@ def comparison_cost(out_dir: str) -> Costs:
         Arm -> ``seed<k>`` -> :func:`run_cost`.
     """
     costs: Costs = {}
-    pattern = osp.join(out_dir, 'runs', '*', 'seed*', 'history.jsonl')
-    for history in sorted(glob.glob(pattern)):
-        run_dir = osp.dirname(history)
-        cost = run_cost(run_dir)
-        if cost is not None:
-            arm = osp.basename(osp.dirname(run_dir))
-            costs.setdefault(arm, {})[osp.basename(run_dir)] = cost
+    for arm, seed in layout.load(out_dir).runs():
+        directory = layout.run_dir(out_dir, arm, seed)
+        if osp.isfile(osp.join(directory, 'history.jsonl')):
+            cost = run_cost(directory)
+            if cost is not None:
+                costs.setdefault(arm, {})[f'seed{seed}'] = cost
     return costs
 
 

@@ -5,6 +5,8 @@ import json
 import time
 
 from mmae_compare import cost
+from mmae_compare.spec import (SPEC_FILE, Arm, Comparison, Protocol, parse_arm,
+                               write_json_atomic)
 
 T0 = 1_800_000_000.0  # a whole second, so log stamps lose nothing
 
@@ -76,10 +78,23 @@ def test_an_evaluation_only_process_is_timed_from_its_start(tmp_path):
 
 def test_unfinished_runs_are_left_out_and_recorded_costs_are_kept(tmp_path):
     out = tmp_path / 'out'
+    out.mkdir()
+    spec = Comparison(
+        arms=(parse_arm('mae=configs/fashion_mnist/mae_fmnist.py'),
+              Arm('init', 'random')),
+        reference='mae',
+        seeds=(0, 1),
+        epochs=1,
+        eval_epochs=(1, ),
+        protocol=Protocol('configs/fashion_mnist/knn_fmnist_clsmean.py'))
+    write_json_atomic(str(out / SPEC_FILE), spec.as_dict())
     write_log(out / 'runs' / 'mae' / 'seed0', T0, 60)
     write_history(out / 'runs' / 'mae' / 'seed0', ('start', T0),
                   ('evaluated', T0 + 90))
     write_history(out / 'runs' / 'mae' / 'seed1', ('start', T0))
+    # A folder the recorded comparison does not name is not one of its runs.
+    write_history(out / 'runs' / 'stray' / 'seed0', ('start', T0),
+                  ('evaluated', T0 + 5))
     recorded = tmp_path / 'cost.json'
     restored = dict(train_s=5.0, eval_s=6.0, processes=1)
     recorded.write_text(json.dumps(dict(simclr=dict(seed0=restored))))
